@@ -1,0 +1,176 @@
+"""Input checks shared by every layer.
+
+Each check raises ``ValueError`` or ``TypeError`` with a message that names the argument,
+says what was expected and shows what was received, so that bad input never surfaces later
+as an obscure numpy traceback or as a silent NaN.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+FLOAT_DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
+
+
+def describe(value: Any) -> str:
+    """Short description of a received value for error messages."""
+    if isinstance(value, np.ndarray):
+        return f"an array of shape {value.shape} and dtype {value.dtype}"
+    if sp.issparse(value):
+        return f"a sparse matrix of shape {value.shape}"
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def check_dtype(dtype: Any, name: str = "dtype") -> np.dtype:
+    """Return ``np.dtype(dtype)`` if it is float64 or float32."""
+    try:
+        resolved = np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(
+            f"{name} must be numpy.float64 or numpy.float32; got {describe(dtype)}"
+        ) from exc
+    if resolved not in FLOAT_DTYPES:
+        raise ValueError(f"{name} must be numpy.float64 or numpy.float32; got {resolved}")
+    return resolved
+
+
+def check_matrix(
+    value: Any,
+    name: str,
+    *,
+    n_features: int | None = None,
+    allow_sparse: bool = False,
+    feature_name: str | None = None,
+) -> np.ndarray | sp.csr_array:
+    """Validate a 2-D, non-empty, finite numeric matrix and return it as float64.
+
+    Integer and boolean inputs (pixel arrays, say) are converted; complex, object and string
+    inputs are rejected. ``n_features`` checks the number of columns; ``feature_name`` names
+    the argument that fixed that number, for the error message.
+    """
+    if allow_sparse and sp.issparse(value):
+        matrix = sp.csr_array(value, dtype=np.float64)
+        if not np.all(np.isfinite(matrix.data)):
+            raise ValueError(f"{name} must contain only finite values; got NaN or inf")
+    else:
+        if sp.issparse(value):
+            raise TypeError(f"{name} must be a dense array; got {describe(value)}")
+        try:
+            array = np.asarray(value)
+        except (ValueError, TypeError) as exc:
+            raise TypeError(f"{name} must be a 2-D numeric array; got {describe(value)}") from exc
+        if array.dtype.kind not in "biuf":
+            raise TypeError(
+                f"{name} must be a real numeric array; got dtype {array.dtype} "
+                f"from {describe(value)}"
+            )
+        if array.ndim != 2:
+            raise ValueError(
+                f"{name} must be a 2-D array of shape (n_samples, n_features); "
+                f"got {array.ndim}-D input of shape {array.shape}"
+            )
+        matrix = np.ascontiguousarray(array, dtype=np.float64)
+        if not np.all(np.isfinite(matrix)):
+            bad = int(np.size(matrix) - np.count_nonzero(np.isfinite(matrix)))
+            raise ValueError(
+                f"{name} must contain only finite values; got {bad} NaN or inf entries"
+            )
+    if matrix.shape[0] == 0 or matrix.shape[1] == 0:
+        raise ValueError(f"{name} must be non-empty; got shape {matrix.shape}")
+    if n_features is not None and matrix.shape[1] != n_features:
+        source = f" (the dimension of {feature_name})" if feature_name else ""
+        raise ValueError(
+            f"{name} must have {n_features} columns{source}; got {matrix.shape[1]} "
+            f"(shape {matrix.shape})"
+        )
+    return matrix
+
+
+def check_int(
+    value: Any, name: str, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    """Validate an integer within ``[minimum, maximum]`` (bounds optional)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer; got {describe(value)}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}; got {value}")
+    return value
+
+
+def check_float(
+    value: Any,
+    name: str,
+    *,
+    positive: bool = False,
+    minimum: float | None = None,
+) -> float:
+    """Validate a finite real scalar (optionally strictly positive or bounded below)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number; got {describe(value)}")
+    value = float(value)
+    if not np.isfinite(value):
+        raise ValueError(f"{name} must be finite; got {value}")
+    if positive and value <= 0:
+        raise ValueError(f"{name} must be > 0; got {value}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {value}")
+    return value
+
+
+def check_choice(value: Any, name: str, choices: Iterable[str]) -> str:
+    """Validate that ``value`` is one of the strings in ``choices``."""
+    choices = tuple(choices)
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(
+            f"{name} must be one of {', '.join(map(repr, choices))}; got {describe(value)}"
+        )
+    return value
+
+
+def check_weights(value: Any, name: str, n_points: int, points_name: str) -> np.ndarray:
+    """Validate a histogram: 1-D, finite, non-negative, positive total, one weight per point.
+
+    ``None`` gives uniform weights ``1 / n_points``.
+    """
+    if value is None:
+        return np.full(n_points, 1.0 / n_points)
+    array = np.asarray(value)
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must be a 1-D array of real weights; got {describe(value)}")
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array of weights; got shape {array.shape}")
+    if array.shape[0] != n_points:
+        raise ValueError(
+            f"{name} must have one weight per row of {points_name} ({n_points}); "
+            f"got {array.shape[0]} weights"
+        )
+    array = array.astype(np.float64)
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} must contain only finite weights; got NaN or inf")
+    if np.any(array < 0):
+        raise ValueError(f"{name} must be non-negative; got minimum {array.min():.3g}")
+    if array.sum() <= 0:
+        raise ValueError(f"{name} must have a positive total mass; got {array.sum():.3g}")
+    return array
+
+
+def check_rng(rng: Any) -> np.random.Generator:
+    """Turn anything ``numpy.random.default_rng`` accepts into a Generator, with a clear error."""
+    try:
+        return np.random.default_rng(rng)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            "rng must be None, an int seed, a numpy SeedSequence, BitGenerator or Generator; "
+            f"got {describe(rng)}"
+        ) from exc

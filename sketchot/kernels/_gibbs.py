@@ -1,0 +1,115 @@
+"""Exact Gibbs kernel ``K(x, y) = exp(-||x - y||^2 / reg)`` evaluated block by block.
+
+These helpers never hold more than a block of rows times the other side at once; callers
+choose the block so that it stays within a few tens of megabytes. Points should be centred
+(the kernel is translation invariant) so that the expansion
+``||x||^2 + ||y||^2 - 2 x.y`` loses no precision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+# Target size of one block of kernel entries (bytes). Large enough for BLAS efficiency,
+# small enough to stay in the last-level cache region and to keep memory flat.
+BLOCK_BYTES = 1 << 24
+
+FLOAT64 = np.dtype(np.float64)
+
+
+def block_rows(n_cols: int, itemsize: int = 8, target_bytes: int = BLOCK_BYTES) -> int:
+    """Rows per block so that ``rows * n_cols * itemsize`` is about ``target_bytes``."""
+    return max(1, target_bytes // max(1, n_cols * itemsize))
+
+
+def row_slices(n_rows: int, rows_per_block: int) -> Iterator[slice]:
+    """Consecutive slices covering ``range(n_rows)``."""
+    for start in range(0, n_rows, rows_per_block):
+        yield slice(start, min(start + rows_per_block, n_rows))
+
+
+def sq_norms(points: np.ndarray) -> np.ndarray:
+    """Squared Euclidean norm of each row."""
+    return np.einsum("ij,ij->i", points, points)
+
+
+def neg_cost_over_reg(
+    X: np.ndarray,
+    Y: np.ndarray,
+    reg: float,
+    x_sq: np.ndarray | None = None,
+    y_sq: np.ndarray | None = None,
+    dtype: np.dtype = FLOAT64,
+) -> np.ndarray:
+    """``-||x_i - y_j||^2 / reg`` for a block, shape ``(len(X), len(Y))``, in ``dtype``."""
+    x_sq = sq_norms(X) if x_sq is None else x_sq
+    y_sq = sq_norms(Y) if y_sq is None else y_sq
+    out = (X @ Y.T).astype(dtype, copy=False)
+    out *= -2.0
+    out += x_sq[:, None].astype(dtype, copy=False)
+    out += y_sq[None, :].astype(dtype, copy=False)
+    np.maximum(out, 0.0, out=out)  # rounding can make tiny distances negative
+    out *= -1.0 / reg
+    return out
+
+
+def gibbs_block(
+    X: np.ndarray,
+    Y: np.ndarray,
+    reg: float,
+    x_sq: np.ndarray | None = None,
+    y_sq: np.ndarray | None = None,
+    dtype: np.dtype = FLOAT64,
+) -> np.ndarray:
+    """``exp(-||x_i - y_j||^2 / reg)`` for a block of rows (never via ``exp(2 x.y / reg)``)."""
+    out = neg_cost_over_reg(X, Y, reg, x_sq, y_sq, dtype)
+    np.exp(out, out=out)
+    return out
+
+
+def gibbs_matmat(X: np.ndarray, Y: np.ndarray, reg: float, V: np.ndarray) -> np.ndarray:
+    """``K(X, Y) @ V`` streamed over row blocks of ``X``; ``V`` of shape (m,) or (m, k)."""
+    out = np.empty((X.shape[0], *V.shape[1:]))
+    y_sq = sq_norms(Y)
+    for rows in row_slices(X.shape[0], block_rows(Y.shape[0])):
+        out[rows] = gibbs_block(X[rows], Y, reg, y_sq=y_sq) @ V
+    return out
+
+
+def gibbs_softmax_average(
+    X: np.ndarray, Y: np.ndarray, reg: float, log_weights: np.ndarray, values: np.ndarray
+) -> np.ndarray:
+    """``sum_j p_ij values_j`` with ``p_ij ~ exp(log_w_j - ||x_i - y_j||^2 / reg)``.
+
+    Computed with a per-row maximum shift, so it is finite for any ``reg`` (no underflow of
+    the whole row). Columns with ``log_w_j = -inf`` get no weight.
+    """
+    out = np.empty((X.shape[0], *values.shape[1:]))
+    y_sq = sq_norms(Y)
+    for rows in row_slices(X.shape[0], block_rows(Y.shape[0])):
+        logits = neg_cost_over_reg(X[rows], Y, reg, y_sq=y_sq)
+        logits += log_weights[None, :]
+        logits -= logits.max(axis=1, keepdims=True)
+        np.exp(logits, out=logits)
+        logits /= logits.sum(axis=1, keepdims=True)
+        out[rows] = logits @ values
+    return out
+
+
+def gibbs_log_matvec(X: np.ndarray, Y: np.ndarray, reg: float, log_v: np.ndarray) -> np.ndarray:
+    """``log sum_j exp(log_v_j - ||x_i - y_j||^2 / reg)`` for each row ``x_i`` (log-sum-exp).
+
+    Finite whenever some ``log_v_j`` is finite, for any ``reg``.
+    """
+    out = np.empty(X.shape[0])
+    y_sq = sq_norms(Y)
+    for rows in row_slices(X.shape[0], block_rows(Y.shape[0])):
+        logits = neg_cost_over_reg(X[rows], Y, reg, y_sq=y_sq)
+        logits += log_v[None, :]
+        top = logits.max(axis=1)
+        logits -= top[:, None]
+        np.exp(logits, out=logits)
+        out[rows] = top + np.log(logits.sum(axis=1))
+    return out

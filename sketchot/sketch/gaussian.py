@@ -1,0 +1,167 @@
+"""Poly-TensorSketch feature map of the Gaussian kernel.
+
+.. math::
+    k(x, y) = e^{-\\gamma \\|x - y\\|^2}
+            = e^{-\\|u\\|^2} \\, e^{2 u \\cdot v} \\, e^{-\\|v\\|^2},
+    \\qquad u = \\sqrt{\\gamma}(x - c), \\; v = \\sqrt{\\gamma}(y - c),
+
+for any common translation ``c`` (the kernel is translation invariant). Centering both clouds
+at ``c`` shrinks the norms, hence the interval ``[-a, a]`` (``a = max ||u|| max ||v||``) on
+which ``exp(2t)`` is fitted by a polynomial and the TensorSketch variance, which grows like
+``||u||^(2j)``.
+
+``exp(2 u.v)`` is never evaluated unscaled: the sketch fits ``g(t) = exp(2 t - 2 a) <= 1`` and
+the factor ``e^(2a)`` is split as ``e^a`` into each side's row scale ``e^(a - ||u||^2)``,
+which is bounded by ``e^a``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._validation import check_dtype, check_float, check_matrix, describe
+from .functions import Exponential
+from .poly import PolyTensorSketch
+
+
+class GaussianPolySketch:
+    """Feature maps ``phi_X, phi_Y`` with ``exp(-gamma ||x - y||^2) ~ phi_X(x) . phi_Y(y)``.
+
+    Parameters
+    ----------
+    gamma : float, default=1.0
+        Kernel bandwidth; for the Gibbs kernel ``exp(-||x - y||^2 / reg)`` use
+        ``gamma = 1 / reg``.
+    degree, sketch_dim, coefficients, coreset_size, regularizer, nonnegative
+        As in :class:`~sketchot.sketch.PolyTensorSketch` (defaults ``r = 3``, ``m = 20``,
+        ``k = 10``, ``'coreset'``, ``'shifted'``).
+    center : {'mean', 'bbox'}, None or array of shape (d,), default='mean'
+        Common translation ``c``: the mean of all points of ``X`` and ``Y``, the centre of
+        their bounding box, no translation, or a given point.
+    rng : None, int, Generator, ...
+        Randomness of the sketch (``numpy.random.default_rng``).
+
+    Attributes
+    ----------
+    center_ : ndarray, shape (d,)
+    half_width_ : float
+        ``a = gamma max ||x - c|| max ||y - c||``.
+    sketch_ : PolyTensorSketch
+        Fitted on ``u, v`` with ``f(t) = exp(2 t - 2 a)``.
+    n_features_out_ : int
+        ``1 + r m``.
+    """
+
+    def __init__(
+        self,
+        gamma: float = 1.0,
+        *,
+        degree: int = 3,
+        sketch_dim: int = 20,
+        coefficients: str = "coreset",
+        coreset_size: int = 10,
+        regularizer: str | None = "shifted",
+        nonnegative: bool = False,
+        center: Any = "mean",
+        rng: Any = None,
+    ) -> None:
+        self.gamma = gamma
+        self.degree = degree
+        self.sketch_dim = sketch_dim
+        self.coefficients = coefficients
+        self.coreset_size = coreset_size
+        self.regularizer = regularizer
+        self.nonnegative = nonnegative
+        self.center = center
+        self.rng = rng
+
+    def fit(self, X: Any, Y: Any = None) -> GaussianPolySketch:
+        """Centre, scale and fit the polynomial sketch of ``exp(2 u.v)`` (``Y = X`` if omitted)."""
+        gamma = check_float(self.gamma, "gamma", positive=True)
+        X = check_matrix(X, "X")
+        Y = X if Y is None else check_matrix(Y, "Y", n_features=X.shape[1], feature_name="X")
+        self.center_ = self._resolve_center(X, Y)
+        root = np.sqrt(gamma)
+        U = root * (X - self.center_)
+        V = root * (Y - self.center_)
+        half_width = float(np.sqrt(_sq_norms(U).max() * _sq_norms(V).max()))
+        # e^a is the largest row scale: keep it (times the O(1) sketch entries) finite in
+        # float64; float32 outputs are checked again in transform.
+        limit = np.log(np.finfo(np.float64).max) - 10.0
+        if half_width > limit:
+            raise ValueError(
+                f"gamma * max||x - c|| * max||y - c|| = {half_width:.4g} is too large for a "
+                f"polynomial sketch of the Gaussian kernel (features would overflow beyond "
+                f"{limit:.0f}): increase reg (decrease gamma), rescale the data, or use the "
+                "'nystrom' or 'exact' backend"
+            )
+        self.half_width_ = half_width
+        self.sketch_ = PolyTensorSketch(
+            Exponential(scale=2.0, offset=-2.0 * half_width),
+            degree=self.degree,
+            sketch_dim=self.sketch_dim,
+            coefficients=self.coefficients,
+            coreset_size=self.coreset_size,
+            regularizer=self.regularizer,
+            nonnegative=self.nonnegative,
+            rng=self.rng,
+        ).fit(U, V)
+        self.n_features_out_ = self.sketch_.n_features_out_
+        return self
+
+    def transform_x(self, X: Any, *, dtype: Any = np.float64) -> np.ndarray:
+        """``phi_X`` of each row (coefficients folded in): shape ``(n, 1 + r m)``."""
+        return self._transform(X, "X", self.sketch_.coef_, dtype)
+
+    def transform_y(self, Y: Any, *, dtype: Any = np.float64) -> np.ndarray:
+        """``phi_Y`` of each row: shape ``(n, 1 + r m)``."""
+        return self._transform(Y, "Y", np.ones(self.degree + 1), dtype)
+
+    def fit_transform(self, X: Any, Y: Any = None, *, dtype: Any = np.float64):
+        """Fit, then return ``(transform_x(X), transform_y(Y))``."""
+        self.fit(X, Y)
+        return self.transform_x(X, dtype=dtype), self.transform_y(
+            X if Y is None else Y, dtype=dtype
+        )
+
+    def _transform(self, points: Any, name: str, weights: np.ndarray, dtype: Any) -> np.ndarray:
+        if not hasattr(self, "sketch_"):
+            raise RuntimeError("this GaussianPolySketch is not fitted yet: call fit(X, Y) first")
+        dtype = check_dtype(dtype)
+        points = check_matrix(
+            points, name, n_features=self.center_.shape[0], feature_name="the fitted data"
+        )
+        U = np.sqrt(self.gamma) * (points - self.center_)
+        log_scale = self.half_width_ - _sq_norms(U)
+        limit = np.log(np.finfo(dtype).max) - 10.0
+        if log_scale.max() > limit:
+            raise ValueError(
+                f"{dtype} features would overflow (log row scale {log_scale.max():.4g} > "
+                f"{limit:.0f}): use dtype=numpy.float64 or a larger reg"
+            )
+        return self.sketch_._features(U, name, weights, dtype, row_scale=np.exp(log_scale))
+
+    def _resolve_center(self, X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+        d = X.shape[1]
+        if self.center is None:
+            return np.zeros(d)
+        if isinstance(self.center, str):
+            if self.center == "mean":
+                return (X.sum(axis=0) + Y.sum(axis=0)) / (X.shape[0] + Y.shape[0])
+            if self.center == "bbox":
+                low = np.minimum(X.min(axis=0), Y.min(axis=0))
+                high = np.maximum(X.max(axis=0), Y.max(axis=0))
+                return (low + high) / 2
+            raise ValueError(f"center must be 'mean', 'bbox', None or a point; got {self.center!r}")
+        center = np.asarray(self.center, dtype=np.float64)
+        if center.shape != (d,) or not np.all(np.isfinite(center)):
+            raise ValueError(
+                f"center must be a finite point of shape ({d},); got {describe(self.center)}"
+            )
+        return center
+
+
+def _sq_norms(points: np.ndarray) -> np.ndarray:
+    return np.einsum("ij,ij->i", points, points)
