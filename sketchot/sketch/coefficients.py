@@ -170,7 +170,11 @@ def solve_regression(
     R = chebyshev_to_monomial(degree, half_width)
     WR = ridge[:, None] * R
     system = gram + WR.T @ WR
-    cheb = np.linalg.lstsq(system, moment, rcond=None)[0]
+    # Symmetric diagonal scaling first: W can exceed the data term by many orders of
+    # magnitude, and an unscaled least-squares solve would cut the data directions as noise.
+    diagonal = np.sqrt(np.maximum(np.diag(system), np.finfo(float).tiny))
+    scaled = system / np.outer(diagonal, diagonal)
+    cheb = np.linalg.lstsq(scaled, moment / diagonal, rcond=None)[0] / diagonal
     coef = R @ cheb
     if not nonnegative or np.all(coef >= 0):
         return np.maximum(coef, 0.0) if nonnegative else coef, cheb

@@ -69,14 +69,27 @@ def greedy_k_center(points: Any, n_centers: int, rng: Any = None) -> KCenterResu
 
     first = int(generator.integers(n))
     centers = [first]
-    distances = np.linalg.norm(points - points[first], axis=1)
+    # Squared distances through ||p||^2 - 2 p.c + ||c||^2: one matrix-vector product per
+    # centre instead of an n x d temporary (the k-center pass is memory bound).
+    sq = np.einsum("ij,ij->i", points, points)
+    distances = _sq_distances_to(points, sq, first)
     assignment = np.zeros(n, dtype=np.int64)
     for position in range(1, n_centers):
         farthest = int(np.argmax(distances))
         centers.append(farthest)
-        to_new = np.linalg.norm(points - points[farthest], axis=1)
+        to_new = _sq_distances_to(points, sq, farthest)
         closer = to_new < distances  # strict: ties stay with the earlier centre
         assignment[closer] = position
         np.minimum(distances, to_new, out=distances)
+    np.sqrt(distances, out=distances)
     sizes = np.bincount(assignment, minlength=n_centers)
     return KCenterResult(np.array(centers), assignment, distances, sizes)
+
+
+def _sq_distances_to(points: np.ndarray, sq_norms: np.ndarray, index: int) -> np.ndarray:
+    """Squared distances from every row to row ``index`` (clipped at 0 against rounding)."""
+    out = points @ (-2.0 * points[index])
+    out += sq_norms
+    out += sq_norms[index]
+    out[index] = 0.0
+    return np.maximum(out, 0.0, out=out)

@@ -204,10 +204,12 @@ class PolyTensorSketch:
     # --------------------------------------------------------------- features
     def left_features(self, U: Any, *, dtype: Any = np.float64) -> np.ndarray:
         """``F_U = [c_0, c_1 T^(1)(U), ..., c_r T^(r)(U)]``, shape ``(n, 1 + r m)``."""
+        self._check_fitted()
         return self._features(U, "U", self.coef_, dtype)
 
     def right_features(self, V: Any, *, dtype: Any = np.float64) -> np.ndarray:
         """``F_V = [1, T^(1)(V), ..., T^(r)(V)]``, shape ``(n, 1 + r m)``."""
+        self._check_fitted()
         return self._features(V, "V", np.ones(self.degree + 1), dtype)
 
     def symmetric_features(self, U: Any, *, dtype: Any = np.float64) -> np.ndarray:

@@ -137,7 +137,8 @@ def convolve_count_sketches(counts: np.ndarray) -> np.ndarray:
     """
     m = counts.shape[-1]
     spectra = scipy.fft.rfft(counts, axis=-1, workers=-1)
-    np.cumprod(spectra, axis=1, out=spectra)
+    for degree in range(1, counts.shape[1]):  # running product = Algorithm 2's recursion
+        spectra[:, degree] *= spectra[:, degree - 1]
     result = np.empty_like(counts)
     result[:, 0] = counts[:, 0]  # degree 1 is the CountSketch itself: no FFT round trip
     if counts.shape[1] > 1:
