@@ -4,7 +4,12 @@ from numpy.polynomial import chebyshev as C
 from numpy.polynomial import polynomial as P
 from scipy.optimize import lsq_linear
 
-from sketchot.sketch import CallableFunction, PolyTensorSketch, chebyshev_to_monomial, ridge_diagonal
+from sketchot.sketch import (
+    CallableFunction,
+    PolyTensorSketch,
+    chebyshev_to_monomial,
+    ridge_diagonal,
+)
 from sketchot.sketch.coefficients import chebyshev_normal_equations, solve_regression
 
 
@@ -15,7 +20,9 @@ def test_chebyshev_to_monomial_matches_numpy(degree, a):
     t = np.linspace(-a, a, 17)
     R = chebyshev_to_monomial(degree, a)
     # relative to the largest value: the monomial form loses ~2^r digits at degree r
-    np.testing.assert_allclose(P.polyval(t, R @ cheb), C.chebval(t / a, cheb), atol=1e-11 * 2**degree)
+    np.testing.assert_allclose(
+        P.polyval(t, R @ cheb), C.chebval(t / a, cheb), atol=1e-11 * 2**degree
+    )
 
 
 def cubic(t):
@@ -27,8 +34,14 @@ def cubic(t):
 def test_regression_recovers_a_polynomial_when_w_is_off(method, degree):
     rng = np.random.default_rng(7)
     U, V = rng.standard_normal((40, 3)) / 2, rng.standard_normal((30, 3)) / 2
-    sketch = PolyTensorSketch(CallableFunction(cubic), degree=degree, coefficients=method,
-                              coreset_size=5, regularizer="none", rng=0).fit(U, V)
+    sketch = PolyTensorSketch(
+        CallableFunction(cubic),
+        degree=degree,
+        coefficients=method,
+        coreset_size=5,
+        regularizer="none",
+        rng=0,
+    ).fit(U, V)
     expected = np.zeros(degree + 1)
     expected[:4] = [0.5, -1.5, 0.25, 2.0]
     # exact in exact arithmetic; rounding of the normal equations in the Chebyshev basis
@@ -44,7 +57,9 @@ def test_ridge_diagonal_conventions():
     S = lambda norms, p: np.sum(norms**p)  # noqa: E731
     assert shifted[0] == theorem[0] == 0.0
     for j in (1, 2):
-        assert shifted[j] == pytest.approx(np.sqrt(r * (2 + 3 ** (j + 1)) * S(su, j + 1) * S(sv, j + 1) / m))
+        assert shifted[j] == pytest.approx(
+            np.sqrt(r * (2 + 3 ** (j + 1)) * S(su, j + 1) * S(sv, j + 1) / m)
+        )
         assert theorem[j] == pytest.approx(np.sqrt(r * (2 + 3**j) * S(su, j) * S(sv, j) / m))
     assert np.all(ridge_diagonal(su, sv, r, m, "none") == 0)
 
@@ -84,15 +99,17 @@ def test_chebyshev_interpolates_at_the_chebyshev_points():
     a = sketch.half_width_
     nodes = a * np.cos((2 * np.arange(5) + 1) * np.pi / 10)
     # monomial evaluation rounds relative to the largest value on the interval
-    np.testing.assert_allclose(P.polyval(nodes, sketch.coef_), np.exp(nodes),
-                               atol=1e-12 * np.exp(a))
+    np.testing.assert_allclose(
+        P.polyval(nodes, sketch.coef_), np.exp(nodes), atol=1e-12 * np.exp(a)
+    )
 
 
 def test_taylor_around_the_mean_entry():
     rng = np.random.default_rng(2)
     U = rng.standard_normal((15, 3)) / 3 + 0.2
-    sketch = PolyTensorSketch("exp", degree=6, coefficients="taylor", taylor_center="mean",
-                              rng=0).fit(U)
+    sketch = PolyTensorSketch(
+        "exp", degree=6, coefficients="taylor", taylor_center="mean", rng=0
+    ).fit(U)
     center = np.mean(U @ U.T)
     assert sketch.fit_info_.details["center"] == pytest.approx(center)
     # the Taylor polynomial and exp agree to 7th order around the centre

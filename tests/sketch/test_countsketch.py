@@ -60,8 +60,11 @@ def test_same_seed_is_bit_identical_and_other_seeds_differ():
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [((0, 5), "input_dim must be >= 1"), ((5, 0), "sketch_dim must be >= 1"),
-     ((2.5, 5), "input_dim must be an integer")],
+    [
+        ((0, 5), "input_dim must be >= 1"),
+        ((5, 0), "sketch_dim must be >= 1"),
+        ((2.5, 5), "input_dim must be an integer"),
+    ],
 )
 def test_bad_parameters(args, message):
     with pytest.raises((ValueError, TypeError), match=message):

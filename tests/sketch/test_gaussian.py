@@ -21,9 +21,14 @@ def test_centering_improves_accuracy():
     X, Y = rng.random((200, 3)), rng.random((150, 3)) ** 2
     centred, raw = [], []
     for seed in range(10):
-        centred.append(mean_relative_sq_error(GaussianPolySketch(1.0, rng=seed).fit(X, Y), X, Y, 1.0))
-        raw.append(mean_relative_sq_error(
-            GaussianPolySketch(1.0, center=None, rng=seed).fit(X, Y), X, Y, 1.0))
+        centred.append(
+            mean_relative_sq_error(GaussianPolySketch(1.0, rng=seed).fit(X, Y), X, Y, 1.0)
+        )
+        raw.append(
+            mean_relative_sq_error(
+                GaussianPolySketch(1.0, center=None, rng=seed).fit(X, Y), X, Y, 1.0
+            )
+        )
     assert np.mean(centred) < 0.05
     assert np.mean(centred) < np.mean(raw) / 5
 

@@ -23,8 +23,10 @@ def test_farthest_point_sequence_and_assignment():
 
 def test_first_centre_comes_from_rng():
     points = np.random.default_rng(2).random((50, 2))
-    assert greedy_k_center(points, 3, rng=5).centers.tolist() == \
+    assert (
         greedy_k_center(points, 3, rng=5).centers.tolist()
+        == greedy_k_center(points, 3, rng=5).centers.tolist()
+    )
     firsts = {int(greedy_k_center(points, 1, rng=seed).centers[0]) for seed in range(20)}
     assert len(firsts) > 1
 

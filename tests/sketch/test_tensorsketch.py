@@ -31,7 +31,7 @@ def test_matches_definition(degree, m):
 
 
 def test_equals_full_fft_computation():
-    """scikit-learn's PolynomialCountSketch style: ifft of the product of complex FFTs, real part."""
+    """scikit-learn's PolynomialCountSketch style: real part of ifft(product of full FFTs)."""
     rng = np.random.default_rng(1)
     U = rng.standard_normal((6, 9))
     sketch = TensorSketch(9, 3, 11, rng=2)
@@ -82,8 +82,10 @@ def test_homogeneous_of_degree_k(u, scale, degree):
     """T^(k)(c u) = c^k T^(k)(u): the sketch is a k-linear form of u."""
     sketch = TensorSketch(5, degree, 7, rng=degree)
     np.testing.assert_allclose(
-        sketch.transform((scale * u)[None]), scale**degree * sketch.transform(u[None]),
-        rtol=1e-9, atol=1e-9 * (1 + np.abs(u).max() ** degree) * (1 + abs(scale) ** degree),
+        sketch.transform((scale * u)[None]),
+        scale**degree * sketch.transform(u[None]),
+        rtol=1e-9,
+        atol=1e-9 * (1 + np.abs(u).max() ** degree) * (1 + abs(scale) ** degree),
     )
 
 
