@@ -51,9 +51,17 @@ Guard = Callable[[np.ndarray, slice, np.ndarray], None]
 # breakdown: the scaling would overflow or is meaningless.
 MIN_DENOMINATOR_RATIO = 1e-300
 
-# Rows per block of a fused pass over a factor: measured fastest on 2-core x86 for rank ~60
-# (a 4096 x 61 block is 1-2 MB, it stays in cache between the two products).
-FACTOR_BLOCK_ROWS = 4096
+# Entries per block of a fused pass: the block stays in cache between its two products
+# (4096 x 61 was measured fastest for rank 61 on 2-core x86), and each matrix-vector product
+# stays below the ~460k entries where OpenBLAS goes multi-threaded, which made the many small
+# products of a pass 3-40x slower on a busy 2-core machine.
+PASS_BLOCK_ENTRIES = 1 << 18
+
+
+def pass_block_rows(n_cols: int) -> int:
+    """Rows per block of a fused pass over a matrix with ``n_cols`` columns."""
+    return max(1, PASS_BLOCK_ENTRIES // max(1, n_cols))
+
 
 # Largest dense array to_dense() builds unless told otherwise.
 DEFAULT_MAX_DENSE_BYTES = 1 << 30
@@ -341,6 +349,15 @@ def divide_guarded(
     Zero weights give zero scalings whatever the denominator, so they never produce NaN.
     """
     den = np.array(denominator, dtype=np.float64)
+    smallest = den.min()
+    # Fast path (almost every block): all denominators healthy, no zero weight to mask.
+    if (
+        smallest >= MIN_DENOMINATOR_RATIO * numerator.max()
+        and smallest > 0
+        and np.isfinite(den.max())
+        and numerator.min() > 0
+    ):
+        return np.divide(numerator, den, out=den)
     active = numerator > 0
     with np.errstate(invalid="ignore"):
         healthy = (den >= numerator * MIN_DENOMINATOR_RATIO) & np.isfinite(den)
@@ -478,6 +495,7 @@ class LowRankKernel(KernelOperator):
 
     @staticmethod
     def _blocks(factor: np.ndarray):
-        for start in range(0, factor.shape[0], FACTOR_BLOCK_ROWS):
-            index = slice(start, min(start + FACTOR_BLOCK_ROWS, factor.shape[0]))
+        rows = pass_block_rows(factor.shape[1])
+        for start in range(0, factor.shape[0], rows):
+            index = slice(start, min(start + rows, factor.shape[0]))
             yield index, factor[index]

@@ -22,7 +22,14 @@ from ._gibbs import (
     row_slices,
     sq_norms,
 )
-from .base import DEFAULT_MAX_DENSE_BYTES, KernelOperator, PlanSummary, divide_guarded, fused_pass
+from .base import (
+    DEFAULT_MAX_DENSE_BYTES,
+    KernelOperator,
+    PlanSummary,
+    divide_guarded,
+    fused_pass,
+    pass_block_rows,
+)
 from .registry import register_backend
 
 
@@ -84,7 +91,7 @@ class ExactKernel(KernelOperator):
         if self._dense is None:
             yield from self._computed_blocks(log=False)
         else:
-            for rows in row_slices(self.shape[0], self._rows_per_block):
+            for rows in row_slices(self.shape[0], pass_block_rows(self.shape[1])):
                 yield rows, self._dense[rows]
 
     # ----------------------------------------------------------- products

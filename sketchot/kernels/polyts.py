@@ -34,6 +34,7 @@ def build_polyts(
     coefficients: str = "coreset",
     regularizer: str | None = "shifted",
     nonnegative: bool = False,
+    taylor_center: float | str = 0.0,
     center: Any = "mean",
 ) -> LowRankKernel:
     """Poly-TensorSketch factors of rank ``1 + r m``.
@@ -50,6 +51,8 @@ def build_polyts(
     coefficients : {'coreset', 'optimal', 'chebyshev', 'taylor'}, default='coreset'
     regularizer : {'shifted', 'theorem', 'none'}, default='shifted'
     nonnegative : bool, default=False
+    taylor_center : float or 'mean', default=0.0
+        Expansion point of ``coefficients='taylor'``.
     center : {'mean', 'bbox'}, None or array, default='mean'
         Common translation of both clouds before sketching.
 
@@ -69,6 +72,7 @@ def build_polyts(
         coreset_size=coreset_size,
         regularizer=regularizer,
         nonnegative=nonnegative,
+        taylor_center=taylor_center,
         center=center,
         rng=rng,
     ).fit(X, Y)

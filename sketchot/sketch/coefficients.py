@@ -128,25 +128,48 @@ def ridge_diagonal(
 def chebyshev_normal_equations(
     t: np.ndarray,
     values: np.ndarray,
-    weights: np.ndarray | None,
+    row_weights: np.ndarray | None,
     degree: int,
     half_width: float,
     block_entries: int = OPTIMAL_BLOCK_ENTRIES,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(X_c^T D X_c, X_c^T D f)`` for flat entries ``t``, values ``f`` and weights ``D``.
+    """``(X_c^T D X_c, X_c^T D f)`` for entries ``t`` with values ``f`` and weights ``D``.
 
-    ``X_c[e, j] = T_j(t_e / a)``; ``weights=None`` means ``D = I``. Accumulated in blocks of
-    ``block_entries`` so the design matrix is never held whole.
+    ``X_c[e, j] = T_j(t_e / a)``. ``t`` and ``values`` are 1-D, or 2-D with one weight per row
+    (``row_weights``, the cluster sizes of a coreset); ``None`` means unit weights.
+
+    The Gram matrix needs only the weighted moments ``mu_p = sum_e w_e T_p(y_e)``,
+    ``p = 0..2r``, because ``T_j T_k = (T_(j+k) + T_|j-k|) / 2``; they come from the
+    three-term recurrence, block by block, so no design matrix is ever built.
+    ``O(len(t) r)`` time, ``O(block_entries)`` memory.
     """
-    gram = np.zeros((degree + 1, degree + 1))
-    moment = np.zeros(degree + 1)
-    for start in range(0, t.shape[0], block_entries):
-        block = slice(start, start + block_entries)
-        design = C.chebvander(np.clip(t[block] / half_width, -1.0, 1.0), degree)
-        weighted = design if weights is None else design * weights[block, None]
-        gram += weighted.T @ design
-        moment += weighted.T @ values[block]
-    return gram, moment
+    t = np.atleast_2d(t)
+    values = np.atleast_2d(values)
+    weights = np.ones(t.shape[0]) if row_weights is None else np.asarray(row_weights, float)
+    moments = np.zeros(2 * degree + 1)
+    projections = np.zeros(degree + 1)
+    columns = max(1, block_entries // t.shape[0])
+    for start in range(0, t.shape[1], columns):
+        block = slice(start, start + columns)
+        y = np.clip(t[:, block] / half_width, -1.0, 1.0)
+        f = values[:, block]
+        previous, current = np.ones_like(y), y
+        moments[0] += weights.sum() * y.shape[1]
+        projections[0] += weights @ f.sum(axis=1)
+        for p in range(1, 2 * degree + 1):
+            if p > 1:
+                following = y * current
+                following *= 2.0
+                following -= previous
+                previous, current = current, following
+            moments[p] += weights @ current.sum(axis=1)
+            if p <= degree:
+                projections[p] += weights @ np.einsum("ij,ij->i", f, current)
+    index = np.arange(degree + 1)
+    gram = (
+        moments[index[:, None] + index[None, :]] + moments[np.abs(index[:, None] - index[None, :])]
+    ) / 2.0
+    return gram, projections
 
 
 def solve_regression(
@@ -231,7 +254,7 @@ def optimal_coefficients(
     moment = np.zeros(degree + 1)
     rows = max(1, block_entries // V.shape[0])
     for start in range(0, U.shape[0], rows):
-        t = (U[start : start + rows] @ V.T).ravel()
+        t = U[start : start + rows] @ V.T
         g, h = chebyshev_normal_equations(t, evaluate_finite(f, t), None, degree, half_width)
         gram += g
         moment += h
@@ -273,9 +296,9 @@ def coreset_coefficients(
     else:
         side, clusters = "V", clusters_v
         t = V[clusters.centers] @ U.T  # (k, n1): same entries, transposed roles
-    weights = np.repeat(clusters.cluster_sizes.astype(np.float64), t.shape[1])
-    t = t.ravel()
-    gram, moment = chebyshev_normal_equations(t, evaluate_finite(f, t), weights, degree, half_width)
+    gram, moment = chebyshev_normal_equations(
+        t, evaluate_finite(f, t), clusters.cluster_sizes, degree, half_width
+    )
     coef, cheb = solve_regression(gram, moment, ridge, half_width, nonnegative=nonnegative)
     details = {
         "side": side,

@@ -34,9 +34,10 @@ class GaussianPolySketch:
     gamma : float, default=1.0
         Kernel bandwidth; for the Gibbs kernel ``exp(-||x - y||^2 / reg)`` use
         ``gamma = 1 / reg``.
-    degree, sketch_dim, coefficients, coreset_size, regularizer, nonnegative
+    degree, sketch_dim, coefficients, coreset_size, regularizer, nonnegative, taylor_center
         As in :class:`~sketchot.sketch.PolyTensorSketch` (defaults ``r = 3``, ``m = 20``,
-        ``k = 10``, ``'coreset'``, ``'shifted'``).
+        ``k = 10``, ``'coreset'``, ``'shifted'``). The Taylor expansion point refers to the
+        entries ``u . v`` of the centred, scaled points.
     center : {'mean', 'bbox'}, None or array of shape (d,), default='mean'
         Common translation ``c``: the mean of all points of ``X`` and ``Y``, the centre of
         their bounding box, no translation, or a given point.
@@ -64,6 +65,7 @@ class GaussianPolySketch:
         coreset_size: int = 10,
         regularizer: str | None = "shifted",
         nonnegative: bool = False,
+        taylor_center: float | str = 0.0,
         center: Any = "mean",
         rng: Any = None,
     ) -> None:
@@ -74,6 +76,7 @@ class GaussianPolySketch:
         self.coreset_size = coreset_size
         self.regularizer = regularizer
         self.nonnegative = nonnegative
+        self.taylor_center = taylor_center
         self.center = center
         self.rng = rng
 
@@ -106,6 +109,7 @@ class GaussianPolySketch:
             coreset_size=self.coreset_size,
             regularizer=self.regularizer,
             nonnegative=self.nonnegative,
+            taylor_center=self.taylor_center,
             rng=self.rng,
         ).fit(U, V)
         self.n_features_out_ = self.sketch_.n_features_out_

@@ -259,8 +259,9 @@ class PolyTensorSketch:
         out[:, 0] = weights[0] * scale
         for start in range(0, n, DEFAULT_BLOCK_ROWS):
             stop = min(start + DEFAULT_BLOCK_ROWS, n)
-            block = sketch._all_degrees(U[start:stop])  # (rows, r, m)
-            block *= weights[1:, None]
-            block *= scale[start:stop, None, None]
-            out[start:stop, 1:] = block.reshape(stop - start, r * m)
+            block = sketch._all_degrees(U[start:stop], dtype=dtype)  # (rows, r, m)
+            factor = scale[start:stop, None, None] * weights[None, 1:, None]
+            # one pass: scale, cast and write into the strided view of the output
+            target = out[start:stop, 1:].reshape(stop - start, r, m)
+            np.multiply(block, factor, out=target, casting="same_kind")
         return out

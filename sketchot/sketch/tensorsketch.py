@@ -105,11 +105,16 @@ class TensorSketch:
         )
 
     def _all_degrees(
-        self, U: np.ndarray | sp.csr_array, out: np.ndarray | None = None
+        self,
+        U: np.ndarray | sp.csr_array,
+        out: np.ndarray | None = None,
+        dtype: Any = np.float64,
     ) -> np.ndarray:
+        """All degrees, with the FFTs in ``dtype`` (float32 halves their cost when the caller
+        stores float32 features anyway)."""
         n, k, m = U.shape[0], self.degree, self.sketch_dim
         if out is None:
-            out = np.empty((n, k, m))
+            out = np.empty((n, k, m), dtype=dtype)
         elif out.shape != (n, k, m):
             raise ValueError(f"out must have shape {(n, k, m)}; got {out.shape}")
         if k == 0:
@@ -117,6 +122,7 @@ class TensorSketch:
         for start in range(0, n, DEFAULT_BLOCK_ROWS):
             stop = min(start + DEFAULT_BLOCK_ROWS, n)
             counts = sketch_rows(U[start:stop], self._stacked).reshape(stop - start, k, m)
+            counts = counts.astype(dtype, copy=False)
             out[start:stop] = convolve_count_sketches(counts)
         return out
 

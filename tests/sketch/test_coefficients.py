@@ -125,3 +125,17 @@ def test_coreset_uses_the_side_with_the_smaller_bound():
     details = sketch.fit_info_.details
     assert details["side"] == "U" and details["epsilon_U"] == pytest.approx(0.0, abs=1e-12)
     np.testing.assert_array_equal(np.sort(details["cluster_sizes"]), [25, 25, 25, 25])
+
+
+@pytest.mark.parametrize("degree", [0, 1, 3, 10])
+def test_moment_normal_equations_equal_the_explicit_design(degree):
+    """The Gram matrix from Chebyshev moments equals X_c^T D X_c of the explicit design."""
+    rng = np.random.default_rng(degree)
+    t = rng.uniform(-2, 2, size=(4, 300))
+    values = np.exp(t)
+    weights = np.array([1.0, 5.0, 0.0, 2.5])
+    gram, moment = chebyshev_normal_equations(t, values, weights, degree, 2.0, block_entries=97)
+    design = C.chebvander(t.ravel() / 2.0, degree)
+    w = np.repeat(weights, 300)
+    np.testing.assert_allclose(gram, design.T @ (w[:, None] * design), rtol=1e-11, atol=1e-9)
+    np.testing.assert_allclose(moment, design.T @ (w * values.ravel()), rtol=1e-11, atol=1e-9)

@@ -1,0 +1,53 @@
+"""Colour transfer between images with entropic optimal transport (any kernel backend).
+
+* :func:`color_transfer` recolours a source image with the palette of a target image;
+  :func:`transfer_colors` does the same and returns the plan, timings and checks.
+* :func:`map_image` applies a fitted transport to every pixel of an image (forward or inverse).
+* :class:`SketchSinkhornTransport` is a drop-in for POT's ``ot.da.SinkhornTransport``.
+* Image helpers: :func:`load_image`, :func:`sample_pixels`, :func:`save_image`,
+  :func:`distinct_colors`.
+"""
+
+from .images import (
+    PixelSample,
+    atomic_write_with,
+    distinct_colors,
+    image_pixels,
+    load_image,
+    sample_pixels,
+    save_image,
+)
+from .transfer import (
+    COLOR_BACKEND_DEFAULTS,
+    DEFAULT_BACKEND,
+    DEFAULT_N_SAMPLES,
+    DEFAULT_REG,
+    ColorTransferResult,
+    MappedImage,
+    color_transfer,
+    map_image,
+    resolve_backend_params,
+    transfer_colors,
+)
+from .transport import SketchSinkhornTransport
+
+__all__ = [
+    "COLOR_BACKEND_DEFAULTS",
+    "DEFAULT_BACKEND",
+    "DEFAULT_N_SAMPLES",
+    "DEFAULT_REG",
+    "ColorTransferResult",
+    "MappedImage",
+    "PixelSample",
+    "SketchSinkhornTransport",
+    "atomic_write_with",
+    "color_transfer",
+    "distinct_colors",
+    "image_pixels",
+    "load_image",
+    "map_image",
+    "resolve_backend_params",
+    "sample_pixels",
+    "save_image",
+    "transfer_colors",
+]
