@@ -6,9 +6,18 @@ by random Fourier features, Nystrom, or the Poly-TensorSketch of Han, Avron and 
 
 Layers, bottom up: :mod:`sketchot.sketch` (the sketch core, no optimal transport),
 :mod:`sketchot.kernels` (one kernel-operator interface, one backend per module),
-:mod:`sketchot.solver` (Sinkhorn on any operator).
+:mod:`sketchot.solver` (Sinkhorn on any operator), :mod:`sketchot.color` (colour transfer on
+top of the solver).
 """
 
+from .color import (
+    color_transfer,
+    load_image,
+    map_image,
+    sample_pixels,
+    save_image,
+    transfer_colors,
+)
 from .kernels import (
     ExactKernel,
     KernelOperator,
@@ -30,6 +39,17 @@ from .solver import (
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # The POT-style transport class imports ot.da (about 1.5 s, it pulls in scikit-learn):
+    # load it on first use only.
+    if name == "SketchSinkhornTransport":
+        from .color import SketchSinkhornTransport
+
+        return SketchSinkhornTransport
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "ExactKernel",
     "KernelOperator",
@@ -38,12 +58,19 @@ __all__ = [
     "LowRankKernel",
     "NonPositiveKernelError",
     "SinkhornResult",
+    "SketchSinkhornTransport",
     "TrueKernelCheck",
     "__version__",
     "available_backends",
+    "color_transfer",
     "comparable_parameters",
+    "load_image",
     "make_kernel",
+    "map_image",
+    "sample_pixels",
+    "save_image",
     "sinkhorn",
     "sinkhorn2",
     "sinkhorn_kernel",
+    "transfer_colors",
 ]

@@ -29,7 +29,18 @@ from .transfer import (
     resolve_backend_params,
     transfer_colors,
 )
-from .transport import SketchSinkhornTransport
+
+
+def __getattr__(name: str):
+    # The transport class subclasses POT's ot.da.BaseTransport, and importing POT takes about
+    # 1.5 s (it pulls in scikit-learn): load it on first use only, so that the image helpers
+    # and color_transfer stay quick to import.
+    if name == "SketchSinkhornTransport":
+        from .transport import SketchSinkhornTransport
+
+        return SketchSinkhornTransport
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "COLOR_BACKEND_DEFAULTS",

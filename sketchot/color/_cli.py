@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from matplotlib.backend_bases import FigureCanvasBase
@@ -69,3 +72,14 @@ def check_output(parser: argparse.ArgumentParser, path: Path, option: str, kind:
 def one_line_warning(message, category, filename, lineno, line=None) -> str:
     """``warnings.formatwarning`` replacement: ``warning: message`` on one line."""
     return f"warning: {message}\n"
+
+
+@contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """Print warnings as ``warning: message`` lines inside the block, then restore."""
+    previous = warnings.formatwarning
+    warnings.formatwarning = one_line_warning
+    try:
+        yield
+    finally:
+        warnings.formatwarning = previous

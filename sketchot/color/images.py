@@ -272,10 +272,20 @@ def _atomic_write(path: Path, writer: Any) -> None:
     try:
         with os.fdopen(handle, "wb") as stream:
             writer(stream)
+        # mkstemp creates the file private (0600); give it the permissions a plain open()
+        # would have given (0666 minus the umask)
+        os.chmod(temporary, 0o666 & ~_umask())
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process umask (reading it requires setting it; restored at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _format_for(path: Path) -> str:

@@ -31,6 +31,7 @@ of Low-Rank Matrix. ICML 2020 (Section 4.3: Sinkhorn on random RGB pixels).
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,22 +48,40 @@ from .images import distinct_colors, image_pixels, load_image, sample_pixels
 DEFAULT_REG = 0.1
 
 #: Backend whose result is closest to the exact one at DEFAULT_REG for a small fraction of its
-#: cost (measured on the default image pair, 10^4 samples: Nystrom with 100 landmarks differs
-#: from the exact recolouring by 0.003/255 on average, 10 ms per iteration vs 445 ms; RFF and
-#: Poly-TensorSketch at comparable rank are off by 19-60/255 at this reg).
+#: cost. Measured with 10^4 samples per image at reg = 0.1 (mean |RGB difference| to the exact
+#: recolouring): Nystrom with 400 k-center landmarks 0.000-0.07/255 on five pairs (the three
+#: project pairs, matplotlib's grace_hopper.jpg onto two of them; two seeds each) at 4-10 ms
+#: per iteration against 86-190 ms for the exact kernel; RFF (D = 60-1000) and
+#: Poly-TensorSketch (rank 61-400) are off by 10-60/255 at this reg (their kernel errors exceed
+#: the small entries of K).
 DEFAULT_BACKEND = "nystrom"
 
 #: Samples drawn from each image.
 DEFAULT_N_SAMPLES = 10_000
 
 #: Backend parameters used when the caller does not set them. The library's Nystrom default
-#: (8 landmarks, the paper's equal-cost setting at reg = 1) is far too coarse at reg = 0.1:
-#: on the default pair it makes K~ v non-positive for most rows, the solve stalls, and the
-#: recolouring is off by 12.6/255 (measured). 100 landmarks: 0.003/255 (50 landmarks: 0.09/255).
-COLOR_BACKEND_DEFAULTS: dict[str, dict[str, Any]] = {"nystrom": {"n_landmarks": 100}}
+#: (8 landmarks, the paper's equal-cost setting at reg = 1) is far too coarse at reg = 0.1: on
+#: the default pair K~ v turns non-positive for most rows, the solve stalls, and the
+#: recolouring is off by 61/255. Measured at reg = 0.1, 10^4 samples, two landmark seeds:
+#: 100 landmarks fail on some pairs (48/255 with k-center on the night-city pair, 40/255 with
+#: uniform landmarks on grace_hopper.jpg onto the meadow); 400 uniform landmarks still fail
+#: there for one seed of two (55/255); 400 k-center landmarks stay within 0.07/255 on every
+#: pair and seed. At reg = 0.05 even 1131 landmarks fail on that pair: use backend='exact'
+#: below reg = 0.1 (transfer_colors warns when the true-kernel check fails).
+COLOR_BACKEND_DEFAULTS: dict[str, dict[str, Any]] = {
+    "nystrom": {"n_landmarks": 400, "landmarks": "kcenter"}
+}
 
-#: Distinct colours mapped per call of the out-of-sample operator (progress granularity).
+#: transfer_colors warns when the scalings miss the TRUE kernel's marginals by more than this
+#: relative L1 error (a good approximation gives 1e-4 or less, the failures above 1 or more).
+TRUE_KERNEL_WARNING = 1e-2
+
+#: Distinct colours mapped per call of the out-of-sample operator. Low-rank backends: large
+#: calls amortise the per-call work on the fitted side (16384 was 20% slower than 65536 for
+#: rff and polyts, measured). Exact backend: smaller calls, so that progress is reported every
+#: few seconds (each colour costs O(n d) there).
 MAP_CHUNK = 1 << 16
+MAP_CHUNK_EXACT = 1 << 13
 
 Progress = Callable[[str], None]
 
@@ -101,7 +120,7 @@ def map_image(
     image: Any,
     *,
     inverse: bool = False,
-    chunk_size: int = MAP_CHUNK,
+    chunk_size: int | None = None,
     progress: Progress | None = None,
     name: str = "image",
 ) -> MappedImage:
@@ -117,8 +136,9 @@ def map_image(
         ``False``: the forward map onto the target palette
         (:meth:`~sketchot.SinkhornResult.barycentric_map`); ``True``: the inverse map onto
         the source palette (:meth:`~sketchot.SinkhornResult.inverse_barycentric_map`).
-    chunk_size : int
-        Distinct colours per call (memory ``O(chunk_size x rank)`` inside the operator).
+    chunk_size : int, optional
+        Distinct colours per call (memory ``O(chunk_size x rank)`` inside the operator);
+        default :data:`MAP_CHUNK` (low-rank backends) or :data:`MAP_CHUNK_EXACT` (exact).
     progress : callable, optional
         Called with a short text line after each chunk.
 
@@ -138,6 +158,8 @@ def map_image(
             "result must come from a solve between RGB colours (3 columns); got points with "
             f"{result.kernel.X.shape[1]} columns"
         )
+    if chunk_size is None:
+        chunk_size = MAP_CHUNK_EXACT if result.kernel.is_exact else MAP_CHUNK
     chunk_size = check_int(chunk_size, "chunk_size", minimum=1)
     picture = load_image(image, name=name)
     start = time.perf_counter()
@@ -253,8 +275,14 @@ def transfer_colors(
 ) -> ColorTransferResult:
     """Colour transfer with every intermediate result and timing (see :func:`color_transfer`).
 
-    Extra parameters
-    ----------------
+    Parameters
+    ----------
+    source, target, reg, backend, n_samples, rng, **backend_params
+        As in :func:`color_transfer`.
+    replace, weighted : bool, default=False
+        Sampling options (see :func:`~sketchot.color.sample_pixels`).
+    max_iter, tol, safeguard
+        Solver options (see :func:`sketchot.sinkhorn`).
     inverse : bool, default=False
         Also recolour the target with the source's palette.
     verbose : bool, default=False
@@ -262,7 +290,12 @@ def transfer_colors(
     progress : callable, optional
         Receives one text line per step (sampling, solve, mapping chunks, check).
     warn : bool, default=True
-        Passed to the solver (non-convergence and safeguard warnings).
+        Warn on non-convergence, safeguard repairs, and a failed true-kernel check
+        (relative L1 marginal error above :data:`TRUE_KERNEL_WARNING`).
+
+    Returns
+    -------
+    ColorTransferResult
     """
     reg = check_float(reg, "reg", positive=True)
     n_samples = check_int(n_samples, "n_samples", minimum=1)
@@ -334,6 +367,15 @@ def transfer_colors(
     tick = time.perf_counter()
     check = result.check_true_kernel(rng=generator)
     timings["check"] = time.perf_counter() - tick
+    worst = max(check.relative_a, check.relative_b)
+    if warn and worst > TRUE_KERNEL_WARNING:
+        warnings.warn(
+            f"backend {backend!r} at reg={reg:g}: the scalings miss the exact kernel's "
+            f"marginals by {worst:.2g} (relative L1, sampled), so the recolouring can differ "
+            f"visibly from the exact one; raise the backend's rank or use backend='exact'",
+            UserWarning,
+            stacklevel=2,
+        )
     timings["total"] = time.perf_counter() - start
     return ColorTransferResult(
         image=forward.image,
@@ -375,8 +417,10 @@ def color_transfer(
         smaller is sharper and slower to converge, larger blurs every colour towards the
         target's mean.
     backend : {'nystrom', 'exact', 'rff', 'polyts'}, default='nystrom'
-        Kernel representation (see :func:`sketchot.make_kernel`). Nystrom defaults to 100
-        landmarks here (:data:`COLOR_BACKEND_DEFAULTS`).
+        Kernel representation (see :func:`sketchot.make_kernel`). Nystrom defaults to 400
+        k-center landmarks here (:data:`COLOR_BACKEND_DEFAULTS`). For ``reg < 0.1`` prefer
+        ``'exact'`` (streamed, ``O(n^2)`` per iteration); a warning says when an approximate
+        backend fails the true-kernel check.
     n_samples : int, default=10000
         Colours sampled from each image for the transport problem.
     rng : None, int or Generator

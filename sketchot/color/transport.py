@@ -51,8 +51,9 @@ class SketchSinkhornTransport(BaseTransport):
         Backend parameters (``n_landmarks``, ``landmarks``, ``n_features``, ``sketch_dim``,
         ``degree``, ``coreset_size``, ``dtype``, ...). Keyword arguments not listed here are
         merged into it, so ``SketchSinkhornTransport(backend="rff", n_features=500)`` works.
-        Nystrom defaults to 100 landmarks (at most ``n + m``): the library's 8 are far too few
-        at ``reg_e = 0.1`` on colours (see :data:`sketchot.color.COLOR_BACKEND_DEFAULTS`).
+        Nystrom defaults to 400 k-center landmarks (at most ``n + m``): the library's 8 are
+        too few at ``reg_e = 0.1`` on colours (see
+        :data:`sketchot.color.COLOR_BACKEND_DEFAULTS`).
     max_iter : int, default=1000
     tol : float, default=1e-9
         L2 column-marginal error at which the solver stops (POT's default is 1e-8).

@@ -389,11 +389,14 @@ def fused_pass(
     scaling = np.empty(n_rows)
     proj = np.zeros(out_dim)
     for index, F in blocks:
-        block_den = F @ w_cast
+        # A diverging approximation can overflow here; the guard repairs what comes out.
+        with np.errstate(over="ignore", invalid="ignore"):
+            block_den = F @ w_cast
         den[index] = block_den
         s = divide_guarded(numerator[index], block_den, index, guard)
         scaling[index] = s
-        proj += s.astype(dtype, copy=False) @ F
+        with np.errstate(over="ignore", invalid="ignore"):
+            proj += s.astype(dtype, copy=False) @ F
     return scaling, proj, den
 
 
@@ -407,9 +410,14 @@ class LowRankKernel(KernelOperator):
     left, right : ndarray
         The factors ``A`` and ``B`` (stored in ``dtype``).
     left_map, right_map : callable
-        Feature maps for new points: ``left_map(X_new)`` has ``K(X_new, Y) ~ left_map(X_new) B^T``
-        (likewise ``right_map``). They apply the fitted randomness, so they are consistent with
-        ``A`` and ``B``.
+        Feature maps for new points: ``left_map(X_new) @ left_projection`` is the row of ``A``
+        of each new point, so ``K(X_new, Y) ~ left_map(X_new) left_projection B^T`` (likewise
+        on the right). They apply the fitted randomness, so they are consistent with ``A``
+        and ``B``.
+    left_projection, right_projection : ndarray, optional
+        A fixed matrix applied after the map (``None``: identity). Products with new points
+        fold it into the small side, ``left_map(X_new) @ (P @ (B^T V))``, which matters when
+        the map is wider than the rank of the product (Nystrom: ``K(x, Z)`` then whitening).
 
     Notes
     -----
@@ -430,6 +438,8 @@ class LowRankKernel(KernelOperator):
         backend: str,
         dtype: Any,
         params: dict[str, Any],
+        left_projection: np.ndarray | None = None,
+        right_projection: np.ndarray | None = None,
     ) -> None:
         super().__init__(X, Y, reg, dtype=dtype, params=params)
         self.backend = backend
@@ -437,6 +447,8 @@ class LowRankKernel(KernelOperator):
         self.right = np.ascontiguousarray(right, dtype=self.dtype)
         self._left_map = left_map
         self._right_map = right_map
+        self._left_projection = left_projection
+        self._right_projection = right_projection
 
     @property
     def rank(self) -> int:
@@ -464,17 +476,22 @@ class LowRankKernel(KernelOperator):
     def matmat_new(self, X_new: Any, V: Any) -> np.ndarray:
         X_new = self._check_new_points(X_new, "X_new")
         V = self._check_operand(V, self.shape[1], "V", vector=False)
-        return self._new_products(X_new, self._left_map, self.right.T @ V.astype(self.dtype))
+        inner = self.right.T @ V.astype(self.dtype)
+        return self._new_products(X_new, self._left_map, self._left_projection, inner)
 
     def rmatmat_new(self, Y_new: Any, U: Any) -> np.ndarray:
         Y_new = self._check_new_points(Y_new, "Y_new")
         U = self._check_operand(U, self.shape[0], "U", vector=False)
-        return self._new_products(Y_new, self._right_map, self.left.T @ U.astype(self.dtype))
+        inner = self.left.T @ U.astype(self.dtype)
+        return self._new_products(Y_new, self._right_map, self._right_projection, inner)
 
-    def _new_products(self, points, feature_map, inner):
-        # Features of new points are built block by block: memory O(block x r).
+    def _new_products(self, points, feature_map, projection, inner):
+        if projection is not None:
+            inner = projection.astype(self.dtype, copy=False) @ inner
         out = np.empty((points.shape[0], *inner.shape[1:]))
-        block = 1 << 16
+        # Features of new points are built block by block: about 32 MB of them at a time.
+        width = self.rank if projection is None else projection.shape[0]
+        block = max(1, (1 << 22) // max(1, width))
         for start in range(0, points.shape[0], block):
             rows = slice(start, start + block)
             out[rows] = feature_map(points[rows]) @ inner

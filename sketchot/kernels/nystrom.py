@@ -89,17 +89,23 @@ def build_nystrom(
     keep = eigvals > rcond * eigvals.max()
     whitening = eigvecs[:, keep] / np.sqrt(eigvals[keep])
 
-    def feature_map(points: np.ndarray) -> np.ndarray:
-        return (gibbs_block(points - center, Z, reg) @ whitening).astype(dtype, copy=False)
+    def landmark_kernel(points: np.ndarray) -> np.ndarray:
+        return gibbs_block(points - center, Z, reg)
+
+    def factor(points: np.ndarray) -> np.ndarray:
+        return (landmark_kernel(points) @ whitening).astype(dtype, copy=False)
 
     return LowRankKernel(
         X,
         Y,
         reg,
-        feature_map(X),
-        feature_map(Y),
-        left_map=feature_map,
-        right_map=feature_map,
+        factor(X),
+        factor(Y),
+        # New points: K(x, Z) only; the whitening is folded into the small side of products.
+        left_map=landmark_kernel,
+        right_map=landmark_kernel,
+        left_projection=whitening,
+        right_projection=whitening,
         backend="nystrom",
         dtype=dtype,
         params={"n_landmarks": n_landmarks, "landmarks": landmarks, "rank": int(keep.sum())},

@@ -1,0 +1,277 @@
+"""Image helpers: loading every Pillow mode, sampling, distinct colours, atomic saving."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from sketchot.color import distinct_colors, load_image, sample_pixels, save_image
+
+HEIGHT, WIDTH = 5, 7
+
+
+def reference_rgb() -> np.ndarray:
+    """A small uint8 RGB picture with distinct, known values."""
+    rng = np.random.default_rng(0)
+    return rng.integers(0, 256, size=(HEIGHT, WIDTH, 3), dtype=np.uint8)
+
+
+def zero_pixel_png(path: Path) -> Path:
+    """A syntactically valid PNG of 0 x 0 pixels (Pillow refuses to write one itself)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", 0, 0, 8, 2, 0, 0, 0)
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(b""))
+        + chunk(b"IEND", b"")
+    )
+    return path
+
+
+# ------------------------------------------------------------------------------- loading
+def test_load_rgb_png_exactly(tmp_path):
+    pixels = reference_rgb()
+    Image.fromarray(pixels, mode="RGB").save(tmp_path / "rgb.png")
+    loaded = load_image(tmp_path / "rgb.png")
+    assert loaded.shape == (HEIGHT, WIDTH, 3) and loaded.dtype == np.float64
+    np.testing.assert_array_equal(loaded, pixels / 255.0)
+
+
+def test_load_rgba_drops_alpha(tmp_path):
+    pixels = reference_rgb()
+    alpha = np.full((HEIGHT, WIDTH, 1), 40, dtype=np.uint8)
+    Image.fromarray(np.concatenate([pixels, alpha], axis=2), mode="RGBA").save(tmp_path / "a.png")
+    np.testing.assert_array_equal(load_image(tmp_path / "a.png"), pixels / 255.0)
+
+
+@pytest.mark.parametrize("mode", ["L", "LA"])
+def test_load_greyscale_replicates_channels(tmp_path, mode):
+    grey = reference_rgb()[:, :, 0]
+    picture = Image.fromarray(grey, mode="L").convert(mode)
+    picture.save(tmp_path / "grey.png")
+    loaded = load_image(tmp_path / "grey.png")
+    for channel in range(3):
+        np.testing.assert_array_equal(loaded[:, :, channel], grey / 255.0)
+
+
+def test_load_bilevel(tmp_path):
+    bits = reference_rgb()[:, :, 0] > 127
+    Image.fromarray(bits).convert("1").save(tmp_path / "bits.png")
+    loaded = load_image(tmp_path / "bits.png")
+    np.testing.assert_array_equal(loaded[:, :, 1], bits.astype(float))
+
+
+def test_load_palette(tmp_path):
+    pixels = reference_rgb()
+    palette_image = Image.fromarray(pixels, mode="RGB").quantize(colors=8)
+    palette_image.save(tmp_path / "palette.png")
+    assert Image.open(tmp_path / "palette.png").mode == "P"
+    expected = np.asarray(palette_image.convert("RGB")) / 255.0
+    np.testing.assert_array_equal(load_image(tmp_path / "palette.png"), expected)
+
+
+def test_load_16_bit_greyscale_keeps_precision(tmp_path):
+    # 16-bit values must be divided by 65535, not clipped at 255 as Image.convert("RGB") does
+    values = np.linspace(0, 65535, HEIGHT * WIDTH).astype(np.uint16).reshape(HEIGHT, WIDTH)
+    Image.fromarray(values).save(tmp_path / "deep.png")
+    assert Image.open(tmp_path / "deep.png").mode.startswith("I")
+    loaded = load_image(tmp_path / "deep.png")
+    np.testing.assert_allclose(loaded[:, :, 2], values / 65535.0, rtol=0, atol=1e-12)
+    assert loaded.max() == 1.0
+
+
+def test_load_32_bit_integer_and_float_modes(tmp_path):
+    values = np.arange(HEIGHT * WIDTH, dtype=np.int32).reshape(HEIGHT, WIDTH) * 1000
+    Image.fromarray(values, mode="I").save(tmp_path / "int.tif")
+    np.testing.assert_allclose(load_image(tmp_path / "int.tif")[:, :, 0], values / 65535.0)
+    floats = np.linspace(0, 1, HEIGHT * WIDTH, dtype=np.float32).reshape(HEIGHT, WIDTH)
+    Image.fromarray(floats, mode="F").save(tmp_path / "float.tif")
+    np.testing.assert_allclose(load_image(tmp_path / "float.tif")[:, :, 1], floats)
+
+
+def test_load_cmyk_jpeg(tmp_path):
+    Image.fromarray(reference_rgb(), mode="RGB").convert("CMYK").save(tmp_path / "c.jpg")
+    loaded = load_image(tmp_path / "c.jpg")
+    assert loaded.shape == (HEIGHT, WIDTH, 3)
+    assert loaded.min() >= 0.0 and loaded.max() <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("array", "expected"),
+    [
+        (np.full((2, 3, 3), 255, dtype=np.uint8), 1.0),
+        (np.full((2, 3, 3), 65535, dtype=np.uint16), 1.0),
+        (np.full((2, 3), 0.25), 0.25),
+        (np.full((2, 3, 1), 0.5, dtype=np.float32), 0.5),
+        (np.full((2, 3, 4), 51, dtype=np.uint8), 0.2),
+    ],
+)
+def test_load_arrays(array, expected):
+    loaded = load_image(array)
+    assert loaded.shape == (2, 3, 3)
+    np.testing.assert_allclose(loaded, expected)
+
+
+def test_load_errors_name_the_argument(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"source: file .*missing\.png.* does not exist"):
+        load_image(tmp_path / "missing.png", name="source")
+    (tmp_path / "text.png").write_text("not an image")
+    with pytest.raises(ValueError, match=r"target: .*not an image file Pillow can read"):
+        load_image(tmp_path / "text.png", name="target")
+    (tmp_path / "empty.png").write_bytes(b"")
+    with pytest.raises(ValueError, match="empty file"):
+        load_image(tmp_path / "empty.png")
+    with pytest.raises(ValueError, match="zero pixels"):
+        load_image(zero_pixel_png(tmp_path / "zero.png"))
+    with pytest.raises(ValueError, match="is a folder"):
+        load_image(tmp_path)
+    with pytest.raises(ValueError, match="zero pixels"):
+        load_image(np.zeros((0, 4, 3)))
+    out_of_range = np.full((2, 2, 3), 0.5)
+    out_of_range[0, 0, 0] = -0.5
+    with pytest.raises(ValueError, match=r"values in \[-0.5, 0.5\]"):
+        load_image(out_of_range)
+    with pytest.raises(ValueError, match="shape"):
+        load_image(np.zeros((2, 2, 5)))
+    with pytest.raises(TypeError, match="integer dtype int64"):
+        load_image(np.zeros((2, 2, 3), dtype=np.int64))
+    with pytest.raises(TypeError, match="image file path or a numeric array"):
+        load_image(np.array([["a"]]))
+
+
+def test_truncated_file_is_a_value_error(tmp_path):
+    Image.fromarray(reference_rgb(), mode="RGB").save(tmp_path / "full.png")
+    data = (tmp_path / "full.png").read_bytes()
+    (tmp_path / "cut.png").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="cannot read image"):
+        load_image(tmp_path / "cut.png")
+
+
+# ------------------------------------------------------------------------------ sampling
+def test_sample_pixels_uniform_is_reproducible_and_valid():
+    image = reference_rgb()
+    first = sample_pixels(image, 20, rng=3)
+    again = sample_pixels(image, 20, rng=3)
+    np.testing.assert_array_equal(first.colors, again.colors)
+    assert first.colors.shape == (20, 3) and first.n_pixels == HEIGHT * WIDTH
+    np.testing.assert_allclose(first.weights, 1 / 20)
+    # without replacement every sampled colour comes from a different pixel
+    pixels = (image.reshape(-1, 3) / 255.0).tolist()
+    assert all(color in pixels for color in first.colors.tolist())
+
+
+def test_sample_pixels_all_without_replacement_is_a_permutation():
+    image = reference_rgb()
+    sample = sample_pixels(image, HEIGHT * WIDTH, rng=0)
+    np.testing.assert_array_equal(
+        np.sort(sample.colors, axis=0), np.sort(image.reshape(-1, 3) / 255.0, axis=0)
+    )
+
+
+def test_sample_pixels_with_replacement_allows_more_than_pixels():
+    sample = sample_pixels(reference_rgb(), 5 * HEIGHT * WIDTH, rng=0, replace=True)
+    assert len(sample) == 5 * HEIGHT * WIDTH
+
+
+def test_sample_pixels_weighted_gives_the_exact_histogram_when_small():
+    image = np.zeros((4, 5, 3), dtype=np.uint8)
+    image[:1] = (255, 0, 0)  # 5 red pixels, 15 black
+    sample = sample_pixels(image, 10, rng=0, weighted=True)
+    assert len(sample) == 2
+    weights = dict(zip(map(tuple, sample.colors.tolist()), sample.weights, strict=True))
+    assert weights == {(0.0, 0.0, 0.0): 0.75, (1.0, 0.0, 0.0): 0.25}
+
+
+def test_sample_pixels_weighted_subsample_weights_sum_to_one():
+    sample = sample_pixels(reference_rgb(), 10, rng=1, weighted=True)
+    assert len(sample) == 10
+    assert np.isclose(sample.weights.sum(), 1.0) and np.all(sample.weights > 0)
+    assert len({tuple(c) for c in sample.colors.tolist()}) == 10
+
+
+def test_sample_pixels_errors():
+    image = reference_rgb()
+    with pytest.raises(ValueError, match=r"n_samples \(36\) is larger than the number of pixels"):
+        sample_pixels(image, HEIGHT * WIDTH + 1, rng=0, name="source")
+    with pytest.raises(ValueError, match="n_samples must be >= 1"):
+        sample_pixels(image, 0, rng=0)
+    with pytest.raises(TypeError, match="n_samples must be an integer"):
+        sample_pixels(image, 2.5, rng=0)
+    with pytest.raises(ValueError, match="replace=True cannot be combined with weighted=True"):
+        sample_pixels(image, 3, rng=0, replace=True, weighted=True)
+    with pytest.raises(TypeError, match="rng must be"):
+        sample_pixels(image, 3, rng="seed")
+
+
+# ------------------------------------------------------------------------ distinct colours
+@settings(max_examples=30, deadline=None)
+@given(
+    levels=st.sampled_from([255, 256, 65535]),
+    seed=st.integers(0, 2**31 - 1),
+    size=st.integers(1, 300),
+)
+def test_distinct_colors_reconstructs_quantised_pixels(levels, seed, size):
+    rng = np.random.default_rng(seed)
+    top = 255 if levels == 256 else levels  # POT's /256 never reaches 1
+    pixels = rng.integers(0, min(top, 6) + 1, size=(size, 3)) / levels
+    colors, inverse = distinct_colors(pixels)
+    np.testing.assert_array_equal(colors[inverse], pixels)
+    assert colors.shape[0] == len({tuple(p) for p in pixels.tolist()})
+
+
+def test_distinct_colors_continuous_data():
+    pixels = np.random.default_rng(0).random((50, 3))
+    assert distinct_colors(pixels) is None  # no cheap de-duplication: callers map directly
+    doubled = np.vstack([pixels, pixels])
+    colors, inverse = distinct_colors(doubled, exhaustive=True)
+    assert colors.shape[0] == 50
+    np.testing.assert_array_equal(colors[inverse], doubled)
+
+
+# -------------------------------------------------------------------------------- saving
+def test_save_image_round_trip_and_no_temporary_left(tmp_path):
+    image = reference_rgb() / 255.0
+    path = save_image(image, tmp_path / "out.png")
+    np.testing.assert_array_equal(load_image(path), image)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.png"]
+    # same permissions as a file written with open() (the temporary file starts private)
+    (tmp_path / "plain.txt").write_text("x")
+    assert path.stat().st_mode & 0o777 == (tmp_path / "plain.txt").stat().st_mode & 0o777
+
+
+def test_save_image_errors_leave_no_file(tmp_path):
+    image = reference_rgb() / 255.0
+    with pytest.raises(FileNotFoundError, match=r"output folder .* does not exist"):
+        save_image(image, tmp_path / "missing" / "out.png")
+    with pytest.raises(ValueError, match="cannot tell the image format"):
+        save_image(image, tmp_path / "out.unknown")
+    with pytest.raises(ValueError, match="float images must lie in"):
+        save_image(image * 2, tmp_path / "out.png")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_save_image_failure_during_write_keeps_the_old_file(tmp_path, monkeypatch):
+    path = save_image(np.zeros((2, 2, 3)), tmp_path / "out.png")
+    before = path.read_bytes()
+
+    def broken_save(self, fp, format=None, **params):
+        fp.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Image.Image, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        save_image(np.ones((2, 2, 3)), path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.png"]
