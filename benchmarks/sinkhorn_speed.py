@@ -1,0 +1,679 @@
+"""Sinkhorn speed, memory and true-kernel accuracy: sketchot's backends next to POT's solvers.
+
+For ``n`` points per side drawn uniformly from ``[0, 1]^3`` (``default_rng([seed, n])``), uniform
+weights and ``reg`` in ``{1, 0.1}`` (kernel ``exp(-||x - y||^2 / reg)``), every configuration is
+run for a fixed number of iterations (``tol=1e-300``: never met) in its own subprocess, which
+reports
+
+* build time (kernel or factors), time per iteration, total wall time;
+* the child's peak RSS (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) and its increase over
+  the child's baseline after imports, a small warm-up and data generation;
+* the L1 marginal errors of the returned scalings against the EXACT kernel, estimated on
+  sampled rows and columns (``SinkhornResult.check_true_kernel`` for sketchot; the same
+  sampling, through sketchot's exact-kernel row products, for POT's scalings).
+
+Methods:
+
+``pot-dense``
+    ``ot.dist`` then ``ot.sinkhorn(a, b, M, reg)`` (POT 0.9: dense ``n x n``, ~5 such float64
+    arrays at peak). Build = ``ot.dist`` + one ``exp(-M / reg)`` timed separately (the kernel
+    ``ot.sinkhorn`` computes first); per iteration = (solve - that exp) / iterations.
+``pot-nystrom``
+    ``ot.lowrank.kernel_nystroem`` + ``ot.lowrank.sinkhorn_low_rank_kernel``: the two calls
+    ``ot.bregman.empirical_sinkhorn_nystroem2`` makes, with its ``sigma = sqrt(reg / 2)`` (so that
+    ``exp(-d^2 / (2 sigma^2)) = exp(-d^2 / reg)``), timed separately. POT draws ``anchors // 2``
+    landmarks per cloud, so it gets the even number of anchors at or above the rank.
+    ``random_state`` seeds POT's own NumpyBackend generator (not numpy's global one).
+``exact``, ``rff``, ``nystrom``, ``polyts``
+    ``sketchot.sinkhorn(None, None, X, Y, reg, backend, max_iter, tol=1e-300,
+    check_every=max_iter, safeguard=...)``; ``check_every=max_iter`` so that float32's
+    tolerance floor cannot stop the run early. Low-rank backends at equal rank: ``polyts``
+    ``m = 20, r = 3`` (rank 61) and ``m = 66, r = 3`` (rank 199); ``rff`` and ``nystrom`` with
+    as many features / landmarks. Default safeguard ``'clip'``: ``'exact'`` recomputes each
+    non-positive entry with an ``O(n d)`` exact row, which would dominate the timings of
+    RFF at ``reg = 0.1``; the number of repairs is reported.
+
+Targets printed (computed, not asserted): polyts, ``n = 10^6``, ``reg = 1``, 100 iterations,
+build included, at most 15 s and 2 GB peak RSS in float64 and float32; low-rank backends at
+``n = 10^4`` at least 100x faster per iteration than ``ot.sinkhorn``; sketchot's Nystrom faster
+per iteration than POT's at equal rank with no worse true-kernel error.
+
+Usage::
+
+    python benchmarks/sinkhorn_speed.py                 # full grid (tens of minutes)
+    python benchmarks/sinkhorn_speed.py --quick         # n <= 10^4, a few minutes
+    python benchmarks/sinkhorn_speed.py --only-target   # the two n = 10^6 polyts rows
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULT_MARKER = "RESULT_JSON:"
+
+SKETCHOT_BACKENDS = ("exact", "nystrom", "rff", "polyts")
+LOW_RANK = ("nystrom", "rff", "polyts")
+
+# Equal-rank settings. polyts rank = 1 + r m.
+RANKS: dict[str, dict[str, dict[str, int]]] = {
+    "61": {
+        "polyts": {"sketch_dim": 20, "degree": 3},
+        "rff": {"n_features": 61},
+        "nystrom": {"n_landmarks": 61},
+        "pot-nystrom": {"anchors": 62},
+    },
+    "199": {
+        "polyts": {"sketch_dim": 66, "degree": 3},
+        "rff": {"n_features": 199},
+        "nystrom": {"n_landmarks": 199},
+        "pot-nystrom": {"anchors": 200},
+    },
+}
+
+# Largest n per side for POT's dense solver: ~5 n x n float64 arrays at peak (4 GB at 10^4).
+POT_DENSE_MAX_N = 10_000
+# Largest n for sketchot's exact backend: beyond 2 10^4 a streamed product costs minutes.
+EXACT_MAX_N = 20_000
+# The exact backend streams (recomputes exp per entry) above this many bytes; then it runs
+# only a few iterations.
+EXACT_DENSE_BYTES = 1 << 30
+STREAMED_EXACT_ITERATIONS = 10
+
+# Targets.
+TARGET_N = 1_000_000
+TARGET_REG = 1.0
+TARGET_ITERATIONS = 100
+TARGET_SECONDS = 15.0
+TARGET_PEAK_BYTES = 2e9
+TARGET_SPEEDUP_N = 10_000
+TARGET_SPEEDUP = 100.0
+
+
+# ---------------------------------------------------------------------------- child process
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (``ru_maxrss`` is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def sample_indices(size: int, n_samples: int, rng: np.random.Generator) -> np.ndarray:
+    """Rows to check: all of them if few, else a sorted uniform sample without replacement
+    (the same draw ``SinkhornResult.check_true_kernel`` makes)."""
+    if n_samples >= size:
+        return np.arange(size)
+    return np.sort(rng.choice(size, size=n_samples, replace=False))
+
+
+def true_kernel_errors(
+    X: np.ndarray,
+    Y: np.ndarray,
+    reg: float,
+    u: np.ndarray,
+    v: np.ndarray,
+    n_samples: int,
+    seed: list[int],
+) -> dict[str, float]:
+    """Sampled L1 marginal errors of scalings ``u, v`` (uniform weights) with the exact kernel.
+
+    ``u_i (K v)_i`` on sampled rows and ``v_j (K^T u)_j`` on sampled columns, scaled to the
+    whole marginal; plain (signed) products so that negative scalings count as they are.
+    """
+    import sketchot
+
+    exact = sketchot.make_kernel(X, Y, reg, "exact", max_dense_bytes=0)  # streamed: no n x m
+    n, m = exact.shape
+    rng = np.random.default_rng(seed)
+    rows = sample_indices(n, n_samples, rng)
+    cols = sample_indices(m, n_samples, rng)
+    u = np.asarray(u, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    row_mass = u[rows] * exact.exact_rows_matmat(rows, v)
+    col_mass = v[cols] * exact.exact_cols_rmatmat(cols, u)
+    return {
+        "error_a": float(np.abs(row_mass - 1.0 / n).sum() * n / rows.size),
+        "error_b": float(np.abs(col_mass - 1.0 / m).sum() * m / cols.size),
+        "n_rows": int(rows.size),
+        "n_cols": int(cols.size),
+    }
+
+
+def run_pot_dense(X, Y, reg, iterations):
+    import ot
+
+    n, m = X.shape[0], Y.shape[0]
+    a, b = np.full(n, 1.0 / n), np.full(m, 1.0 / m)
+    start = time.perf_counter()
+    M = ot.dist(X, Y)
+    dist_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    K = np.exp(M / (-reg))
+    exp_seconds = time.perf_counter() - start
+    del K
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        start = time.perf_counter()
+        _, log = ot.sinkhorn(
+            a, b, M, reg, numItermax=iterations, stopThr=1e-300, log=True, warn=False
+        )
+        solve_seconds = time.perf_counter() - start
+    numerical = any("numerical errors" in str(w.message) for w in caught)
+    n_iter = log["niter"] + (0 if numerical else 1)
+    loop_seconds = solve_seconds - exp_seconds
+    return {
+        "rank": None,
+        "n_iter": n_iter,
+        "build_s": dist_seconds + exp_seconds,
+        "iterations_s": loop_seconds,
+        "per_iteration_s": loop_seconds / max(n_iter, 1),
+        "total_s": dist_seconds + solve_seconds,
+        "warnings": [str(w.message)[:200] for w in caught],
+    }, (log["u"], log["v"])
+
+
+def run_pot_nystrom(X, Y, reg, iterations, anchors, seed):
+    import ot
+
+    n, m = X.shape[0], Y.shape[0]
+    a, b = np.full(n, 1.0 / n), np.full(m, 1.0 / m)
+    # POT's sampling goes through its NumpyBackend RandomState, seeded from our generator.
+    random_state = int(np.random.default_rng(seed).integers(2**31 - 1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        start = time.perf_counter()
+        left, right = ot.lowrank.kernel_nystroem(
+            X, Y, anchors=anchors, sigma=math.sqrt(reg / 2.0), random_state=random_state
+        )
+        build_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        u, v, log = ot.lowrank.sinkhorn_low_rank_kernel(
+            left, right, a, b, numItermax=iterations, stopThr=1e-300, log=True, warn=False
+        )
+        loop_seconds = time.perf_counter() - start
+    numerical = any("numerical errors" in str(w.message) for w in caught)
+    n_iter = log["niter"] + (0 if numerical else 1)
+    return {
+        "rank": int(left.shape[1]),
+        "random_state": random_state,
+        "n_iter": n_iter,
+        "build_s": build_seconds,
+        "iterations_s": loop_seconds,
+        "per_iteration_s": loop_seconds / max(n_iter, 1),
+        "total_s": build_seconds + loop_seconds,
+        "warnings": [str(w.message)[:200] for w in caught],
+    }, (u, v)
+
+
+def run_sketchot(X, Y, reg, backend, iterations, params, dtype, safeguard, seed):
+    import sketchot
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        start = time.perf_counter()
+        result = sketchot.sinkhorn(
+            None,
+            None,
+            X,
+            Y,
+            reg,
+            backend,
+            max_iter=iterations,
+            tol=1e-300,
+            rng=np.random.default_rng(seed),
+            check_every=iterations,
+            safeguard=safeguard,
+            warn=False,
+            dtype=np.dtype(dtype).type,
+            **params,
+        )
+        total_seconds = time.perf_counter() - start
+    return {
+        "rank": result.kernel.rank,
+        "n_iter": result.n_iter,
+        "build_s": result.timings["build"],
+        "iterations_s": result.timings["iterations"],
+        "per_iteration_s": result.timings["per_iteration"],
+        "total_s": total_seconds,
+        "safeguard": result.safeguard,
+        "used_kernel_marginal_errors": list(result.marginal_errors),
+        "warnings": [str(w.message)[:200] for w in caught],
+    }, result
+
+
+def warm_up(config: dict[str, Any]) -> None:
+    """A tiny run of the same method: one-time costs (lazy imports, FFT set-up) stay out."""
+    rng = np.random.default_rng(12345)
+    X, Y = rng.random((200, 3)), rng.random((200, 3))
+    method = config["method"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if method == "pot-dense":
+            run_pot_dense(X, Y, config["reg"], 2)
+        elif method == "pot-nystrom":
+            run_pot_nystrom(X, Y, config["reg"], 2, config["params"]["anchors"], [0])
+        else:
+            run_sketchot(
+                X, Y, config["reg"], method, 2, config["params"], config["dtype"], "clip", [0]
+            )
+
+
+def run_single(config: dict[str, Any]) -> dict[str, Any]:
+    """One configuration (in a fresh process): timings, peak memory, true-kernel errors."""
+    import ot  # noqa: F401  (imported before the baseline so every child counts the same)
+
+    import sketchot  # noqa: F401
+
+    warm_up(config)
+    n, reg, method = config["n"], config["reg"], config["method"]
+    data_rng = np.random.default_rng(config["data_seed"])
+    X = data_rng.random((n, 3))
+    Y = data_rng.random((n, 3))
+    baseline = peak_rss_bytes()
+
+    cpu_start = time.process_time()
+    if method == "pot-dense":
+        record, (u, v) = run_pot_dense(X, Y, reg, config["iterations"])
+    elif method == "pot-nystrom":
+        record, (u, v) = run_pot_nystrom(
+            X, Y, reg, config["iterations"], config["params"]["anchors"], config["method_seed"]
+        )
+    else:
+        record, result = run_sketchot(
+            X,
+            Y,
+            reg,
+            method,
+            config["iterations"],
+            config["params"],
+            config["dtype"],
+            config["safeguard_policy"],
+            config["method_seed"],
+        )
+    peak = peak_rss_bytes()
+    # CPU seconds of all threads: next to the wall time it shows contention on a busy machine.
+    record["cpu_s"] = time.process_time() - cpu_start
+
+    n_samples = config["check_samples"]
+    start = time.perf_counter()
+    if method in SKETCHOT_BACKENDS:
+        check = result.check_true_kernel(
+            n_samples=n_samples, rng=np.random.default_rng(config["check_seed"])
+        )
+        errors = {
+            "error_a": check.error_a,
+            "error_b": check.error_b,
+            "n_rows": check.n_rows,
+            "n_cols": check.n_cols,
+        }
+    else:
+        errors = true_kernel_errors(X, Y, reg, u, v, n_samples, config["check_seed"])
+    record.update(
+        {
+            "baseline_rss_bytes": baseline,
+            "peak_rss_bytes": peak,
+            "delta_rss_bytes": peak - baseline,
+            "true_kernel": errors,
+            "check_seconds": time.perf_counter() - start,
+        }
+    )
+    return record
+
+
+# --------------------------------------------------------------------------- parent process
+def check_samples(n: int, args: argparse.Namespace) -> int:
+    """Rows (and columns) of the true-kernel check: at most ``check_budget / n`` (>= 100)."""
+    return int(min(args.check_samples, max(100, args.check_budget // n)))
+
+
+def make_config(args, n, reg, method, rank_label, dtype="float64", iterations=None):
+    params = dict(RANKS[rank_label][method]) if rank_label is not None else {}
+    return {
+        "method": method,
+        "n": n,
+        "reg": reg,
+        "rank_label": rank_label,
+        "params": params,
+        "dtype": dtype,
+        "iterations": args.iterations if iterations is None else iterations,
+        "safeguard_policy": args.safeguard,
+        "data_seed": [args.seed, n],
+        "method_seed": [args.seed, n, 1],
+        "check_seed": [args.seed, n, 2],
+        "check_samples": check_samples(n, args),
+    }
+
+
+def plan(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Configurations to run, and skipped ones with the reason."""
+    if args.only_target:
+        return [
+            make_config(args, TARGET_N, TARGET_REG, "polyts", "61", dtype, TARGET_ITERATIONS)
+            for dtype in ("float64", "float32")
+        ], []
+    configs, skipped = [], []
+    for n in args.sizes:
+        for reg in args.regs:
+            if n <= POT_DENSE_MAX_N:
+                configs.append(
+                    make_config(args, n, reg, "pot-dense", None, iterations=args.dense_iterations)
+                )
+            else:
+                skipped.append(
+                    {
+                        "method": "pot-dense",
+                        "n": n,
+                        "reg": reg,
+                        "reason": f"dense n x n: ~5 x {8 * n * n / 1e9:.0f} GB at peak",
+                    }
+                )
+            if n <= EXACT_MAX_N:
+                iterations = args.dense_iterations
+                if 8 * n * n > EXACT_DENSE_BYTES:
+                    iterations = min(iterations, STREAMED_EXACT_ITERATIONS)
+                configs.append(make_config(args, n, reg, "exact", None, iterations=iterations))
+            else:
+                skipped.append(
+                    {
+                        "method": "exact",
+                        "n": n,
+                        "reg": reg,
+                        "reason": f"streamed: {n * n:.0e} exp per product, minutes per iteration",
+                    }
+                )
+            for rank_label in args.ranks:
+                for method in ("pot-nystrom", "nystrom", "rff", "polyts"):
+                    configs.append(make_config(args, n, reg, method, rank_label))
+            if n == TARGET_N and reg == TARGET_REG and "61" in args.ranks:
+                configs.append(
+                    make_config(args, n, reg, "polyts", "61", "float32", TARGET_ITERATIONS)
+                )
+    return configs, skipped
+
+
+def run_child(config: dict[str, Any], timeout: float) -> dict[str, Any]:
+    command = [sys.executable, str(Path(__file__).resolve()), "--single", json.dumps(config)]
+    try:
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {**config, "error": f"timed out after {timeout:.0f} s"}
+    for line in completed.stdout.splitlines():
+        if line.startswith(RESULT_MARKER):
+            return {**config, **json.loads(line[len(RESULT_MARKER) :])}
+    tail = (completed.stderr or completed.stdout).strip().splitlines()[-3:]
+    return {**config, "error": f"exit code {completed.returncode}: {' | '.join(tail)}"}
+
+
+def label(row: dict[str, Any]) -> str:
+    method = row["method"]
+    if method == "polyts" and row["params"]:
+        return f"polyts (m={row['params']['sketch_dim']}, r={row['params']['degree']})"
+    return {"pot-dense": "POT ot.sinkhorn (dense)", "pot-nystrom": "POT nystroem"}.get(
+        method, method
+    )
+
+
+def find(rows, **criteria) -> dict[str, Any] | None:
+    for row in rows:
+        if "error" not in row and all(row.get(k) == v for k, v in criteria.items()):
+            return row
+    return None
+
+
+def speedup(rows, row) -> float | None:
+    dense = find(rows, method="pot-dense", n=row["n"], reg=row["reg"])
+    if dense is None or row.get("per_iteration_s", 0) <= 0:
+        return None
+    return dense["per_iteration_s"] / row["per_iteration_s"]
+
+
+def row_error(row: dict[str, Any]) -> float:
+    """Worse of the two sampled true-kernel L1 marginal errors (total mass is 1)."""
+    return max(row["true_kernel"]["error_a"], row["true_kernel"]["error_b"])
+
+
+def fmt(value: float | None, spec: str) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-" if value is None else str(value)
+    return format(value, spec)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| n | reg | method | rank | dtype | iters | build s | ms / iter | total s "
+        "| peak RSS MiB | +RSS MiB | speedup / iter vs POT dense | true-kernel L1 err a / b "
+        "| repairs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        head = f"| {row['n']:,} | {row['reg']:g} | {label(row)} "
+        if "error" in row:
+            lines.append(head + f"| - | {row['dtype']} | - | failed: {row['error']} |" + " |" * 7)
+            continue
+        repairs = "-"
+        if "safeguard" in row:
+            guard = row["safeguard"]
+            repairs = str(guard["rows_repaired"] + guard["cols_repaired"])
+        tk = row["true_kernel"]
+        lines.append(
+            head
+            + f"| {row['rank'] if row['rank'] is not None else 'n'} | {row['dtype']} "
+            + f"| {row['n_iter']} | {row['build_s']:.3f} | {1e3 * row['per_iteration_s']:.2f} "
+            + f"| {row['total_s']:.2f} | {row['peak_rss_bytes'] / 2**20:.0f} "
+            + f"| {row['delta_rss_bytes'] / 2**20:.0f} | {fmt(speedup(rows, row), '.1f')} "
+            + f"| {tk['error_a']:.2e} / {tk['error_b']:.2e} | {repairs} |"
+        )
+    return "\n".join(lines)
+
+
+def evaluate_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every target that the rows allow to check, with the numbers behind it."""
+    targets = []
+    for dtype in ("float64", "float32"):
+        row = find(
+            rows,
+            method="polyts",
+            n=TARGET_N,
+            reg=TARGET_REG,
+            rank_label="61",
+            dtype=dtype,
+            iterations=TARGET_ITERATIONS,
+        )
+        if row is None:
+            continue
+        ok_time = row["total_s"] <= TARGET_SECONDS and row["n_iter"] == TARGET_ITERATIONS
+        ok_memory = row["peak_rss_bytes"] <= TARGET_PEAK_BYTES
+        targets.append(
+            {
+                "name": f"polyts n=10^6 reg=1 {dtype}: {TARGET_ITERATIONS} iterations + build "
+                f"<= {TARGET_SECONDS:g} s, peak RSS <= 2 GB",
+                "holds": bool(ok_time and ok_memory),
+                "detail": f"total {row['total_s']:.2f} s (build {row['build_s']:.2f} s, "
+                f"{row['n_iter']} iterations {row['iterations_s']:.2f} s), peak RSS "
+                f"{row['peak_rss_bytes'] / 1e9:.2f} GB (+{row['delta_rss_bytes'] / 1e9:.2f} GB "
+                "over baseline)",
+            }
+        )
+    for row in rows:
+        if row["method"] in LOW_RANK and row["n"] == TARGET_SPEEDUP_N and "error" not in row:
+            ratio = speedup(rows, row)
+            if ratio is None:
+                continue
+            targets.append(
+                {
+                    "name": f"{label(row)} rank {row['rank']} n=10^4 reg={row['reg']:g}: >= "
+                    f"{TARGET_SPEEDUP:g}x faster per iteration than POT dense",
+                    "holds": bool(ratio >= TARGET_SPEEDUP),
+                    "detail": f"{ratio:.0f}x ({1e3 * row['per_iteration_s']:.2f} ms vs "
+                    f"{1e3 * row['per_iteration_s'] * ratio:.1f} ms)",
+                }
+            )
+    for row in rows:
+        if row["method"] != "nystrom" or "error" in row:
+            continue
+        pot = find(
+            rows, method="pot-nystrom", n=row["n"], reg=row["reg"], rank_label=row["rank_label"]
+        )
+        if pot is None:
+            continue
+        faster = row["per_iteration_s"] < pot["per_iteration_s"]
+        no_worse = row_error(row) <= row_error(pot)
+        targets.append(
+            {
+                "name": f"nystrom vs POT nystroem n={row['n']:,} reg={row['reg']:g} rank "
+                f"{row['rank']} vs {pot['rank']}: faster per iteration, no worse true error",
+                "holds": bool(faster and no_worse),
+                "detail": f"{1e3 * row['per_iteration_s']:.2f} vs "
+                f"{1e3 * pot['per_iteration_s']:.2f} ms/iter "
+                f"({pot['per_iteration_s'] / row['per_iteration_s']:.1f}x), true error "
+                f"{row_error(row):.2e} vs {row_error(pot):.2e}",
+            }
+        )
+    return targets
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--single", type=str, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--quick", action="store_true", help="n <= 10^4, rank 61, 10 dense iterations"
+    )
+    parser.add_argument(
+        "--only-target",
+        action="store_true",
+        help="only the n = 10^6 polyts float64/float32 100-iteration target rows",
+    )
+    parser.add_argument("--sizes", type=int, nargs="+", default=None)
+    parser.add_argument("--regs", type=float, nargs="+", default=[1.0, 0.1])
+    parser.add_argument(
+        "--ranks", nargs="+", default=None, choices=list(RANKS), help="default all (quick: 61)"
+    )
+    parser.add_argument("--iterations", type=int, default=100, help="iterations per run")
+    parser.add_argument(
+        "--dense-iterations",
+        type=int,
+        default=None,
+        help="iterations of POT's dense solver and the exact backend (default --iterations; "
+        "quick: 10)",
+    )
+    parser.add_argument("--safeguard", default="clip", choices=("clip", "exact", "raise"))
+    parser.add_argument("--check-samples", type=int, default=1000)
+    parser.add_argument(
+        "--check-budget",
+        type=int,
+        default=200_000_000,
+        help="exact kernel entries per side for the true-kernel check (samples >= 100)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--child-timeout", type=float, default=1800.0)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--out-md", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    if args.single is not None:
+        record = run_single(json.loads(args.single))
+        print(RESULT_MARKER + json.dumps(record))
+        return None
+
+    if args.sizes is None:
+        args.sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000, 1_000_000]
+    if args.dense_iterations is None:
+        args.dense_iterations = 10 if args.quick else args.iterations
+    if args.ranks is None:
+        args.ranks = ["61"] if args.quick else list(RANKS)
+    full = not args.quick and not args.only_target
+    if args.out_md is None and full:
+        args.out_md = RESULTS_DIR / "sinkhorn_speed.md"
+
+    configs, skipped = plan(args)
+    started = time.perf_counter()
+    rows = []
+    for index, config in enumerate(configs, 1):
+        row = run_child(config, args.child_timeout)
+        rows.append(row)
+        status = (
+            row["error"]
+            if "error" in row
+            else f"{row['total_s']:.2f} s, {1e3 * row['per_iteration_s']:.2f} ms/iter, "
+            f"peak {row['peak_rss_bytes'] / 2**20:.0f} MiB"
+        )
+        print(
+            f"[{index}/{len(configs)}] n={config['n']:,} reg={config['reg']:g} {label(config)} "
+            f"{config['dtype']}: {status}",
+            flush=True,
+        )
+
+    text = table(rows)
+    print()
+    print(text)
+    if skipped:
+        print()
+        for skip in skipped:
+            print(f"- skipped {skip['method']} at n={skip['n']:,}: {skip['reason']}")
+    targets = evaluate_targets(rows)
+    print()
+    for target in targets:
+        print(
+            f"Target {'HOLDS' if target['holds'] else 'FAILS'}: {target['name']} -- "
+            f"{target['detail']}"
+        )
+    elapsed = time.perf_counter() - started
+    print(f"\nWall time of the benchmark: {elapsed:.0f} s")
+
+    if args.out_md is not None:
+        md = [
+            "# Sinkhorn speed and memory",
+            "",
+            f"Produced by `python benchmarks/sinkhorn_speed.py {' '.join(sys.argv[1:])}`. "
+            f"Uniform [0,1]^3 points, {args.iterations} iterations ({args.dense_iterations} for "
+            f"POT dense and exact, {STREAMED_EXACT_ITERATIONS} for streamed exact), peak RSS of "
+            "a fresh child process per row, true-kernel errors on sampled rows/columns.",
+            "",
+            text,
+            "",
+            *[f"- skipped {s['method']} at n={s['n']:,}: {s['reason']}" for s in skipped],
+            "",
+            *[
+                f"- {'holds' if t['holds'] else 'FAILS'}: {t['name']} -- {t['detail']}"
+                for t in targets
+            ],
+            "",
+        ]
+        args.out_md.parent.mkdir(parents=True, exist_ok=True)
+        args.out_md.write_text("\n".join(md))
+        print(f"Table: {args.out_md}")
+    output = {
+        "config": {
+            "sizes": args.sizes,
+            "regs": args.regs,
+            "ranks": {label_: RANKS[label_] for label_ in args.ranks},
+            "iterations": args.iterations,
+            "dense_iterations": args.dense_iterations,
+            "safeguard": args.safeguard,
+            "seed": args.seed,
+            "only_target": args.only_target,
+            "quick": args.quick,
+        },
+        "rows": rows,
+        "skipped": skipped,
+        "targets": targets,
+        "seconds": elapsed,
+    }
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(output, indent=1))
+        print(f"JSON: {args.json}")
+    return output
+
+
+if __name__ == "__main__":
+    main()

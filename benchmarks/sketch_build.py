@@ -1,0 +1,262 @@
+"""Build time of the Poly-TensorSketch feature map of the Gaussian kernel at scale.
+
+``n`` points per side, uniform on ``[0, 1]^3``, ``gamma = 1`` (``reg = 1``), sketch dimension
+``m = 20``, degree ``r = 3``, coreset size ``k = 10`` (the paper's Sinkhorn setting), rank
+``1 + r m = 61``. Timed, best of ``--repeats``:
+
+* ``GaussianPolySketch(...).fit(X, Y)``, ``transform_x(X)``, ``transform_y(Y)``;
+* ``sketchot.make_kernel(X, Y, reg=1.0, backend='polyts')`` (float64 and float32), which does
+  all three plus the operator set-up;
+* a breakdown from the public pieces the fit and the transforms are made of: greedy k-center
+  on each side, the coreset regression (``coreset_coefficients`` minus its two k-centers),
+  and, for one side's features, the CountSketches (sparse products) and the FFT convolutions
+  (``convolve_count_sketches``) over the same row blocks the library uses; the remainder of
+  ``transform_x`` is the coefficient and row scaling and the copy into the output.
+
+``--quick`` uses ``n = 10^5``; ``--n`` sets the size; ``--json PATH`` writes the numbers.
+Data come from ``numpy.random.default_rng(seed)``, every sketch from
+``default_rng(seed + 1)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import sketchot
+from sketchot.sketch import (
+    Exponential,
+    GaussianPolySketch,
+    convolve_count_sketches,
+    greedy_k_center,
+    ridge_diagonal,
+)
+from sketchot.sketch.coefficients import coreset_coefficients
+from sketchot.sketch.tensorsketch import DEFAULT_BLOCK_ROWS
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def best_of(repeats: int, step: Callable[[], float]) -> dict[str, Any]:
+    """Run ``step`` (which returns its own elapsed seconds) ``repeats`` times."""
+    times = [step() for _ in range(repeats)]
+    return {"best": min(times), "median": float(np.median(times)), "all": times}
+
+
+def timed(function: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    value = function()
+    return time.perf_counter() - start, value
+
+
+def sketch_parameters(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "degree": args.degree,
+        "sketch_dim": args.sketch_dim,
+        "coreset_size": args.coreset_size,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    data_rng = np.random.default_rng(args.seed)
+    X = data_rng.random((args.n, args.dim))
+    Y = data_rng.random((args.n, args.dim))
+    params = sketch_parameters(args)
+    sketch_seed = args.seed + 1
+    results: dict[str, dict[str, Any]] = {}
+
+    def new_sketch() -> GaussianPolySketch:
+        return GaussianPolySketch(1.0, **params, rng=np.random.default_rng(sketch_seed))
+
+    fitted = new_sketch().fit(X, Y)
+    results["fit"] = best_of(args.repeats, lambda: timed(lambda: new_sketch().fit(X, Y))[0])
+    results["transform_x"] = best_of(args.repeats, lambda: timed(lambda: fitted.transform_x(X))[0])
+    results["transform_y"] = best_of(args.repeats, lambda: timed(lambda: fitted.transform_y(Y))[0])
+    for dtype in (np.float64, np.float32):
+        name = f"make_kernel polyts {np.dtype(dtype).name}"
+
+        def build(dtype=dtype) -> float:
+            kernel = sketchot.make_kernel(
+                X, Y, 1.0, "polyts", rng=np.random.default_rng(sketch_seed), dtype=dtype, **params
+            )
+            return kernel.build_time
+
+        results[name] = best_of(args.repeats, build)
+
+    # ---- breakdown from the public pieces (same inputs as fit: centred, gamma = 1)
+    U = X - fitted.center_
+    V = Y - fitted.center_
+    half_width = fitted.half_width_
+    f = Exponential(scale=2.0, offset=-2.0 * half_width)
+    ridge = ridge_diagonal(
+        np.einsum("ij,ij->i", U, U), np.einsum("ij,ij->i", V, V), args.degree, args.sketch_dim
+    )
+
+    def kcenter_both() -> float:
+        rng = np.random.default_rng(sketch_seed)
+        return (
+            timed(lambda: greedy_k_center(U, args.coreset_size, rng))[0]
+            + timed(lambda: greedy_k_center(V, args.coreset_size, rng))[0]
+        )
+
+    def coefficients() -> float:
+        rng = np.random.default_rng(sketch_seed)
+        return timed(
+            lambda: coreset_coefficients(
+                U, V, f, args.degree, half_width, ridge, args.coreset_size, rng
+            )
+        )[0]
+
+    results["  k-center (both sides)"] = best_of(args.repeats, kcenter_both)
+    results["  coreset coefficients (incl. k-center)"] = best_of(args.repeats, coefficients)
+
+    tensor_sketch = fitted.sketch_.tensor_sketch_
+
+    def count_and_fft() -> tuple[float, float]:
+        count_seconds = fft_seconds = 0.0
+        for start in range(0, args.n, DEFAULT_BLOCK_ROWS):
+            block = U[start : start + DEFAULT_BLOCK_ROWS]
+            elapsed, counts = timed(
+                lambda block=block: np.stack(
+                    [cs.transform(block) for cs in tensor_sketch.count_sketches], axis=1
+                )
+            )
+            count_seconds += elapsed
+            fft_seconds += timed(lambda counts=counts: convolve_count_sketches(counts))[0]
+        return count_seconds, fft_seconds
+
+    splits = [count_and_fft() for _ in range(args.repeats)]
+    results["  CountSketches, one side"] = {
+        "best": min(s[0] for s in splits),
+        "median": float(np.median([s[0] for s in splits])),
+        "all": [s[0] for s in splits],
+    }
+    results["  FFT convolutions, one side"] = {
+        "best": min(s[1] for s in splits),
+        "median": float(np.median([s[1] for s in splits])),
+        "all": [s[1] for s in splits],
+    }
+    kc = results["  k-center (both sides)"]["best"]
+    results["  coreset regression (coefficients - k-center)"] = {
+        "best": results["  coreset coefficients (incl. k-center)"]["best"] - kc,
+        "derived": True,
+    }
+    rest = (
+        results["transform_x"]["best"]
+        - results["  CountSketches, one side"]["best"]
+        - results["  FFT convolutions, one side"]["best"]
+    )
+    results["  scaling + copy, one side (transform_x - CS - FFT)"] = {
+        "best": rest,
+        "derived": True,
+    }
+    return results
+
+
+ORDER = (
+    "fit",
+    "  k-center (both sides)",
+    "  coreset regression (coefficients - k-center)",
+    "transform_x",
+    "  CountSketches, one side",
+    "  FFT convolutions, one side",
+    "  scaling + copy, one side (transform_x - CS - FFT)",
+    "transform_y",
+    "make_kernel polyts float64",
+    "make_kernel polyts float32",
+)
+
+
+def markdown(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
+    total = results["make_kernel polyts float64"]["best"]
+    lines = [
+        f"Poly-TensorSketch Gaussian feature map, n = {args.n:,} points per side in "
+        f"[0,1]^{args.dim}, m = {args.sketch_dim}, r = {args.degree}, k = {args.coreset_size} "
+        f"(rank {1 + args.degree * args.sketch_dim}); best of {args.repeats}; indented rows "
+        "are the breakdown (derived rows are differences).",
+        "",
+        "| step | best s | median s | % of make_kernel float64 | Mpoints/s |",
+        "|---|---|---|---|---|",
+    ]
+    for name in ORDER:
+        entry = results[name]
+        median = "-" if entry.get("derived") else f"{entry['median']:.3f}"
+        points = 2 * args.n if name in ("fit",) or name.startswith("make_kernel") else args.n
+        rate = points / entry["best"] / 1e6 if entry["best"] > 0 else float("inf")
+        label = name.strip() if not name.startswith("  ") else "- " + name.strip()
+        lines.append(
+            f"| {label} | {entry['best']:.3f} | {median} | {100 * entry['best'] / total:.0f}% "
+            f"| {rate:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=10**6, help="points per side")
+    parser.add_argument("--quick", action="store_true", help="n = 10^5")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dim", type=int, default=3)
+    parser.add_argument("--sketch-dim", type=int, default=20)
+    parser.add_argument("--degree", type=int, default=3)
+    parser.add_argument("--coreset-size", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--out-md",
+        type=Path,
+        default=None,
+        help="also write the table here (default without --quick: results/sketch_build.md)",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.n = min(args.n, 10**5)
+    elif args.out_md is None:
+        args.out_md = RESULTS_DIR / "sketch_build.md"
+    if args.n < args.coreset_size or args.repeats < 1:
+        parser.error("--n must be at least --coreset-size and --repeats at least 1")
+
+    started = time.perf_counter()
+    results = run(args)
+    table = markdown(results, args)
+    print(table)
+    print(f"\nWall time of the benchmark: {time.perf_counter() - started:.1f} s")
+    if args.out_md is not None:
+        args.out_md.parent.mkdir(parents=True, exist_ok=True)
+        args.out_md.write_text(
+            "# Sketch build time\n\nProduced by `python benchmarks/sketch_build.py"
+            + (" --quick" if args.quick else f" --n {args.n}")
+            + "`.\n\n"
+            + table
+            + "\n"
+        )
+    output = {
+        "config": {
+            "n": args.n,
+            "dim": args.dim,
+            "sketch_dim": args.sketch_dim,
+            "degree": args.degree,
+            "coreset_size": args.coreset_size,
+            "repeats": args.repeats,
+            "data_seed": args.seed,
+            "sketch_seed": args.seed + 1,
+            "gamma": 1.0,
+        },
+        "seconds": results,
+        "versions": {"sketchot": sketchot.__version__, "numpy": np.__version__},
+    }
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(output, indent=1))
+        print(f"JSON: {args.json}")
+    return output
+
+
+if __name__ == "__main__":
+    main()
