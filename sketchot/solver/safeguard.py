@@ -77,6 +77,11 @@ class Safeguard:
         self.counts = {"rows_repaired": 0, "cols_repaired": 0, "clipped": 0}
         self.budget_exceeded = False
 
+    @property
+    def repaired(self) -> bool:
+        """Whether any denominator has been repaired so far."""
+        return bool(self.counts["rows_repaired"] or self.counts["cols_repaired"])
+
     def rows(self, denominators: np.ndarray, index: slice, bad: np.ndarray) -> None:
         """Guard for ``K~ v`` (left sweeps)."""
         self._repair(denominators, index, bad, side="rows")
