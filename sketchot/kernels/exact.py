@@ -77,27 +77,30 @@ class ExactKernel(KernelOperator):
         self._dense = None
         if self.is_dense:
             self._dense = np.empty((n, m), dtype=self.dtype)
-            for rows, block in self._computed_blocks(log=False):
-                self._dense[rows] = block
+            for rows in row_slices(n, self._rows_per_block):
+                self._dense[rows] = self._computed_block(rows)
 
     # ------------------------------------------------------------- blocks
-    def _computed_blocks(self, *, log: bool) -> Iterator[tuple[slice, np.ndarray]]:
-        for rows in row_slices(self.shape[0], self._rows_per_block):
-            block = neg_cost_over_reg(
-                self._Xc[rows], self._Yc, self.reg, self._x_sq[rows], self._y_sq, self.dtype
-            )
-            if not log:
-                np.exp(block, out=block)
-            yield rows, block
-
     def _blocks(self) -> Iterator[tuple[slice, np.ndarray]]:
         """Row blocks of ``K`` (views of the dense matrix, or computed on the fly)."""
+        for rows in self._block_slices():
+            yield rows, self._block(rows)
+
+    def _block_slices(self) -> list[slice]:
         if self._dense is None:
-            yield from self._computed_blocks(log=False)
-        else:
-            rows_per_block = pass_block_rows(self.shape[1], DENSE_PASS_BLOCK_ENTRIES)
-            for rows in row_slices(self.shape[0], rows_per_block):
-                yield rows, self._dense[rows]
+            return list(row_slices(self.shape[0], self._rows_per_block))
+        rows_per_block = pass_block_rows(self.shape[1], DENSE_PASS_BLOCK_ENTRIES)
+        return list(row_slices(self.shape[0], rows_per_block))
+
+    def _block(self, rows: slice) -> np.ndarray:
+        """Rows of ``K``: a view of the stored matrix, or computed."""
+        return self._computed_block(rows) if self._dense is None else self._dense[rows]
+
+    def _computed_block(self, rows: slice) -> np.ndarray:
+        block = neg_cost_over_reg(
+            self._Xc[rows], self._Yc, self.reg, self._x_sq[rows], self._y_sq, self.dtype
+        )
+        return np.exp(block, out=block)
 
     # ----------------------------------------------------------- products
     def matmat(self, V: np.ndarray) -> np.ndarray:
@@ -140,7 +143,14 @@ class ExactKernel(KernelOperator):
 
     def sweep_left(self, y, numerator, guard):
         return fused_pass(
-            self._blocks(), self.shape[0], y, numerator, guard, self.shape[1], self.dtype
+            self._block_slices(),
+            self._block,
+            self.shape[0],
+            y,
+            numerator,
+            guard,
+            self.shape[1],
+            self.dtype,
         )
 
     def sweep_right(self, z, numerator, guard):

@@ -91,7 +91,12 @@ def chebyshev_to_monomial(degree: int, half_width: float) -> np.ndarray:
 
 def power_sums(sq_norms: np.ndarray, max_power: int) -> np.ndarray:
     """``S_p = sum_i ||u_i||^(2p)`` for ``p = 0..max_power``."""
-    return np.array([np.sum(sq_norms**p) for p in range(max_power + 1)])
+    sums = np.empty(max_power + 1)
+    power = np.ones_like(sq_norms)
+    for p in range(max_power + 1):
+        sums[p] = power.sum()
+        power *= sq_norms  # repeated products: cheaper than a pow per power on n values
+    return sums
 
 
 def ridge_diagonal(

@@ -80,9 +80,14 @@ def signed_hash_matrix(hashes: np.ndarray, signs: np.ndarray, sketch_dim: int) -
     return sp.csr_array((signs, (np.arange(d), hashes)), shape=(d, sketch_dim))
 
 
-def sketch_rows(U: np.ndarray | sp.csr_array, matrix: sp.csr_array) -> np.ndarray:
-    """``U @ matrix`` as a dense array (``U`` dense or sparse)."""
+def sketch_rows(
+    U: np.ndarray | sp.csr_array, matrix: sp.csr_array, dtype: Any = np.float64
+) -> np.ndarray:
+    """``U @ matrix`` as a dense array in ``dtype`` (``U`` dense or sparse)."""
+    dtype = np.dtype(dtype)
+    if dtype != np.float64:
+        U, matrix = U.astype(dtype), matrix.astype(dtype)
     product = U @ matrix
     if sp.issparse(product):
         product = product.toarray()
-    return np.asarray(product, dtype=np.float64)
+    return np.asarray(product, dtype=dtype)

@@ -36,7 +36,7 @@ from .coefficients import (
     taylor_coefficients,
 )
 from .functions import ElementwiseFunction, as_function
-from .tensorsketch import DEFAULT_BLOCK_ROWS, TensorSketch
+from .tensorsketch import TensorSketch
 
 
 class PolyTensorSketch:
@@ -257,11 +257,7 @@ class PolyTensorSketch:
         out = np.empty((n, 1 + r * m), dtype=dtype)
         scale = np.ones(n) if row_scale is None else row_scale
         out[:, 0] = weights[0] * scale
-        for start in range(0, n, DEFAULT_BLOCK_ROWS):
-            stop = min(start + DEFAULT_BLOCK_ROWS, n)
-            block = sketch._all_degrees(U[start:stop], dtype=dtype)  # (rows, r, m)
-            factor = scale[start:stop, None, None] * weights[None, 1:, None]
-            # one pass: scale, cast and write into the strided view of the output
-            target = out[start:stop, 1:].reshape(stop - start, r, m)
-            np.multiply(block, factor, out=target, casting="same_kind")
+        blocks = sketch.iter_blocks(U, dtype=dtype, row_scale=row_scale, degree_weights=weights[1:])
+        for rows, block in blocks:  # block: (rows, r, m), scaled and weighted
+            out[rows, 1:] = block.reshape(block.shape[0], r * m)
         return out

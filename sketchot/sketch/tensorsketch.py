@@ -19,6 +19,7 @@ CountSketches, not ``r (r + 1) / 2``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -110,43 +111,69 @@ class TensorSketch:
         out: np.ndarray | None = None,
         dtype: Any = np.float64,
     ) -> np.ndarray:
-        """All degrees, with the FFTs in ``dtype`` (float32 halves their cost when the caller
-        stores float32 features anyway)."""
         n, k, m = U.shape[0], self.degree, self.sketch_dim
         if out is None:
             out = np.empty((n, k, m), dtype=dtype)
         elif out.shape != (n, k, m):
             raise ValueError(f"out must have shape {(n, k, m)}; got {out.shape}")
-        if k == 0:
-            return out
-        for start in range(0, n, DEFAULT_BLOCK_ROWS):
-            stop = min(start + DEFAULT_BLOCK_ROWS, n)
-            counts = sketch_rows(U[start:stop], self._stacked).reshape(stop - start, k, m)
-            counts = counts.astype(dtype, copy=False)
-            out[start:stop] = convolve_count_sketches(counts)
+        for rows, block in self.iter_blocks(U, dtype=dtype):
+            out[rows] = block
         return out
 
+    def iter_blocks(
+        self,
+        U: np.ndarray | sp.csr_array,
+        dtype: Any = np.float64,
+        row_scale: np.ndarray | None = None,
+        degree_weights: np.ndarray | None = None,
+    ) -> Iterator[tuple[slice, np.ndarray]]:
+        """Sketches of every degree, block of rows by block of rows.
 
-def convolve_count_sketches(counts: np.ndarray) -> np.ndarray:
-    """Running circular convolutions of CountSketches along axis 1.
+        Yields ``(rows, block)`` with ``block[:, j - 1] = s_i w_j T^(j)(u_i)`` for the rows
+        ``i`` of ``U[rows]``, shape ``(len(rows), k, m)``, computed in ``dtype`` (float32
+        halves the cost of the FFTs when the caller stores float32 features anyway). The
+        optional row scales ``s`` and degree weights ``w`` are folded in where they are cheap:
+        ``s`` into the first CountSketch (every degree is linear in it), ``w`` into the spectra.
+        The block is a fresh array the caller may modify. ``U`` must already be validated.
+        """
+        n, k, m = U.shape[0], self.degree, self.sketch_dim
+        if k == 0:
+            return
+        for start in range(0, n, DEFAULT_BLOCK_ROWS):
+            stop = min(start + DEFAULT_BLOCK_ROWS, n)
+            counts = sketch_rows(U[start:stop], self._stacked, dtype).reshape(stop - start, k, m)
+            if row_scale is not None:
+                counts[:, 0] *= row_scale[start:stop, None].astype(counts.dtype)
+            yield slice(start, stop), convolve_count_sketches(counts, degree_weights)
+
+
+def convolve_count_sketches(counts: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """Running circular convolutions of CountSketches along axis 1, in place.
 
     Parameters
     ----------
     counts : ndarray, shape (n, k, m)
-        ``counts[:, j]`` is the CountSketch ``C_{j+1}`` of each row.
+        ``counts[:, j]`` is the CountSketch ``C_{j+1}`` of each row. Overwritten.
+    weights : ndarray, shape (k,), optional
+        Multiply degree ``j + 1`` by ``weights[j]`` (applied to the spectra, which are
+        smaller than the outputs).
 
     Returns
     -------
     ndarray, shape (n, k, m)
-        ``result[:, j]`` is ``C_1 * C_2 * ... * C_{j+1}`` (circular convolution), i.e. the
-        TensorSketch of degree ``j + 1``.
+        ``counts`` itself, with ``counts[:, j] = w_j C_1 * C_2 * ... * C_{j+1}`` (circular
+        convolution), the TensorSketch of degree ``j + 1``.
     """
-    m = counts.shape[-1]
-    spectra = scipy.fft.rfft(counts, axis=-1, workers=-1)
-    for degree in range(1, counts.shape[1]):  # running product = Algorithm 2's recursion
-        spectra[:, degree] *= spectra[:, degree - 1]
-    result = np.empty_like(counts)
-    result[:, 0] = counts[:, 0]  # degree 1 is the CountSketch itself: no FFT round trip
-    if counts.shape[1] > 1:
-        result[:, 1:] = scipy.fft.irfft(spectra[:, 1:], n=m, axis=-1, workers=-1)
-    return result
+    m, k = counts.shape[-1], counts.shape[1]
+    if k > 1:
+        spectra = scipy.fft.rfft(counts, axis=-1, workers=-1)
+        for degree in range(1, k):  # running product = Algorithm 2's recursion
+            spectra[:, degree] *= spectra[:, degree - 1]
+            if weights is not None:
+                spectra[:, degree - 1] *= weights[degree - 1]
+        if weights is not None:
+            spectra[:, k - 1] *= weights[k - 1]
+        counts[:, 1:] = scipy.fft.irfft(spectra[:, 1:], n=m, axis=-1, workers=-1)
+    if weights is not None:
+        counts[:, 0] *= weights[0]  # degree 1 is the CountSketch itself: no FFT round trip
+    return counts

@@ -73,7 +73,7 @@ def sinkhorn(
     log_domain: bool | str = "auto",
     check_every: int = 10,
     warn: bool = True,
-    true_kernel_samples: int = 32,
+    true_kernel_samples: int = 16,
     **backend_params: Any,
 ) -> SinkhornResult:
     """Entropic optimal transport between two point clouds with a pluggable Gibbs kernel.
@@ -116,7 +116,7 @@ def sinkhorn(
     warn : bool, default=True
         Warn when the solver does not converge, when the safeguard had to act, or when the
         true-kernel check of an approximate backend fails.
-    true_kernel_samples : int, default=32
+    true_kernel_samples : int, default=16
         After the solve, an approximate backend's scalings are checked against the EXACT
         kernel on this many evenly spaced rows and columns (``O(samples (n + m) d)``; stored
         in ``result.true_kernel``), with a warning when the estimated relative L1 marginal
@@ -197,7 +197,7 @@ def sinkhorn_kernel(
     check_every: int = 10,
     warn: bool = True,
     rng: Any = None,
-    true_kernel_samples: int = 32,
+    true_kernel_samples: int = 16,
 ) -> SinkhornResult:
     """Sinkhorn-Knopp on a prebuilt :class:`~sketchot.kernels.KernelOperator`.
 
