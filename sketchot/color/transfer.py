@@ -346,6 +346,7 @@ def transfer_colors(
         verbose=verbose,
         safeguard=safeguard,
         warn=warn,
+        true_kernel_samples=0,  # the larger check below replaces the solver's quick one
         **params,
     )
     timings["build"] = result.timings["build"]

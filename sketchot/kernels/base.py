@@ -28,16 +28,15 @@ feature maps; :class:`LowRankKernel` does every product, in ``O((n + m) r)`` mem
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 from scipy.sparse.linalg import LinearOperator
 
+from .._parallel import run_parts
 from .._validation import check_matrix, describe
 from ._gibbs import (
     gibbs_block,
@@ -417,37 +416,16 @@ def fused_pass(
                 proj += s.astype(dtype, copy=False) @ F
         return proj
 
-    workers = _pass_workers(len(slices), n_rows * out_dim)
-    if workers == 1:
-        return scaling, run(slices), den
-    parts = [slices[k::workers] for k in range(workers)]
-    futures = [_thread_pool().submit(run, part) for part in parts]
-    proj = futures[0].result()
-    for future in futures[1:]:
-        proj += future.result()
+    partial = run_parts(run, slices, n_rows * out_dim >= THREADED_PASS_MIN_ENTRIES)
+    proj = partial[0]
+    for more in partial[1:]:
+        proj += more
     return scaling, proj, den
 
 
 # Passes over fewer entries than this run in the calling thread: the thread hand-off costs
 # more than it saves on small problems.
 THREADED_PASS_MIN_ENTRIES = 1 << 22
-_POOL: ThreadPoolExecutor | None = None
-
-
-def _pass_workers(n_blocks: int, entries: int) -> int:
-    cores = min(4, os.cpu_count() or 1)
-    if cores == 1 or entries < THREADED_PASS_MIN_ENTRIES or n_blocks < 2 * cores:
-        return 1
-    return cores
-
-
-def _thread_pool() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(
-            max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="sketchot-pass"
-        )
-    return _POOL
 
 
 class LowRankKernel(KernelOperator):

@@ -15,7 +15,7 @@ import numpy as np
 
 from .._validation import check_choice, check_float, check_int, check_rng
 from ..sketch import greedy_k_center
-from ._gibbs import gibbs_block
+from ._gibbs import block_rows, gibbs_block, row_slices
 from .base import LowRankKernel
 from .registry import comparable_parameters, register_backend
 
@@ -93,7 +93,11 @@ def build_nystrom(
         return gibbs_block(points - center, Z, reg)
 
     def factor(points: np.ndarray) -> np.ndarray:
-        return (landmark_kernel(points) @ whitening).astype(dtype, copy=False)
+        # in row blocks: the n x s landmark kernel is never held whole next to the factor
+        out = np.empty((points.shape[0], whitening.shape[1]), dtype=dtype)
+        for rows in row_slices(points.shape[0], block_rows(Z.shape[0])):
+            out[rows] = landmark_kernel(points[rows]) @ whitening
+        return out
 
     return LowRankKernel(
         X,

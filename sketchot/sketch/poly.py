@@ -257,7 +257,9 @@ class PolyTensorSketch:
         out = np.empty((n, 1 + r * m), dtype=dtype)
         scale = np.ones(n) if row_scale is None else row_scale
         out[:, 0] = weights[0] * scale
-        blocks = sketch.iter_blocks(U, dtype=dtype, row_scale=row_scale, degree_weights=weights[1:])
-        for rows, block in blocks:  # block: (rows, r, m), scaled and weighted
+
+        def write(rows: slice, block: np.ndarray) -> None:  # block: (rows, r, m), weighted
             out[rows, 1:] = block.reshape(block.shape[0], r * m)
+
+        sketch.write_blocks(U, write, dtype=dtype, row_scale=row_scale, degree_weights=weights[1:])
         return out

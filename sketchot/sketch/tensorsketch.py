@@ -19,19 +19,23 @@ CountSketches, not ``r (r + 1) / 2``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import scipy.fft
 import scipy.sparse as sp
 
+from .._parallel import for_each
 from .._validation import check_int, check_matrix, check_rng
 from .countsketch import CountSketch, sketch_rows
 
 # Rows per FFT block: large enough to amortise the per-call overhead of scipy.fft, small
 # enough that the complex spectra of a block stay in cache-friendly tens of megabytes.
 DEFAULT_BLOCK_ROWS = 16384
+
+# Sketches of more entries than this are computed on several threads.
+THREADED_MIN_ENTRIES = 1 << 22
 
 
 class TensorSketch:
@@ -116,38 +120,47 @@ class TensorSketch:
             out = np.empty((n, k, m), dtype=dtype)
         elif out.shape != (n, k, m):
             raise ValueError(f"out must have shape {(n, k, m)}; got {out.shape}")
-        for rows, block in self.iter_blocks(U, dtype=dtype):
-            out[rows] = block
+        self.write_blocks(U, lambda rows, block: out.__setitem__(rows, block), dtype=dtype)
         return out
 
-    def iter_blocks(
+    def write_blocks(
         self,
         U: np.ndarray | sp.csr_array,
+        write: Callable[[slice, np.ndarray], None],
         dtype: Any = np.float64,
         row_scale: np.ndarray | None = None,
         degree_weights: np.ndarray | None = None,
-    ) -> Iterator[tuple[slice, np.ndarray]]:
-        """Sketches of every degree, block of rows by block of rows.
+    ) -> None:
+        """Sketches of every degree, handed over block of rows by block of rows.
 
-        Yields ``(rows, block)`` with ``block[:, j - 1] = s_i w_j T^(j)(u_i)`` for the rows
+        Calls ``write(rows, block)`` with ``block[:, j - 1] = s_i w_j T^(j)(u_i)`` for the rows
         ``i`` of ``U[rows]``, shape ``(len(rows), k, m)``, computed in ``dtype`` (float32
         halves the cost of the FFTs when the caller stores float32 features anyway). The
         optional row scales ``s`` and degree weights ``w`` are folded in where they are cheap:
         ``s`` into the first CountSketch (every degree is linear in it), ``w`` into the spectra.
-        The block is a fresh array the caller may modify. ``U`` must already be validated.
+        Large inputs are processed on several threads (blocks are independent; ``write`` must
+        only touch its own rows). ``U`` must already be validated.
         """
         n, k, m = U.shape[0], self.degree, self.sketch_dim
         if k == 0:
             return
-        for start in range(0, n, DEFAULT_BLOCK_ROWS):
-            stop = min(start + DEFAULT_BLOCK_ROWS, n)
-            counts = sketch_rows(U[start:stop], self._stacked, dtype).reshape(stop - start, k, m)
+        starts = range(0, n, DEFAULT_BLOCK_ROWS)
+        parallel = n * k * m >= THREADED_MIN_ENTRIES
+
+        def one_block(start: int) -> None:
+            rows = slice(start, min(start + DEFAULT_BLOCK_ROWS, n))
+            counts = sketch_rows(U[rows], self._stacked, dtype).reshape(-1, k, m)
             if row_scale is not None:
-                counts[:, 0] *= row_scale[start:stop, None].astype(counts.dtype)
-            yield slice(start, stop), convolve_count_sketches(counts, degree_weights)
+                counts[:, 0] *= row_scale[rows, None].astype(counts.dtype)
+            # one FFT thread per block when the blocks themselves run in parallel
+            write(rows, convolve_count_sketches(counts, degree_weights, 1 if parallel else -1))
+
+        for_each(one_block, starts, parallel)
 
 
-def convolve_count_sketches(counts: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+def convolve_count_sketches(
+    counts: np.ndarray, weights: np.ndarray | None = None, workers: int = -1
+) -> np.ndarray:
     """Running circular convolutions of CountSketches along axis 1, in place.
 
     Parameters
@@ -157,6 +170,8 @@ def convolve_count_sketches(counts: np.ndarray, weights: np.ndarray | None = Non
     weights : ndarray, shape (k,), optional
         Multiply degree ``j + 1`` by ``weights[j]`` (applied to the spectra, which are
         smaller than the outputs).
+    workers : int, default=-1
+        Threads of ``scipy.fft`` (-1: all cores).
 
     Returns
     -------
@@ -166,14 +181,14 @@ def convolve_count_sketches(counts: np.ndarray, weights: np.ndarray | None = Non
     """
     m, k = counts.shape[-1], counts.shape[1]
     if k > 1:
-        spectra = scipy.fft.rfft(counts, axis=-1, workers=-1)
+        spectra = scipy.fft.rfft(counts, axis=-1, workers=workers)
         for degree in range(1, k):  # running product = Algorithm 2's recursion
             spectra[:, degree] *= spectra[:, degree - 1]
             if weights is not None:
                 spectra[:, degree - 1] *= weights[degree - 1]
         if weights is not None:
             spectra[:, k - 1] *= weights[k - 1]
-        counts[:, 1:] = scipy.fft.irfft(spectra[:, 1:], n=m, axis=-1, workers=-1)
+        counts[:, 1:] = scipy.fft.irfft(spectra[:, 1:], n=m, axis=-1, workers=workers)
     if weights is not None:
         counts[:, 0] *= weights[0]  # degree 1 is the CountSketch itself: no FFT round trip
     return counts

@@ -284,12 +284,13 @@ def sinkhorn_kernel(
         check = result.true_kernel
         if check is not None and not max(check.relative_a, check.relative_b) <= TRUE_KERNEL_RTOL:
             warnings.warn(
-                f"backend {kernel.backend!r} converged on its approximate kernel, but against "
-                f"the exact kernel the scalings miss the marginals by {check.relative_a:.1%} "
-                f"(a) and {check.relative_b:.1%} (b) (estimated on {check.n_rows} rows and "
-                f"{check.n_cols} columns): the approximation is too coarse at reg="
-                f"{kernel.reg:g}; increase {ACCURACY_PARAMETER.get(kernel.backend, 'the rank')} "
-                "or reg, or use backend='nystrom' or 'exact'.",
+                f"backend {kernel.backend!r}: against the exact kernel the scalings miss the "
+                f"marginals by {_relative(check.relative_a)} (a) and "
+                f"{_relative(check.relative_b)} (b) of the mass (estimated on {check.n_rows} "
+                f"rows and {check.n_cols} columns), whatever the solver reports for its own "
+                f"kernel: the approximation is too coarse at reg={kernel.reg:g}; increase "
+                f"{ACCURACY_PARAMETER.get(kernel.backend, 'the rank')} or reg, or use "
+                "backend='nystrom' or 'exact'.",
                 KernelSafeguardWarning,
                 stacklevel=2,
             )
@@ -365,6 +366,11 @@ def _log_domain(kernel, a, b, max_iter, tol, check_every, printer):
         log_u, log_Ktu, _ = kernel.log_sweep_left(log_v, log_a)
         n_iter = iteration
     return log_u, log_v, n_iter, converged, history
+
+
+def _relative(value: float) -> str:
+    """A relative error as a percentage, or in scientific notation when it is huge."""
+    return f"{value:.1%}" if value < 10 else f"{value:.2g}x"
 
 
 def _max_cost(kernel: KernelOperator) -> float:
