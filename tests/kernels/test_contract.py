@@ -223,8 +223,11 @@ def test_threaded_passes_are_deterministic_and_match(colours, monkeypatch, backe
     import sketchot.kernels.base as base
 
     X, Y = colours
-    op = make_kernel(X, Y, 0.5, backend, rng=0, max_dense_bytes=0) if backend == "exact" else \
-        make_kernel(X, Y, 0.5, backend, rng=0, sketch_dim=4)
+    op = (
+        make_kernel(X, Y, 0.5, backend, rng=0, max_dense_bytes=0)
+        if backend == "exact"
+        else make_kernel(X, Y, 0.5, backend, rng=0, sketch_dim=4)
+    )
     a, v = np.full(120, 1 / 120), np.linspace(0.5, 1.5, 90)
     y = v if backend == "exact" else op.right.T @ v
 
