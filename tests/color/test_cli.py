@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import struct
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -105,20 +103,10 @@ BAD_INPUT = [
 ]
 
 
-def zero_pixel_png(path: Path) -> Path:
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
-
-    header = struct.pack(">IIBBBBB", 0, 0, 8, 2, 0, 0, 0)
-    path.write_bytes(
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b"")
-    )  # fmt: skip
-    return path
-
-
 @pytest.mark.parametrize(("argv", "message"), BAD_INPUT)
-def test_bad_input_gets_one_line_and_exit_code_2(tiny_pair, tmp_path, capsys, argv, message):
+def test_bad_input_gets_one_line_and_exit_code_2(
+    tiny_pair, tmp_path, zero_pixel_png, capsys, argv, message
+):
     program = load_program(COLOR_TRANSFER)
     source, target = tiny_pair
     inputs = tmp_path / "inputs"
@@ -130,7 +118,7 @@ def test_bad_input_gets_one_line_and_exit_code_2(tiny_pair, tmp_path, capsys, ar
         "source": source,
         "target": target,
         "text": inputs / "text.png",
-        "zero": zero_pixel_png(inputs / "zero.png"),
+        "zero": zero_pixel_png,
         "nowhere": tmp_path / "no" / "such" / "folder",
         "out": outputs,
     }

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import struct
-import zlib
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -21,23 +17,6 @@ def reference_rgb() -> np.ndarray:
     """A small uint8 RGB picture with distinct, known values."""
     rng = np.random.default_rng(0)
     return rng.integers(0, 256, size=(HEIGHT, WIDTH, 3), dtype=np.uint8)
-
-
-def zero_pixel_png(path: Path) -> Path:
-    """A syntactically valid PNG of 0 x 0 pixels (Pillow refuses to write one itself)."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
-
-    header = struct.pack(">IIBBBBB", 0, 0, 8, 2, 0, 0, 0)
-    path.write_bytes(
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(b""))
-        + chunk(b"IEND", b"")
-    )
-    return path
 
 
 # ------------------------------------------------------------------------------- loading
@@ -124,7 +103,7 @@ def test_load_arrays(array, expected):
     np.testing.assert_allclose(loaded, expected)
 
 
-def test_load_errors_name_the_argument(tmp_path):
+def test_load_errors_name_the_argument(tmp_path, zero_pixel_png):
     with pytest.raises(FileNotFoundError, match=r"source: file .*missing\.png.* does not exist"):
         load_image(tmp_path / "missing.png", name="source")
     (tmp_path / "text.png").write_text("not an image")
@@ -134,7 +113,7 @@ def test_load_errors_name_the_argument(tmp_path):
     with pytest.raises(ValueError, match="empty file"):
         load_image(tmp_path / "empty.png")
     with pytest.raises(ValueError, match="zero pixels"):
-        load_image(zero_pixel_png(tmp_path / "zero.png"))
+        load_image(zero_pixel_png)
     with pytest.raises(ValueError, match="is a folder"):
         load_image(tmp_path)
     with pytest.raises(ValueError, match="zero pixels"):
