@@ -90,6 +90,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _results import write_json
 
 import sketchot
 
@@ -281,19 +282,10 @@ def protocol_iterations(op, a: np.ndarray, b: np.ndarray, n_iter: int = N_ITER) 
     raised on the way is recorded (``warnings='always'``), and the faults are counted outside
     the timed region.
     """
-    v = np.ones(op.shape[1])
-    times, faults = [], 0
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(n_iter):
-            start = time.perf_counter()
-            Kv = op.matvec(v)
-            u = a / Kv
-            Ktu = op.rmatvec(u)
-            v = b / Ktu
-            times.append(time.perf_counter() - start)
-            faults += count_faults(Kv) + count_faults(Ktu)
-    return Run(u, v, times, faults, [str(w.message) for w in caught])
+    u, v, times, faults, caught = _alternate(
+        op.matvec, a, op.rmatvec, b, np.ones(op.shape[1]), n_iter
+    )
+    return Run(u, v, times, faults, caught)
 
 
 def library_order_iterations(op, a: np.ndarray, b: np.ndarray, n_iter: int = N_ITER) -> Run:
@@ -301,19 +293,28 @@ def library_order_iterations(op, a: np.ndarray, b: np.ndarray, n_iter: int = N_I
 
     Used on the exact operator as the reference of the library variant.
     """
-    u = np.full(op.shape[0], 1.0 / op.shape[0])
+    start = np.full(op.shape[0], 1.0 / op.shape[0])
+    v, u, times, faults, caught = _alternate(op.rmatvec, b, op.matvec, a, start, n_iter)
+    return Run(u, v, times, faults, caught)
+
+
+def _alternate(first, first_numerator, second, second_numerator, start, n_iter):
+    """``x = first_numerator / first(y)``, ``y = second_numerator / second(x)`` from
+    ``y = start``, ``n_iter`` times; returns ``(x, y, times, faults, warnings)``, each
+    iteration timed, faults counted outside the timed region."""
+    y = start
     times, faults = [], 0
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(n_iter):
-            start = time.perf_counter()
-            Ktu = op.rmatvec(u)
-            v = b / Ktu
-            Kv = op.matvec(v)
-            u = a / Kv
-            times.append(time.perf_counter() - start)
-            faults += count_faults(Kv) + count_faults(Ktu)
-    return Run(u, v, times, faults, [str(w.message) for w in caught])
+            begin = time.perf_counter()
+            first_den = first(y)
+            x = first_numerator / first_den
+            second_den = second(x)
+            y = second_numerator / second_den
+            times.append(time.perf_counter() - begin)
+            faults += count_faults(first_den) + count_faults(second_den)
+    return x, y, times, faults, [str(w.message) for w in caught]
 
 
 def library_iterations(op, a: np.ndarray, b: np.ndarray) -> tuple[Run, dict[str, Any]]:
@@ -999,11 +1000,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"\nwrote {figure.relative_to(ROOT)} and {markdown.relative_to(ROOT)}")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(_finite_or_null(data), default=_json_default, allow_nan=False)
+        write_json(
+            args.json, _finite_or_null(data), default=_json_default, allow_nan=False, indent=None
         )
-        print(f"wrote {args.json}")
     return 0
 
 

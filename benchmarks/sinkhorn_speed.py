@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _results import write_json
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 RESULT_MARKER = "RESULT_JSON:"
@@ -669,9 +670,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "seconds": elapsed,
     }
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(output, indent=1))
-        print(f"JSON: {args.json}")
+        write_json(args.json, output)
     return output
 
 

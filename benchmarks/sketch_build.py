@@ -21,13 +21,13 @@ Data come from ``numpy.random.default_rng(seed)``, every sketch from
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _results import write_json
 
 import sketchot
 from sketchot.sketch import (
@@ -252,9 +252,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "versions": {"sketchot": sketchot.__version__, "numpy": np.__version__},
     }
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(output, indent=1))
-        print(f"JSON: {args.json}")
+        write_json(args.json, output)
     return output
 
 
