@@ -38,7 +38,7 @@ from scipy.sparse.linalg import LinearOperator
 
 from .._parallel import run_parts
 from .._validation import check_matrix, describe
-from ._gibbs import (
+from ..gibbs import (
     gibbs_block,
     gibbs_log_matvec,
     gibbs_matmat,

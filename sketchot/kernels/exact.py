@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .._validation import check_int
-from ._gibbs import (
+from ..gibbs import (
     block_rows,
     gibbs_matmat,
     gibbs_softmax_average,

@@ -15,7 +15,7 @@ import numpy as np
 
 from .._validation import check_choice, check_float, check_int, check_rng
 from ..sketch import greedy_k_center
-from ._gibbs import block_rows, gibbs_block, row_slices
+from ..gibbs import block_rows, gibbs_block, row_slices
 from .base import LowRankKernel
 from .registry import comparable_parameters, register_backend
 

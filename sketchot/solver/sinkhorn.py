@@ -30,7 +30,7 @@ from .._validation import (
     describe,
 )
 from ..kernels import KernelOperator, make_kernel
-from ..kernels._gibbs import sq_norms
+from ..gibbs import sq_norms
 from .result import SinkhornResult, strided_sample
 from .safeguard import (
     ACCURACY_PARAMETER,

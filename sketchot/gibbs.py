@@ -1,4 +1,5 @@
-"""Exact Gibbs kernel ``K(x, y) = exp(-||x - y||^2 / reg)`` evaluated block by block.
+"""The exact Gibbs kernel ``K(x, y) = exp(-||x - y||^2 / reg)`` block by block: the one helper
+every layer uses for true-kernel values (products, log-sum-exp, softmax averages).
 
 These helpers never hold more than a block of rows times the other side at once; callers
 choose the block so that it stays within a few tens of megabytes. Points should be centred
