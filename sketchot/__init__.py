@@ -4,54 +4,76 @@
 between point clouds with the Gibbs kernel ``exp(-||x - y||^2 / reg)`` exact or approximated
 by random Fourier features, Nystrom, or the Poly-TensorSketch of Han, Avron and Shin (2020).
 
-Layers, bottom up: :mod:`sketchot.sketch` (the sketch core, no optimal transport),
-:mod:`sketchot.kernels` (one kernel-operator interface, one backend per module),
-:mod:`sketchot.solver` (Sinkhorn on any operator), :mod:`sketchot.color` (colour transfer on
-top of the solver).
+Layers, bottom up (imports only point down): :mod:`sketchot.sketch` (the sketch core, no
+optimal transport) and :mod:`sketchot.gibbs` (true-kernel values) -> :mod:`sketchot.kernels`
+(the operator contract, one record per backend) -> :mod:`sketchot.solver` (owns the
+iteration, repairs, checks) -> :mod:`sketchot.da` (POT-style estimator) and
+:mod:`sketchot.color` (colour transfer).
 """
 
-from .color import (
-    color_transfer,
-    load_image,
-    map_image,
-    sample_pixels,
-    save_image,
-    transfer_colors,
-)
+from ._parallel import get_num_threads, set_num_threads, thread_limit
 from .kernels import (
+    Backend,
     ExactKernel,
+    KernelInfo,
     KernelOperator,
     LowRankKernel,
     available_backends,
     comparable_parameters,
+    get_backend,
     make_kernel,
+    register_backend,
+    unregister_backend,
 )
 from .solver import (
+    AccuracyWarning,
+    InvalidResultError,
+    InvalidResultWarning,
     KernelSafeguardWarning,
     LazyPlan,
     NonPositiveKernelError,
     SinkhornResult,
+    SolverOptions,
     TrueKernelCheck,
     sinkhorn,
     sinkhorn2,
     sinkhorn_kernel,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+# Loaded on first use: the colour layer imports Pillow and matplotlib, the estimator POT's
+# ot.da (which pulls in scikit-learn); plain solves need neither.
+_LAZY = {
+    "SketchSinkhornTransport": "da",
+    "color_transfer": "color",
+    "load_image": "color",
+    "map_image": "color",
+    "sample_pixels": "color",
+    "save_image": "color",
+    "transfer_colors": "color",
+}
 
 
 def __getattr__(name: str):
-    # The POT-style transport class imports ot.da (about 1.5 s, it pulls in scikit-learn):
-    # load it on first use only.
-    if name == "SketchSinkhornTransport":
-        from .color import SketchSinkhornTransport
+    if name in _LAZY:
+        import importlib
 
-        return SketchSinkhornTransport
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
+    "AccuracyWarning",
+    "Backend",
     "ExactKernel",
+    "InvalidResultError",
+    "InvalidResultWarning",
+    "KernelInfo",
     "KernelOperator",
     "KernelSafeguardWarning",
     "LazyPlan",
@@ -59,18 +81,25 @@ __all__ = [
     "NonPositiveKernelError",
     "SinkhornResult",
     "SketchSinkhornTransport",
+    "SolverOptions",
     "TrueKernelCheck",
     "__version__",
     "available_backends",
     "color_transfer",
     "comparable_parameters",
+    "get_backend",
+    "get_num_threads",
     "load_image",
     "make_kernel",
     "map_image",
+    "register_backend",
     "sample_pixels",
     "save_image",
+    "set_num_threads",
     "sinkhorn",
     "sinkhorn2",
     "sinkhorn_kernel",
+    "thread_limit",
     "transfer_colors",
+    "unregister_backend",
 ]

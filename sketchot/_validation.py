@@ -167,10 +167,21 @@ def check_weights(value: Any, name: str, n_points: int, points_name: str) -> np.
 
 def check_rng(rng: Any) -> np.random.Generator:
     """Turn anything ``numpy.random.default_rng`` accepts into a Generator, with a clear error."""
+    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool) and rng < 0:
+        raise ValueError(f"rng must be a non-negative int seed; got {rng}")
     try:
         return np.random.default_rng(rng)
     except (TypeError, ValueError) as exc:
         raise TypeError(
-            "rng must be None, an int seed, a numpy SeedSequence, BitGenerator or Generator; "
+            "rng must be None, a non-negative int seed, a numpy SeedSequence, BitGenerator or "
+            "Generator; "
             f"got {describe(rng)}"
         ) from exc
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """A Python or numpy boolean, as ``bool``. Integers such as ``1``/``0`` are rejected
+    everywhere in sketchot (they are too easily a different argument in the wrong place)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False; got {describe(value)}")

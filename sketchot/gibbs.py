@@ -10,6 +10,7 @@ choose the block so that it stays within a few tens of megabytes. Points should 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -114,3 +115,86 @@ def gibbs_log_matvec(X: np.ndarray, Y: np.ndarray, reg: float, log_v: np.ndarray
         np.exp(logits, out=logits)
         out[rows] = top + np.log(logits.sum(axis=1))
     return out
+
+
+class GibbsGeometry:
+    """Two point clouds and ``reg``: everything needed to evaluate the TRUE Gibbs kernel.
+
+    Every kernel operator carries one (its ``geometry``); the solver uses it for the exact
+    values it needs (repairs, the true-kernel check, plans in the log domain) without knowing
+    how the operator represents ``K``.
+
+    Parameters
+    ----------
+    X : ndarray, shape (n, d)
+    Y : ndarray, shape (m, d)
+    reg : float
+        ``K_ij = exp(-||x_i - y_j||^2 / reg)``.
+
+    Attributes
+    ----------
+    center : ndarray, shape (d,)
+        Mean of all points. The kernel is translation invariant; centred coordinates keep
+        ``||x||^2 + ||y||^2 - 2 x.y`` accurate.
+    Xc, Yc : ndarray
+        Centred clouds.
+    x_sq, y_sq : ndarray
+        Squared norms of the centred points.
+    """
+
+    def __init__(self, X: np.ndarray, Y: np.ndarray, reg: float) -> None:
+        self.X = X
+        self.Y = Y
+        self.reg = float(reg)
+        self.center = (X.sum(axis=0) + Y.sum(axis=0)) / (X.shape[0] + Y.shape[0])
+        self.Xc = X - self.center
+        self.Yc = Y - self.center
+        self.x_sq = sq_norms(self.Xc)
+        self.y_sq = sq_norms(self.Yc)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(n, m)``."""
+        return (self.X.shape[0], self.Y.shape[0])
+
+    def _sides(self, transpose: bool) -> tuple[np.ndarray, np.ndarray]:
+        return (self.Yc, self.Xc) if transpose else (self.Xc, self.Yc)
+
+    def max_cost(self) -> float:
+        """Upper bound on ``max_ij ||x_i - y_j||^2`` from the centred norms (``O(n + m)``)."""
+        return float((np.sqrt(self.x_sq.max()) + np.sqrt(self.y_sq.max())) ** 2)
+
+    def matmat(self, index: Any, V: np.ndarray, *, transpose: bool = False) -> np.ndarray:
+        """``K[index, :] @ V`` (or ``K[:, index].T @ V``), ``O(len(index) m d)``."""
+        own, other = self._sides(transpose)
+        return gibbs_matmat(own[index], other, self.reg, V)
+
+    def log_matvec(self, index: Any, log_v: np.ndarray, *, transpose: bool = False) -> np.ndarray:
+        """``log (K[index, :] @ exp(log_v))`` (or the transposed form), stable for any reg."""
+        own, other = self._sides(transpose)
+        return gibbs_log_matvec(own[index], other, self.reg, log_v)
+
+    def block(self, index: Any) -> np.ndarray:
+        """True rows ``K[index, :]``."""
+        return gibbs_block(self.Xc[index], self.Yc, self.reg)
+
+    def log_block(self, rows: slice) -> np.ndarray:
+        """``-M[rows, :] / reg`` in float64."""
+        return neg_cost_over_reg(self.Xc[rows], self.Yc, self.reg, self.x_sq[rows], self.y_sq)
+
+    def softmax_average(
+        self,
+        points: np.ndarray | None,
+        log_weights: np.ndarray,
+        values: np.ndarray,
+        *,
+        transpose: bool = False,
+    ) -> np.ndarray:
+        """``sum_j softmax_j(log_w_j - ||p - y_j||^2 / reg) values_j`` for each point ``p``.
+
+        ``points=None`` uses the fitted source points (target points when ``transpose``);
+        otherwise ``points`` are in the original (uncentred) coordinates.
+        """
+        own, other = self._sides(transpose)
+        centred = own if points is None else points - self.center
+        return gibbs_softmax_average(centred, other, self.reg, log_weights, values)

@@ -3,7 +3,6 @@
 * :func:`color_transfer` recolours a source image with the palette of a target image;
   :func:`transfer_colors` does the same and returns the plan, timings and checks.
 * :func:`map_image` applies a fitted transport to every pixel of an image (forward or inverse).
-* :class:`SketchSinkhornTransport` is a drop-in for POT's ``ot.da.SinkhornTransport``.
 * Image helpers: :func:`load_image`, :func:`sample_pixels`, :func:`save_image`,
   :func:`distinct_colors`.
 """
@@ -18,8 +17,8 @@ from .images import (
     save_image,
 )
 from .transfer import (
-    COLOR_BACKEND_DEFAULTS,
     DEFAULT_BACKEND,
+    DEFAULT_COLOR_RANK,
     DEFAULT_N_SAMPLES,
     DEFAULT_REG,
     ColorTransferResult,
@@ -30,27 +29,14 @@ from .transfer import (
     transfer_colors,
 )
 
-
-def __getattr__(name: str):
-    # The transport class subclasses POT's ot.da.BaseTransport, and importing POT takes about
-    # 1.5 s (it pulls in scikit-learn): load it on first use only, so that the image helpers
-    # and color_transfer stay quick to import.
-    if name == "SketchSinkhornTransport":
-        from .transport import SketchSinkhornTransport
-
-        return SketchSinkhornTransport
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
-    "COLOR_BACKEND_DEFAULTS",
     "DEFAULT_BACKEND",
+    "DEFAULT_COLOR_RANK",
     "DEFAULT_N_SAMPLES",
     "DEFAULT_REG",
     "ColorTransferResult",
     "MappedImage",
     "PixelSample",
-    "SketchSinkhornTransport",
     "atomic_write_with",
     "color_transfer",
     "distinct_colors",

@@ -31,55 +31,39 @@ of Low-Rank Matrix. ICML 2020 (Section 4.3: Sinkhorn on random RGB pixels).
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .._validation import check_choice, check_float, check_int, check_rng, describe
-from ..kernels import available_backends
-from ..solver import SinkhornResult, TrueKernelCheck, sinkhorn
+from .._validation import check_bool, check_float, check_int, check_rng, describe
+from ..kernels import get_backend
+from ..solver import (
+    SinkhornResult,
+    SolverOptions,
+    TrueKernelCheck,
+    check_backend_params,
+    sinkhorn,
+)
 from .images import distinct_colors, image_pixels, load_image, sample_pixels
 
-#: Entropic regularisation for colours in [0, 1]: POT's colour example uses 0.1. At reg = 1
-#: the plan is so blurred that every colour maps close to the target's mean colour.
+#: Entropic regularisation for colours in [0, 1], as POT's colour example (reg = 1 blurs
+#: every colour towards the target's mean).
 DEFAULT_REG = 0.1
 
-#: Backend whose result is closest to the exact one at DEFAULT_REG for a small fraction of its
-#: cost. Measured with 10^4 samples per image at reg = 0.1 (mean |RGB difference| to the exact
-#: recolouring): Nystrom with 400 k-center landmarks 0.000-0.07/255 on five pairs (the three
-#: project pairs, matplotlib's grace_hopper.jpg onto two of them; two seeds each) at 4-10 ms
-#: per iteration against 86-190 ms for the exact kernel; RFF (D = 60-1000) and
-#: Poly-TensorSketch (rank 61-400) are off by 10-60/255 at this reg (their kernel errors exceed
-#: the small entries of K).
+#: Backend of the colour functions (see the README's "which backend when").
 DEFAULT_BACKEND = "nystrom"
 
 #: Samples drawn from each image.
 DEFAULT_N_SAMPLES = 10_000
 
-#: Backend parameters used when the caller does not set them. The library's Nystrom default
-#: (8 landmarks, the paper's equal-cost setting at reg = 1) is far too coarse at reg = 0.1: on
-#: the default pair K~ v turns non-positive for most rows, the solve stalls, and the
-#: recolouring is off by 61/255. Measured at reg = 0.1, 10^4 samples, two landmark seeds:
-#: 100 landmarks fail on some pairs (48/255 with k-center on the night-city pair, 40/255 with
-#: uniform landmarks on grace_hopper.jpg onto the meadow); 400 uniform landmarks still fail
-#: there for one seed of two (55/255); 400 k-center landmarks stay within 0.07/255 on every
-#: pair and seed. At reg = 0.05 even 1131 landmarks fail on that pair: use backend='exact'
-#: below reg = 0.1 (transfer_colors warns when the true-kernel check fails).
-COLOR_BACKEND_DEFAULTS: dict[str, dict[str, Any]] = {
-    "nystrom": {"n_landmarks": 400, "landmarks": "kcenter"}
-}
+#: Rank given to a low-rank backend when the caller sets none: the library's equal-cost
+#: defaults are far too coarse at reg = 0.1 (benchmarks/results/color_compare_backends.txt).
+DEFAULT_COLOR_RANK = 400
 
-#: transfer_colors warns when the scalings miss the TRUE kernel's marginals by more than this
-#: relative L1 error (a good approximation gives 1e-4 or less, the failures above 1 or more).
-TRUE_KERNEL_WARNING = 1e-2
-
-#: Distinct colours mapped per call of the out-of-sample operator. Low-rank backends: large
-#: calls amortise the per-call work on the fitted side (16384 was 20% slower than 65536 for
-#: rff and polyts, measured). Exact backend: smaller calls, so that progress is reported every
-#: few seconds (each colour costs O(n d) there).
+#: Distinct colours per call of the out-of-sample map: large calls amortise the fitted side;
+#: the exact kernel costs O(n d) per colour, so smaller calls keep progress lines frequent.
 MAP_CHUNK = 1 << 16
 MAP_CHUNK_EXACT = 1 << 13
 
@@ -153,13 +137,16 @@ def map_image(
     """
     if not isinstance(result, SinkhornResult):
         raise TypeError(f"result must be a sketchot SinkhornResult; got {describe(result)}")
-    if result.kernel.X.shape[1] != 3:
+    dimension = result.kernel.geometry.X.shape[1]
+    if dimension != 3:
         raise ValueError(
             "result must come from a solve between RGB colours (3 columns); got points with "
-            f"{result.kernel.X.shape[1]} columns"
+            f"{dimension} columns"
         )
+    inverse = check_bool(inverse, "inverse")
     if chunk_size is None:
-        chunk_size = MAP_CHUNK_EXACT if result.kernel.is_exact else MAP_CHUNK
+        exact = "exact" in result.kernel.info.capabilities
+        chunk_size = MAP_CHUNK_EXACT if exact else MAP_CHUNK
     chunk_size = check_int(chunk_size, "chunk_size", minimum=1)
     picture = load_image(image, name=name)
     start = time.perf_counter()
@@ -242,16 +229,15 @@ class ColorTransferResult:
 def resolve_backend_params(
     backend: str, params: dict[str, Any], n_points: int | None = None
 ) -> dict[str, Any]:
-    """Backend parameters for colour transfer: the caller's, over :data:`COLOR_BACKEND_DEFAULTS`.
-
-    A default landmark count is lowered to ``n_points`` (the size of both samples together)
-    when the samples are smaller than it; a value the caller set is passed on unchanged.
+    """Backend parameters for colour transfer: the caller's, plus ``rank=``
+    :data:`DEFAULT_COLOR_RANK` (at most ``n_points``) for a low-rank backend (one with a rank
+    parameter in its registry record) when the caller set neither ``rank`` nor that parameter.
     """
-    check_choice(backend, "backend", available_backends())
-    defaults = dict(COLOR_BACKEND_DEFAULTS.get(backend, {}))
-    if n_points is not None and "n_landmarks" in defaults:
-        defaults["n_landmarks"] = min(defaults["n_landmarks"], n_points)
-    return {**defaults, **params}
+    record = get_backend(backend)
+    if record.rank_parameter is None or "rank" in params or record.rank_parameter in params:
+        return dict(params)
+    rank = DEFAULT_COLOR_RANK if n_points is None else min(DEFAULT_COLOR_RANK, n_points)
+    return {**params, "rank": rank}
 
 
 def transfer_colors(
@@ -265,13 +251,8 @@ def transfer_colors(
     replace: bool = False,
     weighted: bool = False,
     inverse: bool = False,
-    max_iter: int = 1000,
-    tol: float = 1e-9,
-    safeguard: str = "exact",
-    verbose: bool = False,
     progress: Progress | None = None,
-    warn: bool = True,
-    **backend_params: Any,
+    **kwargs: Any,
 ) -> ColorTransferResult:
     """Colour transfer with every intermediate result and timing (see :func:`color_transfer`).
 
@@ -281,17 +262,14 @@ def transfer_colors(
         As in :func:`color_transfer`.
     replace, weighted : bool, default=False
         Sampling options (see :func:`~sketchot.color.sample_pixels`).
-    max_iter, tol, safeguard
-        Solver options (see :func:`sketchot.sinkhorn`).
     inverse : bool, default=False
         Also recolour the target with the source's palette.
-    verbose : bool, default=False
-        Let the solver print its build, marginal error at every check and true-kernel check.
     progress : callable, optional
         Receives one text line per step (sampling, solve, mapping chunks, check).
-    warn : bool, default=True
-        Warn on non-convergence, safeguard repairs, and a failed true-kernel check
-        (relative L1 marginal error above :data:`TRUE_KERNEL_WARNING`).
+    **kwargs
+        Solver options (:class:`~sketchot.solver.SolverOptions`: ``max_iter``, ``tol``,
+        ``safeguard``, ``accuracy``, ``verbose``, ``warn``, ...), ``dtype``, ``rank`` and the
+        backend's parameters. Anything else is rejected with the list of what is accepted.
 
     Returns
     -------
@@ -299,7 +277,11 @@ def transfer_colors(
     """
     reg = check_float(reg, "reg", positive=True)
     n_samples = check_int(n_samples, "n_samples", minimum=1)
-    resolve_backend_params(backend, backend_params)  # fail on a bad backend before any work
+    replace = check_bool(replace, "replace")
+    weighted = check_bool(weighted, "weighted")
+    inverse = check_bool(inverse, "inverse")
+    options, backend_params = SolverOptions.split(kwargs)
+    check_backend_params("transfer_colors", backend, backend_params)
     generator = check_rng(rng)
     say = progress if progress is not None else (lambda text: None)
     timings: dict[str, float] = {}
@@ -340,13 +322,8 @@ def transfer_colors(
         target_sample.colors,
         reg=reg,
         backend=backend,
-        max_iter=max_iter,
-        tol=tol,
         rng=generator,
-        verbose=verbose,
-        safeguard=safeguard,
-        warn=warn,
-        true_kernel_samples=0,  # the larger check below replaces the solver's quick one
+        **options.as_dict(),
         **params,
     )
     timings["build"] = result.timings["build"]
@@ -365,18 +342,7 @@ def transfer_colors(
         backward = map_image(result, target_image, inverse=True, progress=progress, name="target")
         timings["inverse_map"] = backward.seconds
 
-    tick = time.perf_counter()
-    check = result.check_true_kernel(rng=generator)
-    timings["check"] = time.perf_counter() - tick
-    worst = max(check.relative_a, check.relative_b)
-    if warn and worst > TRUE_KERNEL_WARNING:
-        warnings.warn(
-            f"backend {backend!r} at reg={reg:g}: the scalings miss the exact kernel's "
-            f"marginals by {worst:.2g} (relative L1, sampled), so the recolouring can differ "
-            f"visibly from the exact one; raise the backend's rank or use backend='exact'",
-            UserWarning,
-            stacklevel=2,
-        )
+    check = result.true_kernel
     timings["total"] = time.perf_counter() - start
     return ColorTransferResult(
         image=forward.image,

@@ -14,26 +14,51 @@ from typing import Any
 import numpy as np
 
 from .._validation import check_choice, check_float, check_int, check_rng
+from ..gibbs import GibbsGeometry, block_rows, gibbs_block, row_slices
 from ..sketch import greedy_k_center
-from ..gibbs import block_rows, gibbs_block, row_slices
-from .base import LowRankKernel
-from .registry import comparable_parameters, register_backend
+from .base import KernelInfo
+from .lowrank import LowRankKernel
+from .registry import (
+    PAPER_DEGREE,
+    PAPER_SKETCH_DIM,
+    paper_nystrom_landmarks,
+    register_backend,
+)
 
 LANDMARK_METHODS = ("kcenter", "uniform")
+
+#: Landmarks when neither n_landmarks nor rank is given: the paper's comparable cost to
+#: Poly-TensorSketch with m = 20, r = 3 (at most n + m).
+DEFAULT_LANDMARKS = paper_nystrom_landmarks(PAPER_SKETCH_DIM, PAPER_DEGREE)
 
 # Largest pool of points the k-center landmark search runs on.
 KCENTER_POOL = 50_000
 
 
-@register_backend("nystrom")
+@register_backend(
+    "nystrom",
+    rank_parameter="n_landmarks",
+    paper_cost=lambda sketch_dim, degree: {
+        "n_landmarks": paper_nystrom_landmarks(sketch_dim, degree)
+    },
+    signed=True,
+    test_params={"n_landmarks": 30},
+    memory=lambda n, m, d, params, itemsize: (
+        (n + m) * (params["n_landmarks"] or 0) * itemsize
+        + 4 * (params["n_landmarks"] or 0) ** 2 * 8
+        + min(n + m, KCENTER_POOL) * 8 * (d + 1)
+    ),
+    advice="raise n_landmarks (the error falls fast while landmarks still cover the data at "
+    "the kernel's width sqrt(reg)); below reg ~ 0.1 x the squared spread no rank suffices: "
+    "use backend='exact' or 'auto'",
+    summary="Nystrom, greedy k-center landmarks from both clouds",
+)
 def build_nystrom(
-    X: np.ndarray,
-    Y: np.ndarray,
-    reg: float,
+    geometry: GibbsGeometry,
     *,
     rng: Any = None,
     dtype: Any = np.float64,
-    n_landmarks: int = comparable_parameters()["nystrom"]["n_landmarks"],
+    n_landmarks: int | None = None,
     landmarks: str = "kcenter",
     rcond: float = 1e-12,
 ) -> LowRankKernel:
@@ -42,8 +67,8 @@ def build_nystrom(
 
     Parameters
     ----------
-    n_landmarks : int
-        ``1 <= s <= n + m``.
+    n_landmarks : int, optional
+        ``1 <= s <= n + m``; default ``min(8, n + m)``.
     landmarks : {'kcenter', 'uniform'}, default='kcenter'
         ``'kcenter'``: greedy k-center on the union of both clouds (on a uniform pool of at
         most 50,000 of their points), which spreads the landmarks so that no point is far
@@ -58,13 +83,20 @@ def build_nystrom(
     -----
     ``O((n + m) s d + s^3)`` time, ``O((n + m) s)`` memory.
     """
-    n, m = X.shape[0], Y.shape[0]
+    n, m = geometry.shape
+    reg = geometry.reg
+    if n_landmarks is None:
+        n_landmarks = min(DEFAULT_LANDMARKS, n + m)
     n_landmarks = check_int(n_landmarks, "n_landmarks", minimum=1, maximum=n + m)
     check_choice(landmarks, "landmarks", LANDMARK_METHODS)
     rcond = check_float(rcond, "rcond", positive=True)
+    if rcond >= 1:
+        raise ValueError(
+            f"rcond must be < 1 (eigenvalues below rcond * lambda_max are dropped; rcond >= 1 "
+            f"drops all of them); got {rcond:g}"
+        )
     generator = check_rng(rng)
-    center = (X.sum(axis=0) + Y.sum(axis=0)) / (n + m)
-    Xc, Yc = X - center, Y - center
+    center, Xc, Yc = geometry.center, geometry.Xc, geometry.Yc
 
     if landmarks == "uniform":
         from_x = min(n, (n_landmarks + 1) // 2)
@@ -99,18 +131,18 @@ def build_nystrom(
             out[rows] = landmark_kernel(points[rows]) @ whitening
         return out
 
+    info = KernelInfo(
+        "nystrom", {"n_landmarks": n_landmarks, "landmarks": landmarks, "rcond": rcond}
+    )
     return LowRankKernel(
-        X,
-        Y,
-        reg,
-        factor(X),
-        factor(Y),
+        geometry,
+        info,
+        factor(geometry.X),
+        factor(geometry.Y),
         # New points: K(x, Z) only; the whitening is folded into the small side of products.
         left_map=landmark_kernel,
         right_map=landmark_kernel,
         left_projection=whitening,
         right_projection=whitening,
-        backend="nystrom",
         dtype=dtype,
-        params={"n_landmarks": n_landmarks, "landmarks": landmarks, "rank": int(keep.sum())},
     )

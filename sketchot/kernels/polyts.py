@@ -12,19 +12,37 @@ from typing import Any
 import numpy as np
 
 from .._validation import check_int
+from ..gibbs import GibbsGeometry
 from ..sketch import GaussianPolySketch
-from .base import LowRankKernel
+from .base import KernelInfo
+from .lowrank import LowRankKernel
 from .registry import PAPER_DEGREE, PAPER_SKETCH_DIM, register_backend
 
 #: The paper's coreset size (k = 10); clipped to the number of points when not given.
 DEFAULT_CORESET_SIZE = 10
 
 
-@register_backend("polyts")
+def _params_for_rank(rank: int) -> dict[str, Any]:
+    """The paper's sketch with ``1 + m r`` features closest to ``rank`` at degree 3."""
+    return {"sketch_dim": max(1, (rank - 1) // PAPER_DEGREE), "degree": PAPER_DEGREE}
+
+
+@register_backend(
+    "polyts",
+    rank_parameter="sketch_dim",
+    params_for_rank=_params_for_rank,
+    paper_cost=lambda sketch_dim, degree: {"sketch_dim": sketch_dim, "degree": degree},
+    signed=True,
+    test_params={"sketch_dim": 8, "degree": 3},
+    memory=lambda n, m, d, params, itemsize: (
+        (n + m) * (1 + params["sketch_dim"] * params["degree"]) * (8 + itemsize) * 2
+    ),
+    advice="raise sketch_dim and degree only helps at large reg (>= the squared spread of "
+    "the data); below it prefer backend='nystrom' with more landmarks, or 'auto'",
+    summary="Coreset-TS: the Poly-TensorSketch of Han, Avron and Shin (ICML 2020)",
+)
 def build_polyts(
-    X: np.ndarray,
-    Y: np.ndarray,
-    reg: float,
+    geometry: GibbsGeometry,
     *,
     rng: Any = None,
     dtype: Any = np.float64,
@@ -60,6 +78,7 @@ def build_polyts(
     -----
     Build ``O((n + m) r (d + m log m) + (n + m) k (d + r^2))``; memory ``O((n + m) r m)``.
     """
+    X, Y, reg = geometry.X, geometry.Y, geometry.reg
     if coreset_size is None:
         coreset_size = min(DEFAULT_CORESET_SIZE, X.shape[0], Y.shape[0])
     else:
@@ -83,22 +102,23 @@ def build_polyts(
     def right_map(points: np.ndarray) -> np.ndarray:
         return sketch.transform_y(points, dtype=dtype)
 
-    operator = LowRankKernel(
-        X,
-        Y,
-        reg,
-        left_map(X),
-        right_map(Y),
-        left_map=left_map,
-        right_map=right_map,
-        backend="polyts",
-        dtype=dtype,
-        params={
+    info = KernelInfo(
+        "polyts",
+        {
             "sketch_dim": sketch_dim,
             "degree": degree,
             "coreset_size": coreset_size,
             "coefficients": coefficients,
         },
+    )
+    operator = LowRankKernel(
+        geometry,
+        info,
+        left_map(X),
+        right_map(Y),
+        left_map=left_map,
+        right_map=right_map,
+        dtype=dtype,
     )
     operator.sketch = sketch
     return operator

@@ -1,55 +1,208 @@
-"""Backends registered by name, and :func:`make_kernel`, the one way to build an operator."""
+"""One record per backend, and :func:`make_kernel`, the one way to build an operator.
+
+A :class:`Backend` record holds everything the rest of sketchot knows about a backend: its
+builder, its parameters and their defaults (read from the builder's signature), the parameter
+that sets its rank, its setting at a given rank (for equal-rank comparisons) and at the
+paper's "comparable cost", whether its kernel can go negative, small parameters for the
+contract tests, and what to try when it is not accurate enough. The solver, the colour
+layer, the examples, the benchmarks and the tests read these records; adding a backend is
+one call to :func:`register_backend`, from a module of sketchot or from a user's own code.
+"""
 
 from __future__ import annotations
 
 import inspect
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
+from .._memory import check_fits
 from .._validation import check_dtype, check_float, check_int, check_matrix, describe
-
-_BUILDERS: dict[str, Callable[..., Any]] = {}
+from ..gibbs import GibbsGeometry
 
 #: The paper's Sinkhorn setting (Han et al. 2020, Section 4.3): sketch dimension and degree.
 PAPER_SKETCH_DIM = 20
 PAPER_DEGREE = 3
 
 
-def register_backend(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator registering ``builder(X, Y, reg, *, rng, dtype, **params) -> KernelOperator``."""
+def _paper_rank(sketch_dim: int, degree: int) -> int:
+    """Features of the paper's sketch: ``m r`` (its constant feature aside)."""
+    return sketch_dim * degree
 
-    def decorator(builder: Callable[..., Any]) -> Callable[..., Any]:
-        if name in _BUILDERS:
+
+@dataclass(frozen=True)
+class Backend:
+    """The facts of one backend.
+
+    Attributes
+    ----------
+    name : str
+    builder : callable
+        ``builder(geometry, *, rng, dtype, **params) -> KernelOperator``.
+    defaults : mapping
+        Keyword parameters (besides ``rng`` and ``dtype``) and their defaults.
+    rank_parameter : str or None
+        The parameter that sets the number of features (``None``: not a low-rank backend).
+    params_for_rank : callable or None
+        ``rank -> params`` giving about ``rank`` features.
+    paper_cost : callable or None
+        ``(sketch_dim, degree) -> params``: the paper's comparable cost to a Poly-TensorSketch
+        of sketch dimension ``m`` and degree ``r`` (Han et al. 2020, Section 4.3).
+    signed : bool
+        Whether kernel entries (and so ``K v``) can be negative or zero.
+    exact : bool
+        Whether the operator is the true kernel.
+    test_params : mapping
+        Small parameters under which it is a reasonable kernel on ~100 points (contract tests).
+    memory : callable or None
+        ``(n, m, d, params, itemsize) -> bytes``: the build's peak memory, estimated before
+        it starts (refused above the budget, naming ``rank_parameter``).
+    advice : str
+        What to try when its true-kernel check misses the target (shown in warnings).
+    summary : str
+        One line for tables and ``--help``.
+    """
+
+    name: str
+    builder: Callable[..., Any]
+    defaults: Mapping[str, Any]
+    rank_parameter: str | None = None
+    params_for_rank: Callable[[int], dict[str, Any]] | None = None
+    paper_cost: Callable[[int, int], dict[str, Any]] | None = None
+    signed: bool = True
+    exact: bool = False
+    test_params: Mapping[str, Any] = field(default_factory=dict)
+    memory: Callable[[int, int, int, dict[str, Any], int], float] | None = None
+    advice: str = ""
+    summary: str = ""
+
+
+_REGISTRY: dict[str, Backend] = {}
+
+
+def register_backend(
+    name: str,
+    builder: Callable[..., Any] | None = None,
+    *,
+    rank_parameter: str | None = None,
+    params_for_rank: Callable[[int], dict[str, Any]] | None = None,
+    paper_cost: Callable[[int, int], dict[str, Any]] | None = None,
+    signed: bool = True,
+    exact: bool = False,
+    test_params: Mapping[str, Any] | None = None,
+    memory: Callable[[int, int, int, dict[str, Any], int], float] | None = None,
+    advice: str = "",
+    summary: str = "",
+) -> Any:
+    """Register a backend by name (usable as a decorator when ``builder`` is omitted).
+
+    Parameters
+    ----------
+    name : str
+        The name users pass as ``backend=``.
+    builder : callable
+        ``builder(geometry, *, rng, dtype, **params)`` returning a
+        :class:`~sketchot.kernels.KernelOperator`; its keyword-only parameters with defaults
+        are the backend's parameters. ``geometry`` is a :class:`~sketchot.gibbs.GibbsGeometry`.
+    rank_parameter : str, optional
+        The parameter that sets the number of features; with it, ``rank=`` works for this
+        backend (``params_for_rank`` defaults to ``{rank_parameter: rank}``).
+    params_for_rank, paper_cost, signed, exact, test_params, memory, advice, summary
+        See :class:`Backend`.
+
+    Returns
+    -------
+    The builder (so that it can decorate a function).
+
+    Examples
+    --------
+    >>> import numpy as np, sketchot
+    >>> from sketchot.kernels import LowRankKernel, KernelInfo
+    >>> def build_landmark_rows(geometry, *, rng=None, dtype=np.float64, n_rows=50):
+    ...     A = geometry.block(slice(0, n_rows))  # an example kernel, not a good one
+    ...     return LowRankKernel(geometry, KernelInfo("my_backend", {"n_rows": n_rows}),
+    ...                          A.T, A.T, left_map=None, right_map=None, dtype=dtype)
+    >>> _ = sketchot.register_backend("my_backend", build_landmark_rows, rank_parameter="n_rows")
+    >>> "my_backend" in sketchot.available_backends()
+    True
+    >>> sketchot.unregister_backend("my_backend")
+    """
+
+    def record(function: Callable[..., Any]) -> Callable[..., Any]:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"name must be an identifier string; got {describe(name)}")
+        if name in _REGISTRY or name == "auto":
             raise ValueError(f"backend {name!r} is already registered")
-        _BUILDERS[name] = builder
-        return builder
+        defaults = {
+            key: p.default
+            for key, p in inspect.signature(function).parameters.items()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and key not in ("rng", "dtype")
+        }
+        if rank_parameter is not None and rank_parameter not in defaults:
+            raise ValueError(
+                f"rank_parameter must be one of the builder's parameters {sorted(defaults)}; "
+                f"got {rank_parameter!r}"
+            )
+        for_rank = params_for_rank
+        if for_rank is None and rank_parameter is not None:
 
-    return decorator
+            def for_rank(rank: int) -> dict[str, Any]:
+                return {rank_parameter: rank}
+
+        _REGISTRY[name] = Backend(
+            name=name,
+            builder=function,
+            defaults=MappingProxyType(defaults),
+            rank_parameter=rank_parameter,
+            params_for_rank=for_rank,
+            paper_cost=paper_cost,
+            signed=bool(signed),
+            exact=bool(exact),
+            test_params=MappingProxyType(dict(test_params or {})),
+            memory=memory,
+            advice=advice,
+            summary=summary,
+        )
+        return function
+
+    return record if builder is None else record(builder)
+
+
+def unregister_backend(name: str) -> None:
+    """Remove a backend registered with :func:`register_backend`."""
+    get_backend(name)
+    del _REGISTRY[name]
 
 
 def available_backends() -> tuple[str, ...]:
-    """Names of the registered backends."""
-    return tuple(sorted(_BUILDERS))
+    """Names of the registered backends, sorted."""
+    return tuple(sorted(_REGISTRY))
+
+
+def get_backend(name: Any) -> Backend:
+    """The record of a registered backend, with a clear error for unknown names."""
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise ValueError(
+            f"backend must be one of {', '.join(map(repr, available_backends()))}; "
+            f"got {describe(name)}"
+        )
+    return _REGISTRY[name]
 
 
 def backend_parameters(backend: str) -> tuple[str, ...]:
-    """Keyword parameters a backend accepts besides ``rng`` and ``dtype``."""
-    builder = _get_builder(backend)
-    return tuple(
-        name
-        for name, p in inspect.signature(builder).parameters.items()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("rng", "dtype")
-    )
+    """Keyword parameters a backend accepts besides ``rng``, ``dtype`` and ``rank``."""
+    return tuple(get_backend(backend).defaults)
 
 
 def comparable_parameters(
     sketch_dim: int = PAPER_SKETCH_DIM, degree: int = PAPER_DEGREE
 ) -> dict[str, dict[str, int]]:
-    """The paper's "comparable cost" settings for every backend.
+    """The paper's "comparable cost" setting of every backend that declares one.
 
     For a Poly-TensorSketch of sketch dimension ``m`` and degree ``r``: RFF with ``D = m r``
     features and Nystrom with ``s = ceil(max(sqrt(r m), r))`` landmarks (Han et al. 2020,
@@ -58,10 +211,15 @@ def comparable_parameters(
     sketch_dim = check_int(sketch_dim, "sketch_dim", minimum=1)
     degree = check_int(degree, "degree", minimum=0)
     return {
-        "polyts": {"sketch_dim": sketch_dim, "degree": degree},
-        "rff": {"n_features": max(1, sketch_dim * degree)},
-        "nystrom": {"n_landmarks": max(1, math.ceil(max(math.sqrt(degree * sketch_dim), degree)))},
+        name: record.paper_cost(sketch_dim, degree)
+        for name, record in sorted(_REGISTRY.items())
+        if record.paper_cost is not None
     }
+
+
+def paper_nystrom_landmarks(sketch_dim: int, degree: int) -> int:
+    """``s = ceil(max(sqrt(r m), r))``: the paper's Nystrom rank for a sketch ``(m, r)``."""
+    return max(1, math.ceil(max(math.sqrt(degree * sketch_dim), degree)))
 
 
 def make_kernel(
@@ -72,6 +230,7 @@ def make_kernel(
     *,
     rng: Any = None,
     dtype: Any = np.float64,
+    rank: int | None = None,
     **params: Any,
 ):
     """Build the Gibbs-kernel operator ``exp(-||x - y||^2 / reg)`` of a backend.
@@ -85,43 +244,66 @@ def make_kernel(
     reg : float
         Entropic regularisation (> 0); ``K = exp(-M / reg)`` as in POT.
     backend : str, default='polyts'
-        One of :func:`available_backends`: ``'exact'``, ``'rff'``, ``'nystrom'``, ``'polyts'``.
+        One of :func:`available_backends`.
     rng : None, int, Generator, ...
         Randomness of the approximation (``numpy.random.default_rng`` semantics).
     dtype : numpy.float64 or numpy.float32
         Precision of the stored kernel or factors.
+    rank : int, optional
+        Number of features, for every low-rank backend (it sets the backend's own rank
+        parameter: ``n_features``, ``n_landmarks``, ...); not with an explicit value of that
+        parameter.
     **params
-        Backend parameters: ``rff``: ``n_features``; ``nystrom``: ``n_landmarks``,
-        ``landmarks``; ``polyts``: ``sketch_dim``, ``degree``, ``coreset_size``,
-        ``coefficients``, ``regularizer``, ``center``; ``exact``: ``max_dense_bytes``.
+        Backend parameters (see ``sketchot.get_backend(name).defaults``).
 
     Returns
     -------
     KernelOperator
-        With ``build_time`` set to the seconds the build took.
+        With ``info.build_time`` set.
     """
     X = check_matrix(X, "X")
     Y = check_matrix(Y, "Y", n_features=X.shape[1], feature_name="X")
     reg = check_float(reg, "reg", positive=True)
+    geometry = GibbsGeometry(X, Y, reg)
+    return build_kernel(geometry, backend, rng=rng, dtype=dtype, rank=rank, **params)
+
+
+def build_kernel(
+    geometry: GibbsGeometry,
+    backend: str,
+    *,
+    rng: Any = None,
+    dtype: Any = np.float64,
+    rank: int | None = None,
+    **params: Any,
+):
+    """:func:`make_kernel` on an already validated geometry."""
     dtype = check_dtype(dtype)
-    builder = _get_builder(backend)
-    accepted = backend_parameters(backend)
-    unknown = sorted(set(params) - set(accepted))
+    record = get_backend(backend)
+    unknown = sorted(set(params) - set(record.defaults))
     if unknown:
+        accepted = ", ".join(record.defaults) or "no parameters"
         raise TypeError(
             f"backend {backend!r} got unexpected parameter(s) {', '.join(map(repr, unknown))}; "
-            f"it accepts: {', '.join(accepted) if accepted else 'no parameters'}"
+            f"it accepts: {accepted}" + (", rank" if record.rank_parameter else "")
+        )
+    if rank is not None:
+        if record.params_for_rank is None:
+            raise TypeError(f"backend {backend!r} has no rank; do not pass rank=")
+        rank = check_int(rank, "rank", minimum=1)
+        if record.rank_parameter in params:
+            raise TypeError(
+                f"pass either rank= or {record.rank_parameter}= to backend {backend!r}, not both"
+            )
+        params = {**record.params_for_rank(rank), **params}
+    if record.memory is not None:
+        n, m = geometry.shape
+        check_fits(
+            record.memory(n, m, geometry.X.shape[1], {**record.defaults, **params}, dtype.itemsize),
+            f"building backend {backend!r} on {n} x {m} points",
+            record.rank_parameter or "the problem size",
         )
     start = time.perf_counter()
-    operator = builder(X, Y, reg, rng=rng, dtype=dtype, **params)
-    operator.build_time = time.perf_counter() - start
+    operator = record.builder(geometry, rng=rng, dtype=dtype, **params)
+    operator.info.build_time = time.perf_counter() - start
     return operator
-
-
-def _get_builder(backend: Any) -> Callable[..., Any]:
-    if not isinstance(backend, str) or backend not in _BUILDERS:
-        raise ValueError(
-            f"backend must be one of {', '.join(map(repr, available_backends()))}; "
-            f"got {describe(backend)}"
-        )
-    return _BUILDERS[backend]

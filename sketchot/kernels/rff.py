@@ -13,15 +13,25 @@ from typing import Any
 import numpy as np
 
 from .._validation import check_int, check_rng
-from .base import LowRankKernel
-from .registry import PAPER_DEGREE, PAPER_SKETCH_DIM, register_backend
+from ..gibbs import GibbsGeometry
+from .base import KernelInfo
+from .lowrank import LowRankKernel
+from .registry import PAPER_DEGREE, PAPER_SKETCH_DIM, _paper_rank, register_backend
 
 
-@register_backend("rff")
+@register_backend(
+    "rff",
+    rank_parameter="n_features",
+    paper_cost=lambda sketch_dim, degree: {"n_features": max(1, _paper_rank(sketch_dim, degree))},
+    signed=True,
+    test_params={"n_features": 40},
+    memory=lambda n, m, d, params, itemsize: (n + m) * params["n_features"] * (8 + itemsize),
+    advice="random features converge slowly (error ~ 1/sqrt(n_features)) and go negative at "
+    "small reg; prefer backend='nystrom' or 'auto'",
+    summary="random Fourier features (Rahimi and Recht 2007)",
+)
 def build_rff(
-    X: np.ndarray,
-    Y: np.ndarray,
-    reg: float,
+    geometry: GibbsGeometry,
     *,
     rng: Any = None,
     dtype: Any = np.float64,
@@ -34,11 +44,11 @@ def build_rff(
     """
     n_features = check_int(n_features, "n_features", minimum=1)
     generator = check_rng(rng)
-    d = X.shape[1]
-    frequencies = generator.normal(scale=np.sqrt(2.0 / reg), size=(d, n_features))
+    d = geometry.X.shape[1]
+    frequencies = generator.normal(scale=np.sqrt(2.0 / geometry.reg), size=(d, n_features))
     phases = generator.uniform(0.0, 2.0 * np.pi, size=n_features)
     amplitude = np.sqrt(2.0 / n_features)
-    center = (X.sum(axis=0) + Y.sum(axis=0)) / (X.shape[0] + Y.shape[0])
+    center = geometry.center
 
     def feature_map(points: np.ndarray) -> np.ndarray:
         # Centred coordinates keep the cosine arguments small; the kernel is unchanged.
@@ -49,14 +59,11 @@ def build_rff(
         return features.astype(dtype, copy=False)
 
     return LowRankKernel(
-        X,
-        Y,
-        reg,
-        feature_map(X),
-        feature_map(Y),
+        geometry,
+        KernelInfo("rff", {"n_features": n_features}),
+        feature_map(geometry.X),
+        feature_map(geometry.Y),
         left_map=feature_map,
         right_map=feature_map,
-        backend="rff",
         dtype=dtype,
-        params={"n_features": n_features},
     )

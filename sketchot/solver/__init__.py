@@ -1,21 +1,33 @@
-"""Sinkhorn solver: depends only on the kernel-operator interface."""
+"""Sinkhorn solver: owns the iteration; reaches kernels only through the operator contract."""
 
-from .result import LazyPlan, SinkhornResult, TrueKernelCheck
-from .safeguard import (
-    SAFEGUARD_POLICIES,
+from .errors import (
+    AccuracyWarning,
+    InvalidResultError,
+    InvalidResultWarning,
     KernelSafeguardWarning,
     NonPositiveKernelError,
 )
-from .sinkhorn import sinkhorn, sinkhorn2, sinkhorn_kernel
+from .options import SAFEGUARD_POLICIES, SolverOptions
+from .plans import LazyPlan, PlanSummary, TrueKernelCheck, plan_summary, true_kernel_check
+from .result import SinkhornResult
+from .sinkhorn import check_backend_params, sinkhorn, sinkhorn2, sinkhorn_kernel
 
 __all__ = [
     "SAFEGUARD_POLICIES",
+    "AccuracyWarning",
+    "InvalidResultError",
+    "InvalidResultWarning",
     "KernelSafeguardWarning",
     "LazyPlan",
     "NonPositiveKernelError",
+    "PlanSummary",
     "SinkhornResult",
+    "SolverOptions",
     "TrueKernelCheck",
+    "check_backend_params",
+    "plan_summary",
     "sinkhorn",
     "sinkhorn2",
     "sinkhorn_kernel",
+    "true_kernel_check",
 ]

@@ -11,87 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import check_int, check_rng
+from .._validation import check_bool, check_int, check_matrix, check_rng
 from ..kernels import KernelOperator
-from ..kernels.base import DEFAULT_MAX_DENSE_BYTES
-
-
-class LazyPlan:
-    """The plan ``P = diag(u) K diag(v)`` without its ``n x m`` array.
-
-    Products cost two kernel applications; rows are computed on demand; :meth:`to_dense`
-    is only for small problems.
-    """
-
-    def __init__(self, kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray) -> None:
-        self.kernel = kernel
-        self._log_u = log_u
-        self._log_v = log_v
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.kernel.shape
-
-    def matvec(self, x: Any) -> np.ndarray:
-        """``P x``."""
-        x = self.kernel._check_operand(x, self.shape[1], "x", vector=True)
-        return self.kernel.plan_matmat(self._log_u, self._log_v, x)
-
-    def rmatvec(self, y: Any) -> np.ndarray:
-        """``P^T y``."""
-        y = self.kernel._check_operand(y, self.shape[0], "y", vector=True)
-        return self.kernel.plan_rmatmat(self._log_u, self._log_v, y)
-
-    def matmat(self, X: Any) -> np.ndarray:
-        """``P X`` for ``X`` of shape (m, k)."""
-        X = self.kernel._check_operand(X, self.shape[1], "X", vector=False)
-        return self.kernel.plan_matmat(self._log_u, self._log_v, X)
-
-    def rmatmat(self, Y: Any) -> np.ndarray:
-        """``P^T Y`` for ``Y`` of shape (n, k)."""
-        Y = self.kernel._check_operand(Y, self.shape[0], "Y", vector=False)
-        return self.kernel.plan_rmatmat(self._log_u, self._log_v, Y)
-
-    def rows(self, index: Any) -> np.ndarray:
-        """Dense rows ``P[index, :]``."""
-        return self.kernel.plan_rows(self._log_u, self._log_v, index)
-
-    def to_dense(self, max_bytes: int = DEFAULT_MAX_DENSE_BYTES) -> np.ndarray:
-        """The whole plan (refuses above ``max_bytes``)."""
-        n, m = self.shape
-        if n * m * 8 > max_bytes:
-            raise MemoryError(
-                f"the dense plan would take {n * m * 8 / 2**20:.0f} MiB > max_bytes={max_bytes}; "
-                "use matvec, matmat or rows instead"
-            )
-        return self.rows(np.arange(n))
-
-
-@dataclass(frozen=True)
-class TrueKernelCheck:
-    """L1 marginal errors of the scalings against the EXACT kernel, estimated from samples.
-
-    ``error_a`` estimates ``||u * (K v) - a||_1`` with the true ``K`` from ``n_rows`` sampled
-    rows (scaled by ``n / n_rows``); ``error_b`` likewise for ``||v * (K^T u) - b||_1``.
-    ``relative_*`` divide by the total mass. ``exhaustive`` is True when every row and column
-    was used (the values are then exact, not estimates).
-    """
-
-    error_a: float
-    error_b: float
-    relative_a: float
-    relative_b: float
-    n_rows: int
-    n_cols: int
-    exhaustive: bool
-
-    def __str__(self) -> str:
-        kind = "exact" if self.exhaustive else f"sampled {self.n_rows} rows / {self.n_cols} cols"
-        return (
-            f"true-kernel L1 marginal errors ({kind}): a {self.error_a:.3e} "
-            f"(relative {self.relative_a:.2e}), b {self.error_b:.3e} "
-            f"(relative {self.relative_b:.2e})"
-        )
+from .plans import LazyPlan, TrueKernelCheck, barycentric, sample_indices, true_kernel_check
 
 
 @dataclass
@@ -154,6 +76,23 @@ class SinkhornResult:
     timings: dict[str, float]
     error_history: list[tuple[int, float]] = field(default_factory=list)
     true_kernel: TrueKernelCheck | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def backend(self) -> str:
+        """Name of the backend whose kernel the iterations used."""
+        return self.kernel.info.backend
+
+    @property
+    def accuracy_met(self) -> bool | None:
+        """Whether the true-kernel check's upper bound meets ``accuracy`` (``None``: not
+        checked)."""
+        target = self.options.get("accuracy")
+        if target is None or self.true_kernel is None:
+            return None
+        return bool(self.true_kernel.bound <= target)
 
     # ---------------------------------------------------------------- values
     @property
@@ -231,14 +170,22 @@ class SinkhornResult:
         Rows with a non-positive approximate denominator are recomputed with the exact kernel;
         ``return_fallbacks=True`` also returns how many.
         """
-        mapped, fallbacks = self.kernel.barycentric(X_new, self.potentials[1], self.kernel.Y)
+        return_fallbacks = check_bool(return_fallbacks, "return_fallbacks")
+        g = self.kernel.geometry
+        mapped, fallbacks = barycentric(
+            self.kernel, _points(X_new, g, "X_new"), self.potentials[1], g.Y
+        )
         return (mapped, fallbacks) if return_fallbacks else mapped
 
     def inverse_barycentric_map(
         self, Y_new: Any = None, *, return_fallbacks: bool = False
     ) -> np.ndarray | tuple[np.ndarray, int]:
         """Barycentric projection of target points onto the source cloud ``X``."""
-        mapped, fallbacks = self.kernel.rbarycentric(Y_new, self.potentials[0], self.kernel.X)
+        return_fallbacks = check_bool(return_fallbacks, "return_fallbacks")
+        g = self.kernel.geometry
+        mapped, fallbacks = barycentric(
+            self.kernel, _points(Y_new, g, "Y_new"), self.potentials[0], g.X, transpose=True
+        )
         return (mapped, fallbacks) if return_fallbacks else mapped
 
     # ------------------------------------------------------------------ check
@@ -253,31 +200,19 @@ class SinkhornResult:
         n_samples = check_int(n_samples, "n_samples", minimum=1)
         generator = check_rng(rng)
         n, m = self.kernel.shape
-        return self._check_on(_sample(n, n_samples, generator), _sample(m, n_samples, generator))
-
-    def _check_on(self, rows: np.ndarray, cols: np.ndarray) -> TrueKernelCheck:
-        """The true-kernel check on given rows and columns (scaled up to all of them)."""
-        log_u, log_v = self.potentials
-        n, m = self.kernel.shape
-        with np.errstate(over="ignore", invalid="ignore"):
-            row_mass = np.exp(log_u[rows] + self.kernel.exact_log_rows_matvec(rows, log_v))
-            col_mass = np.exp(log_v[cols] + self.kernel.exact_log_cols_rmatvec(cols, log_u))
-        error_a = float(np.abs(row_mass - self.a[rows]).sum() * n / rows.size)
-        error_b = float(np.abs(col_mass - self.b[cols]).sum() * m / cols.size)
-        return TrueKernelCheck(
-            error_a,
-            error_b,
-            error_a / self.a.sum(),
-            error_b / self.b.sum(),
-            int(rows.size),
-            int(cols.size),
-            rows.size == n and cols.size == m,
+        return true_kernel_check(
+            self.kernel,
+            self.a,
+            self.b,
+            *self.potentials,
+            sample_indices(n, n_samples, generator),
+            sample_indices(m, n_samples, generator),
         )
 
     def __repr__(self) -> str:
         err_a, err_b = self.marginal_errors
         return (
-            f"SinkhornResult(backend={self.kernel.backend!r}, shape={self.kernel.shape}, "
+            f"SinkhornResult(backend={self.backend!r}, shape={self.kernel.shape}, "
             f"reg={self.reg:g}, n_iter={self.n_iter}, converged={self.converged}, "
             f"value_linear={self.value_linear:.6g}, marginal_errors=({err_a:.2e}, "
             f"{err_b:.2e}))"
@@ -290,14 +225,10 @@ def _masked_dot(weights: np.ndarray, logs: np.ndarray) -> float:
     return float(weights[mask] @ logs[mask])
 
 
-def strided_sample(size: int, n_samples: int) -> np.ndarray:
-    """``n_samples`` evenly spaced indices of ``range(size)`` (all of them if fewer)."""
-    if n_samples >= size:
-        return np.arange(size)
-    return np.unique(np.linspace(0, size - 1, n_samples).astype(np.int64))
-
-
-def _sample(size: int, n_samples: int, generator: np.random.Generator) -> np.ndarray:
-    if n_samples >= size:
-        return np.arange(size)
-    return np.sort(generator.choice(size, size=n_samples, replace=False))
+def _points(points: Any, geometry: Any, name: str) -> np.ndarray | None:
+    """New points checked against the fitted clouds' dimension (``None`` passes through)."""
+    if points is None:
+        return None
+    return check_matrix(
+        points, name, n_features=geometry.X.shape[1], feature_name="the fitted points"
+    )

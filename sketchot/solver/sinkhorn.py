@@ -5,12 +5,14 @@ For weights ``a`` (n) and ``b`` (m) and the Gibbs kernel ``K = exp(-M / reg)``,
 
 .. math:: v \\leftarrow b \\oslash K^\\top u, \\qquad u \\leftarrow a \\oslash K v
 
-(POT's order and start ``u = 1/n``, ``v = 1/m``) converges to the scalings of the entropic
-plan ``P = diag(u) K diag(v)``. The solver only calls the operator interface; every
-iteration is two fused sweeps (one over each factor of a low-rank kernel), so it costs
-``O((n + m) r)`` for rank-``r`` backends. The L2 error of the column marginal is checked every
-``check_every`` iterations, as POT does. For the exact kernel at small ``reg`` the same
-iteration runs on log-scalings with log-sum-exp (``log_domain``), which never underflows.
+(POT's order and start ``u = 1/n``, ``v = 1/m``) converges to the scalings of the entropic plan
+``P = diag(u) K diag(v)``. The solver owns the iteration: each half-step is one fused pass of
+the operator (``K = L R^T``; the pass returns the denominators, the ratios and the next
+projection, plus a mask of bad denominators), the solver repairs, clips or raises on bad
+entries (:mod:`~sketchot.solver.safeguard`), switches an exact kernel to log-stable iterations
+when it underflows, checks convergence every ``check_every`` iterations (L2 column-marginal
+error, as POT), and finally checks the scalings against the TRUE kernel (the ``accuracy``
+contract) and refuses impossible results.
 """
 
 from __future__ import annotations
@@ -21,60 +23,44 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import (
-    check_choice,
-    check_float,
-    check_int,
-    check_matrix,
-    check_weights,
-    describe,
-)
-from ..kernels import KernelOperator, make_kernel
-from ..gibbs import sq_norms
-from .result import SinkhornResult, strided_sample
-from .safeguard import (
-    ACCURACY_PARAMETER,
-    SAFEGUARD_POLICIES,
-    KernelSafeguardWarning,
-    LogDomainNeededError,
-    Safeguard,
-)
+from .._validation import check_float, check_matrix, check_rng, check_weights, describe
+from ..gibbs import GibbsGeometry
+from ..kernels import KernelOperator, build_kernel, get_backend
+from .advice import advise
+from .errors import AccuracyWarning, InvalidResultError, InvalidResultWarning
+from .options import SolverOptions
+from .plans import TrueKernelCheck, plan_summary, sample_indices, true_kernel_check
+from .result import SinkhornResult
+from .safeguard import Safeguard
 
-# With the exact kernel, the multiplicative iteration is used while the largest cost over reg
-# stays below this (kernel entries and scalings then stay within float64 range, e^±500);
-# beyond it, or after an underflow, 'auto' switches to the log domain.
+# With an exact kernel, the multiplicative iteration is used while the largest cost over reg
+# stays below this (kernel entries and scalings then stay within float64 range, e^+-500).
 LOG_DOMAIN_THRESHOLD = 500.0
 
-# float32 products carry relative errors ~1e-7 per entry, so a column-marginal error below
-# this fraction of ||b||_2 is unreachable (measured: float32 iterations stall around 1e-7).
+# float32 products carry relative errors ~1e-7 per entry: a column-marginal error below this
+# fraction of ||b||_2 is unreachable.
 FLOAT32_RELATIVE_TOL = 1e-6
 
-# Relative tolerance on sum(a) == sum(b).
+# Masses that differ by less than this (relative) are treated as equal; b is then rescaled to
+# a's mass so that tol stays reachable.
 MASS_RTOL = 1e-6
 
-# The automatic true-kernel check warns above this relative L1 marginal error. Working
-# approximations measured 1e-6..2e-2 at reg = 1 on colours; broken ones 0.1..1e10.
-TRUE_KERNEL_RTOL = 0.05
+# The true-kernel check uses every row and column up to this many kernel entries (it is then
+# exact), this many sampled rows and columns otherwise.
+EXHAUSTIVE_CHECK_ENTRIES = 4_000_000
+SAMPLED_CHECK_SIZE = 256
 
 
 def sinkhorn(
     a: Any,
     b: Any,
     X: Any,
-    Y: Any,
+    Y: Any = None,
     reg: float = 1.0,
     backend: str = "polyts",
-    max_iter: int = 1000,
-    tol: float = 1e-9,
-    rng: Any = None,
-    verbose: bool = False,
     *,
-    safeguard: str = "exact",
-    log_domain: bool | str = "auto",
-    check_every: int = 10,
-    warn: bool = True,
-    true_kernel_samples: int = 16,
-    **backend_params: Any,
+    rng: Any = None,
+    **kwargs: Any,
 ) -> SinkhornResult:
     """Entropic optimal transport between two point clouds with a pluggable Gibbs kernel.
 
@@ -91,39 +77,19 @@ def sinkhorn(
     X : array-like, shape (n, d)
         Source points (integer arrays such as pixels are converted to float).
     Y : array-like, shape (m, d)
-        Target points.
+        Target points. sketchot takes point clouds; for a precomputed cost matrix use POT's
+        ``ot.sinkhorn(a, b, M, reg)``.
     reg : float, default=1.0
         Entropic regularisation (> 0). The paper's ``gamma`` is ``1 / reg``.
-    backend : {'polyts', 'nystrom', 'rff', 'exact'}, default='polyts'
-        How ``K`` is represented (see :func:`sketchot.make_kernel`).
-    max_iter : int, default=1000
-    tol : float, default=1e-9
-        Stop when the L2 column-marginal error ``||v * K^T u - b||_2`` is below ``tol``
-        (POT's criterion). With ``dtype=numpy.float32`` it is raised to what float32 resolves
-        (``1e-6 ||b||_2``), with a warning.
+    backend : str, default='polyts'
+        A registered backend (:func:`sketchot.available_backends`).
     rng : None, int, Generator, ...
-        Randomness of the approximate backends.
-    verbose : bool, default=False
-        Print the build, the marginal error at every check, and the true-kernel check.
-    safeguard : {'exact', 'clip', 'raise'}, default='exact'
-        What to do with non-positive or non-finite ``K~ v`` / ``K~^T u`` entries
-        (see :mod:`sketchot.solver.safeguard`).
-    log_domain : {'auto', True, False}, default='auto'
-        Log-domain (stabilised) iterations; only for ``backend='exact'``. ``'auto'`` uses them
-        when ``max M / reg`` exceeds 500 or when the multiplicative iteration underflows.
-    check_every : int, default=10
-        Iterations between convergence checks (the first iteration is always checked).
-    warn : bool, default=True
-        Warn when the solver does not converge, when the safeguard had to act, or when the
-        true-kernel check of an approximate backend fails.
-    true_kernel_samples : int, default=16
-        After the solve, an approximate backend's scalings are checked against the EXACT
-        kernel on this many evenly spaced rows and columns (``O(samples (n + m) d)``; stored
-        in ``result.true_kernel``), with a warning when the estimated relative L1 marginal
-        error exceeds 5%: a solver can converge perfectly on a wrong kernel. 0 skips it.
-    **backend_params
-        Backend parameters and ``dtype`` (``n_features``; ``n_landmarks``; ``sketch_dim``,
-        ``degree``, ``coreset_size``, ``coefficients``; ``max_dense_bytes``).
+        Randomness of the approximate backends and of the sampled true-kernel check.
+    **kwargs
+        Solver options (:class:`~sketchot.solver.SolverOptions`: ``max_iter``, ``tol``,
+        ``check_every``, ``safeguard``, ``log_domain``, ``accuracy``, ``true_kernel_samples``,
+        ``errors``, ``warn``, ``verbose``), ``dtype``, ``rank``, and the backend's parameters
+        (``sketchot.get_backend(backend).defaults``). Anything else is rejected.
 
     Returns
     -------
@@ -131,133 +97,163 @@ def sinkhorn(
 
     Notes
     -----
-    Time per iteration: ``O((n + m) r)`` for low-rank backends, ``O(n m)`` for the exact one
-    (``O(n m d)`` when streamed). Memory: ``O((n + m) r)`` for low-rank backends.
+    Time per iteration: ``O((n + m) r)`` for rank-``r`` backends, ``O(n m)`` for the exact one
+    (``O(n m d)`` when streamed). Memory ``O((n + m) r)`` for low-rank backends.
 
     Examples
     --------
     >>> import numpy as np, sketchot
     >>> rng = np.random.default_rng(0)
     >>> X, Y = rng.random((500, 3)), rng.random((400, 3))
-    >>> res = sketchot.sinkhorn(None, None, X, Y, reg=1.0, backend="polyts", rng=0)
-    >>> bool(res.converged)
-    True
+    >>> res = sketchot.sinkhorn(None, None, X, Y, reg=1.0, backend="nystrom", rank=50, rng=0)
+    >>> bool(res.converged), res.backend, bool(res.accuracy_met)
+    (True, 'nystrom', True)
     """
-    X = check_matrix(X, "X")
-    Y = check_matrix(Y, "Y", n_features=X.shape[1], feature_name="X")
-    a, b = check_marginals(a, b, X.shape[0], Y.shape[0])
-    reg = check_float(reg, "reg", positive=True)
-    kernel = make_kernel(X, Y, reg, backend, rng=rng, **backend_params)
-    if verbose:
-        print(f"sketchot.sinkhorn: built {kernel!r} in {kernel.build_time:.3f} s")
-    return sinkhorn_kernel(
-        a,
-        b,
-        kernel,
-        max_iter=max_iter,
-        tol=tol,
-        verbose=verbose,
-        safeguard=safeguard,
-        log_domain=log_domain,
-        check_every=check_every,
-        warn=warn,
-        rng=rng,
-    )
+    options, backend_params = SolverOptions.split(kwargs)
+    check_backend_params("sinkhorn", backend, backend_params)
+    geometry = check_problem(X, Y, reg)
+    a, b, notes = check_marginals(a, b, *geometry.shape)
+    kernel = build_kernel(geometry, backend, rng=rng, **backend_params)
+    if options.verbose:
+        print(f"sketchot.sinkhorn: built {kernel!r} in {kernel.info.build_time:.3f} s")
+    return solve(a, b, kernel, options, rng=rng, notes=notes)
 
 
 def sinkhorn2(
-    a: Any, b: Any, X: Any, Y: Any, reg: float = 1.0, backend: str = "polyts", **kwargs: Any
+    a: Any, b: Any, X: Any, Y: Any = None, reg: float = 1.0, backend: str = "polyts", **kwargs: Any
 ) -> float:
     """``<P, M>`` of :func:`sinkhorn`'s plan (POT's ``sinkhorn2`` convention); same arguments."""
     return sinkhorn(a, b, X, Y, reg, backend, **kwargs).value_linear
 
 
-def check_marginals(a: Any, b: Any, n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """Validate ``a`` and ``b`` against the point counts and each other's total mass."""
+def check_backend_params(caller: str, backend: str, params: dict[str, Any]) -> None:
+    """Reject keyword arguments that are neither solver options nor the backend's parameters,
+    naming everything the caller accepts."""
+    record = get_backend(backend)
+    accepted = set(record.defaults) | {"dtype"} | ({"rank"} if record.params_for_rank else set())
+    unknown = sorted(set(params) - accepted)
+    if unknown:
+        raise TypeError(
+            f"{caller}() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
+            f"solver options: {', '.join(SolverOptions.names())}; backend {backend!r} "
+            f"parameters: {', '.join(sorted(accepted))}"
+        )
+
+
+def check_problem(X: Any, Y: Any, reg: Any) -> GibbsGeometry:
+    """Validate the clouds and ``reg`` once; return their geometry."""
+    if Y is None or np.ndim(Y) == 0:
+        shape = getattr(X, "shape", None)
+        raise TypeError(
+            "sketchot.sinkhorn(a, b, X, Y, reg) takes two point clouds X (n, d) and Y (m, d); "
+            f"got X={describe(X) if shape is None else f'shape {shape}'} and "
+            f"Y={describe(Y)}. For a precomputed cost matrix M use POT: ot.sinkhorn(a, b, M, reg)"
+        )
+    X = check_matrix(X, "X")
+    Y = check_matrix(Y, "Y", n_features=X.shape[1], feature_name="X")
+    reg = check_float(reg, "reg", positive=True)
+    return GibbsGeometry(X, Y, reg)
+
+
+def check_marginals(a: Any, b: Any, n: int, m: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Validated weights; ``b`` rescaled to ``a``'s mass when they differ by rounding only."""
     a = check_weights(a, "a", n, "X")
     b = check_weights(b, "b", m, "Y")
-    if not np.isclose(a.sum(), b.sum(), rtol=MASS_RTOL, atol=0.0):
+    notes = []
+    mass_a, mass_b = a.sum(), b.sum()
+    if not np.isclose(mass_a, mass_b, rtol=MASS_RTOL, atol=0.0):
         raise ValueError(
             f"a and b must have the same total mass (balanced transport); got sum(a) = "
-            f"{a.sum():.8g} and sum(b) = {b.sum():.8g}"
+            f"{mass_a:.8g} and sum(b) = {mass_b:.8g}"
         )
-    return a, b
+    if mass_a != mass_b:
+        b = b * (mass_a / mass_b)
+        notes.append(f"b was rescaled by {mass_a / mass_b:.12g} to the mass of a")
+    return a, b, notes
 
 
-def sinkhorn_kernel(
-    a: Any,
-    b: Any,
-    kernel: KernelOperator,
-    *,
-    max_iter: int = 1000,
-    tol: float = 1e-9,
-    verbose: bool = False,
-    safeguard: str = "exact",
-    log_domain: bool | str = "auto",
-    check_every: int = 10,
-    warn: bool = True,
-    rng: Any = None,
-    true_kernel_samples: int = 16,
-) -> SinkhornResult:
+def sinkhorn_kernel(a: Any, b: Any, kernel: KernelOperator, **kwargs: Any) -> SinkhornResult:
     """Sinkhorn-Knopp on a prebuilt :class:`~sketchot.kernels.KernelOperator`.
 
-    Same options as :func:`sinkhorn`; use it to solve several problems with one kernel.
-    ``rng`` only draws the rows of the true-kernel check printed when ``verbose``.
+    Same solver options as :func:`sinkhorn` (and ``rng`` for the sampled check); use it to
+    solve several problems with one kernel.
     """
     if not isinstance(kernel, KernelOperator):
         raise TypeError(f"kernel must be a sketchot KernelOperator; got {describe(kernel)}")
-    a, b = check_marginals(a, b, *kernel.shape)
-    max_iter = check_int(max_iter, "max_iter", minimum=1)
-    tol = check_float(tol, "tol", positive=True)
-    check_every = check_int(check_every, "check_every", minimum=1)
-    true_kernel_samples = check_int(true_kernel_samples, "true_kernel_samples", minimum=0)
-    check_choice(safeguard, "safeguard", SAFEGUARD_POLICIES)
-    if log_domain not in ("auto", True, False):
-        raise ValueError(f"log_domain must be 'auto', True or False; got {describe(log_domain)}")
-    if log_domain is True and not kernel.is_exact:
+    rng = kwargs.pop("rng", None)
+    options = SolverOptions(**kwargs)
+    a, b, notes = check_marginals(a, b, *kernel.shape)
+    return solve(a, b, kernel, options, rng=rng, notes=notes)
+
+
+def solve(
+    a: np.ndarray,
+    b: np.ndarray,
+    kernel: KernelOperator,
+    options: SolverOptions,
+    *,
+    rng: Any = None,
+    notes: list[str] | None = None,
+) -> SinkhornResult:
+    """The solve on validated inputs: iterations, summary, checks."""
+    exact = "exact" in kernel.info.capabilities
+    if options.log_domain is True and not exact:
         raise ValueError(
-            f"log_domain=True needs the exact kernel (backend='exact'); backend "
-            f"{kernel.backend!r} only offers products with an approximate kernel"
+            f"log_domain=True needs a kernel with the 'exact' capability; backend "
+            f"{kernel.info.backend!r} only offers products with an approximate kernel"
         )
+    tol = options.tol
     if kernel.dtype == np.float32:
-        floor = FLOAT32_RELATIVE_TOL * float(np.linalg.norm(b))
+        floor = FLOAT32_RELATIVE_TOL * _norm(b)
         if tol < floor:
-            if warn:
+            if options.warn:
                 warnings.warn(
                     f"tol={tol:g} is below what float32 kernels resolve; using tol={floor:.3g} "
-                    f"(1e-6 ||b||_2). Pass dtype=numpy.float64 for tighter tolerances.",
+                    "(1e-6 ||b||_2). Pass dtype=numpy.float64 for tighter tolerances.",
                     UserWarning,
-                    stacklevel=2,
+                    stacklevel=3,
                 )
             tol = floor
-
-    use_log = kernel.is_exact and (
-        log_domain is True
-        or (log_domain == "auto" and _max_cost(kernel) / kernel.reg > LOG_DOMAIN_THRESHOLD)
+    printer = _Printer(options.verbose)
+    geometry = kernel.geometry
+    use_log = exact and (
+        options.log_domain is True
+        or (
+            options.log_domain == "auto"
+            and geometry.max_cost() / geometry.reg > LOG_DOMAIN_THRESHOLD
+        )
     )
-    guard = Safeguard(kernel, safeguard, switch_to_log=kernel.is_exact and log_domain == "auto")
-    printer = _Printer(verbose)
+    guard = Safeguard(kernel, options.safeguard)
     start = time.perf_counter()
+    state = None
     if not use_log:
-        try:
-            state = _multiplicative(kernel, a, b, max_iter, tol, check_every, guard, printer)
-        except LogDomainNeededError:
+        state = _multiplicative(
+            kernel,
+            a,
+            b,
+            options,
+            tol,
+            guard,
+            printer,
+            stop_on_bad=exact and options.log_domain == "auto",
+        )
+        if state is None:
             printer.say("the exact kernel underflowed: restarting in the log domain")
             use_log = True
     if use_log:
-        state = _log_domain(kernel, a, b, max_iter, tol, check_every, printer)
+        state = _log_domain(kernel, a, b, options, tol, printer)
     elapsed = time.perf_counter() - start
 
     log_u, log_v, n_iter, converged, history = state
-    summary = kernel.plan_summary(log_u, log_v)
-    final_error = float(np.linalg.norm(summary.col_marginal - b))
+    summary = plan_summary(kernel, log_u, log_v)
+    final_error = _norm(summary.col_marginal - b)
     if not converged and final_error < tol:
         converged = True  # the last iterate met tol between two scheduled checks
     result = SinkhornResult(
         kernel=kernel,
         a=a,
         b=b,
-        reg=kernel.reg,
+        reg=geometry.reg,
         potentials=(log_u, log_v),
         n_iter=n_iter,
         converged=converged,
@@ -266,104 +262,176 @@ def sinkhorn_kernel(
         value_linear=summary.cost,
         mass=summary.mass,
         log_domain=use_log,
-        safeguard={"policy": safeguard, **guard.counts},
+        safeguard={"policy": options.safeguard, **guard.counts},
         timings={
-            "build": kernel.build_time,
+            "build": kernel.info.build_time,
             "iterations": elapsed,
             "per_iteration": elapsed / max(n_iter, 1),
         },
         error_history=history,
+        options=options.as_dict(),
+        notes=list(notes or []),
     )
-    if true_kernel_samples and not kernel.is_exact:
-        result.true_kernel = result._check_on(
-            strided_sample(kernel.shape[0], true_kernel_samples),
-            strided_sample(kernel.shape[1], true_kernel_samples),
-        )
-    if warn:
+    if options.accuracy is not None:
+        result.true_kernel = _check_true_kernel(result, options, rng)
+    _refuse_impossible(result, options)
+    if options.warn:
         guard.warn(n_iter)
-        check = result.true_kernel
-        if check is not None and not max(check.relative_a, check.relative_b) <= TRUE_KERNEL_RTOL:
-            warnings.warn(
-                f"backend {kernel.backend!r}: against the exact kernel the scalings miss the "
-                f"marginals by {_relative(check.relative_a)} (a) and "
-                f"{_relative(check.relative_b)} (b) of the mass (estimated on {check.n_rows} "
-                f"rows and {check.n_cols} columns), whatever the solver reports for its own "
-                f"kernel: the approximation is too coarse at reg={kernel.reg:g}; increase "
-                f"{ACCURACY_PARAMETER.get(kernel.backend, 'the rank')} or reg, or use "
-                "backend='nystrom' or 'exact'.",
-                KernelSafeguardWarning,
-                stacklevel=2,
-            )
+        _warn_accuracy(result, options)
         if not converged:
             warnings.warn(
-                f"Sinkhorn did not converge in {max_iter} iterations (column-marginal error "
-                f"{final_error:.3e} > tol={tol:g}); increase max_iter or reg.",
+                f"Sinkhorn did not converge in {options.max_iter} iterations (column-marginal "
+                f"error {final_error:.3e} > tol={tol:g}); increase max_iter or reg.",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
-    if verbose:
-        printer.summary(result, rng)
+    if options.verbose:
+        printer.summary(result)
     return result
 
 
-def _multiplicative(kernel, a, b, max_iter, tol, check_every, guard, printer):
-    """Kernel-space iterations in POT's order, two fused sweeps per iteration."""
+def _norm(x: np.ndarray) -> float:
+    """L2 norm that does not overflow for huge masses (scaled by the largest entry)."""
+    scale = float(np.max(np.abs(x))) if x.size else 0.0
+    if not np.isfinite(scale):
+        return scale
+    if scale == 0.0:
+        return 0.0
+    return scale * float(np.linalg.norm(x / scale))
+
+
+def _check_true_kernel(result: SinkhornResult, options: SolverOptions, rng: Any):
+    n, m = result.kernel.shape
+    if "exact" in result.kernel.info.capabilities:
+        # The plan's own marginals are the true-kernel check, exactly and at no cost.
+        mass = float(result.a.sum())
+        err_a, err_b = result.marginal_errors
+        return TrueKernelCheck(
+            err_a, err_b, err_a / mass, err_b / mass, n, m, True, err_a / mass, err_b / mass
+        )
+    samples = options.true_kernel_samples
+    if samples == "auto":
+        samples = max(n, m) if n * m <= EXHAUSTIVE_CHECK_ENTRIES else SAMPLED_CHECK_SIZE
+    generator = check_rng(rng)
+    return true_kernel_check(
+        result.kernel,
+        result.a,
+        result.b,
+        *result.potentials,
+        sample_indices(n, samples, generator),
+        sample_indices(m, samples, generator),
+    )
+
+
+def _refuse_impossible(result: SinkhornResult, options: SolverOptions) -> None:
+    """Negative or non-finite cost or mass is never returned as an ordinary number."""
+    problems = []
+    if not np.isfinite(result.value_linear) or result.value_linear < 0:
+        problems.append(f"transport cost <P, M> = {result.value_linear:.6g}")
+    if not np.isfinite(result.mass) or result.mass <= 0:
+        problems.append(f"plan mass = {result.mass:.6g}")
+    for name, marginal in zip(("row", "column"), result.marginals, strict=True):
+        if not np.all(np.isfinite(marginal)) or marginal.min() < 0:
+            problems.append(f"{name} marginals with negative or non-finite entries")
+    if not problems:
+        return
+    message = (
+        f"backend {result.backend!r} at reg={result.reg:g} gave an impossible result: "
+        f"{'; '.join(problems)}. {advise(result)}"
+    )
+    if options.errors == "raise":
+        raise InvalidResultError(message + " Pass errors='warn' to get the result anyway.")
+    warnings.warn(message, InvalidResultWarning, stacklevel=4)
+
+
+def _warn_accuracy(result: SinkhornResult, options: SolverOptions) -> None:
+    check = result.true_kernel
+    if check is None or result.accuracy_met:
+        return
+    warnings.warn(
+        f"backend {result.backend!r}: against the exact kernel the scalings miss the "
+        f"marginals by {_relative(check.relative_a)} (a) and {_relative(check.relative_b)} (b) "
+        f"of the mass (upper bound {check.bound:.2g} > accuracy={options.accuracy:g}; "
+        f"{'exact' if check.exhaustive else f'{check.n_rows} sampled rows and columns'}), "
+        f"whatever the solver reports for its own kernel. {advise(result)}",
+        AccuracyWarning,
+        stacklevel=4,
+    )
+
+
+def _multiplicative(kernel, a, b, options, tol, guard, printer, *, stop_on_bad):
+    """Kernel-space iterations in POT's order, one fused pass per half-step.
+
+    Returns ``None`` when ``stop_on_bad`` and a pass reports bad denominators (an exact
+    kernel underflowed: the caller switches to the log domain).
+    """
     n, m = kernel.shape
     u = np.full(n, 1.0 / n)
     v = np.full(m, 1.0 / m)
-    z = kernel.sweep_start(u)
+    z = kernel.project("rows", u)
     history: list[tuple[int, float]] = []
     converged = False
     n_iter = 0
-    for iteration in range(1, max_iter + 1):
-        guard.current = u
-        v_next, y, Ktu = kernel.sweep_right(z, b, guard.cols)
-        # Ktu = K^T u of the previous iteration: its column marginal is free here.
+    check_every = options.check_every
+    for iteration in range(1, options.max_iter + 1):
+        cols = kernel.fused_pass("cols", z, b)
+        # cols.products = K^T u of the previous u: its column marginal is free here.
         if iteration > 1 and (iteration - 2) % check_every == 0:
-            error = float(np.linalg.norm(v * Ktu - b))
+            with np.errstate(over="ignore", invalid="ignore"):
+                error = _norm(v * cols.products - b)
             history.append((iteration - 1, error))
             printer.iteration(iteration - 1, error)
             if error < tol:
                 converged = True
                 break
+        v_next, y = cols.ratios, cols.projection
+        if cols.n_bad:
+            if stop_on_bad:
+                return None
+            v_next, y = guard.apply("cols", cols, b, u)
         v = v_next
-        guard.current = v
-        u, z, _ = kernel.sweep_left(y, a, guard.rows)
+        rows = kernel.fused_pass("rows", y, a)
+        u, z = rows.ratios, rows.projection
+        if rows.n_bad:
+            if stop_on_bad:
+                return None
+            u, z = guard.apply("rows", rows, a, v)
         n_iter = iteration
         if guard.repaired:
-            # Repaired denominators mix the exact and the approximate kernel, so the iteration
-            # no longer conserves mass: v can grow and u shrink geometrically until they
-            # overflow. P = diag(u) K diag(v) is invariant under (u / c, v c): rebalance.
+            # Repaired denominators mix the exact and the approximate kernel, so mass is no
+            # longer conserved and u, v can drift apart geometrically: rebalance (P is
+            # invariant under (u / c, v c)).
             balance = np.sqrt(np.max(u) / np.max(v))
             if np.isfinite(balance) and balance > 0:
-                u /= balance
-                z /= balance
-                v *= balance
+                u, z, v = u / balance, z / balance, v * balance
     with np.errstate(divide="ignore"):
         return np.log(u), np.log(v), n_iter, converged, history
 
 
-def _log_domain(kernel, a, b, max_iter, tol, check_every, printer):
-    """The same iteration on log-scalings with log-sum-exp sweeps (exact kernel only)."""
-    n, m = kernel.shape
+def _log_domain(kernel, a, b, options, tol, printer):
+    """The same iteration on log-scalings with log-sum-exp on the TRUE kernel (geometry)."""
+    g = kernel.geometry
+    n, m = g.shape
+    everything_n, everything_m = slice(None), slice(None)
     with np.errstate(divide="ignore"):
         log_a, log_b = np.log(a), np.log(b)
     log_u = np.full(n, -np.log(n))
     log_v = np.full(m, -np.log(m))
-    log_Ktu = kernel.log_sweep_start(log_u)
+    log_Ktu = g.log_matvec(everything_m, log_u, transpose=True)
     history: list[tuple[int, float]] = []
     converged = False
     n_iter = 0
-    for iteration in range(1, max_iter + 1):
-        if iteration > 1 and (iteration - 2) % check_every == 0:
-            error = float(np.linalg.norm(np.exp(log_v + log_Ktu) - b))
+    for iteration in range(1, options.max_iter + 1):
+        if iteration > 1 and (iteration - 2) % options.check_every == 0:
+            error = _norm(np.exp(log_v + log_Ktu) - b)
             history.append((iteration - 1, error))
             printer.iteration(iteration - 1, error)
             if error < tol:
                 converged = True
                 break
         log_v = np.where(b > 0, log_b - log_Ktu, -np.inf)
-        log_u, log_Ktu, _ = kernel.log_sweep_left(log_v, log_a)
+        log_u = np.where(a > 0, log_a - g.log_matvec(everything_n, log_v), -np.inf)
+        log_Ktu = g.log_matvec(everything_m, log_u, transpose=True)
         n_iter = iteration
     return log_u, log_v, n_iter, converged, history
 
@@ -371,13 +439,6 @@ def _log_domain(kernel, a, b, max_iter, tol, check_every, printer):
 def _relative(value: float) -> str:
     """A relative error as a percentage, or in scientific notation when it is huge."""
     return f"{value:.1%}" if value < 10 else f"{value:.2g}x"
-
-
-def _max_cost(kernel: KernelOperator) -> float:
-    """Upper bound on ``max_ij ||x_i - y_j||^2`` from the centred norms (``O(n + m)``)."""
-    radius_x = np.sqrt(sq_norms(kernel._Xc).max())
-    radius_y = np.sqrt(sq_norms(kernel._Yc).max())
-    return float((radius_x + radius_y) ** 2)
 
 
 class _Printer:
@@ -400,7 +461,7 @@ class _Printer:
             self.header_done = True
         print(f"{iteration:6d} | {error:18.6e} | {time.perf_counter() - self.started:9.3f}")
 
-    def summary(self, result: SinkhornResult, rng: Any) -> None:
+    def summary(self, result: SinkhornResult) -> None:
         err_a, err_b = result.marginal_errors
         print(
             f"sketchot.sinkhorn: {result.status} after {result.n_iter} iterations "
@@ -408,5 +469,5 @@ class _Printer:
             f"{result.timings['build']:.3f} s); <P, M> = {result.value_linear:.6g}; "
             f"L1 marginal errors a {err_a:.2e}, b {err_b:.2e}"
         )
-        if not result.kernel.is_exact:
-            print(f"sketchot.sinkhorn: {result.check_true_kernel(rng=rng)}")
+        if result.true_kernel is not None:
+            print(f"sketchot.sinkhorn: {result.true_kernel}")

@@ -10,7 +10,7 @@ from PIL import Image
 
 import sketchot
 from sketchot.color import (
-    COLOR_BACKEND_DEFAULTS,
+    DEFAULT_COLOR_RANK,
     color_transfer,
     image_pixels,
     map_image,
@@ -131,7 +131,7 @@ def test_color_transfer_accepts_files_and_is_reproducible(tmp_path):
 
 def test_nystrom_default_landmarks_are_capped_by_the_sample_size():
     run = transfer_colors(warm_image(), cool_image(), n_samples=20, rng=0)
-    assert COLOR_BACKEND_DEFAULTS["nystrom"]["n_landmarks"] > 40
+    assert DEFAULT_COLOR_RANK["nystrom"]["n_landmarks"] > 40
     assert run.backend_params == {"n_landmarks": 40, "landmarks": "kcenter"}
     # an explicit value is kept, even a poor one, and the true-kernel check then warns
     with warnings.catch_warnings(record=True) as caught:

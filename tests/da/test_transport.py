@@ -6,7 +6,7 @@ import numpy as np
 import ot
 import pytest
 
-from sketchot.color import SketchSinkhornTransport
+from sketchot.da import SketchSinkhornTransport
 
 
 @pytest.fixture(scope="module")

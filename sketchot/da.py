@@ -22,11 +22,9 @@ from typing import Any
 import numpy as np
 from ot.da import BaseTransport, distribution_estimation_uniform
 
-from .._validation import check_float, check_int, check_matrix, describe
-from ..kernels import available_backends
-from ..solver import SinkhornResult, sinkhorn
-from .images import distinct_colors
-from .transfer import resolve_backend_params
+from ._validation import check_float, check_int, check_matrix, describe
+from .kernels import get_backend
+from .solver import SinkhornResult, SolverOptions, sinkhorn
 
 
 class SketchSinkhornTransport(BaseTransport):
@@ -112,6 +110,7 @@ class SketchSinkhornTransport(BaseTransport):
         safeguard: str = "exact",
         distribution_estimation: Any = distribution_estimation_uniform,
         rng: Any = None,
+        solver_options: dict[str, Any] | None = None,
         **extra_backend_params: Any,
     ) -> None:
         if backend_params is not None and not isinstance(backend_params, dict):
@@ -127,6 +126,11 @@ class SketchSinkhornTransport(BaseTransport):
         self.safeguard = safeguard
         self.distribution_estimation = distribution_estimation
         self.rng = rng
+        if solver_options is not None and not isinstance(solver_options, dict):
+            raise TypeError(
+                f"solver_options must be a dict or None; got {describe(solver_options)}"
+            )
+        self.solver_options = dict(solver_options or {})
 
     # ------------------------------------------------------------------------------ fit
     def fit(self, Xs: Any = None, ys: Any = None, Xt: Any = None, yt: Any = None):
@@ -161,17 +165,17 @@ class SketchSinkhornTransport(BaseTransport):
         Xs = check_matrix(Xs, "Xs")
         Xt = check_matrix(Xt, "Xt", n_features=Xs.shape[1], feature_name="Xs")
         reg_e = check_float(self.reg_e, "reg_e", positive=True)
-        if not isinstance(self.backend, str) or self.backend not in available_backends():
-            raise ValueError(
-                f"backend must be one of {', '.join(map(repr, available_backends()))}; "
-                f"got {describe(self.backend)}"
-            )
+        get_backend(self.backend)
         self.nx = self._get_backend(Xs, Xt)
         self.mu_s = np.asarray(self.distribution_estimation(Xs), dtype=np.float64)
         self.mu_t = np.asarray(self.distribution_estimation(Xt), dtype=np.float64)
         self.xs_, self.xt_ = Xs, Xt
-        params = resolve_backend_params(
-            self.backend, self.backend_params, Xs.shape[0] + Xt.shape[0]
+        options = SolverOptions(
+            max_iter=self.max_iter,
+            tol=self.tol,
+            verbose=self.verbose,
+            safeguard=self.safeguard,
+            **self.solver_options,
         )
         self.result_: SinkhornResult = sinkhorn(
             self.mu_s,
@@ -180,12 +184,9 @@ class SketchSinkhornTransport(BaseTransport):
             Xt,
             reg=reg_e,
             backend=self.backend,
-            max_iter=self.max_iter,
-            tol=self.tol,
             rng=self.rng,
-            verbose=self.verbose,
-            safeguard=self.safeguard,
-            **params,
+            **options.as_dict(),
+            **self.backend_params,
         )
         log_u, log_v = self.result_.potentials
         self.log_ = {
@@ -262,15 +263,9 @@ class SketchSinkhornTransport(BaseTransport):
         points = check_matrix(points, name, n_features=fitted.shape[1], feature_name="the fit")
         mapper = self.result_.inverse_barycentric_map if inverse else self.result_.barycentric_map
         if points.shape == fitted.shape and np.array_equal(points, fitted):
-            mapped, self.n_fallbacks_ = mapper(None, return_fallbacks=True)
-            return mapped
-        found = distinct_colors(points) if points.shape[1] == 3 else None
-        if found is None:
-            mapped, self.n_fallbacks_ = mapper(points, return_fallbacks=True)
-            return mapped
-        colors, gather = found
-        mapped, self.n_fallbacks_ = mapper(colors, return_fallbacks=True)
-        return mapped[gather]
+            points = None
+        mapped, self.n_fallbacks_ = mapper(points, return_fallbacks=True)
+        return mapped
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "result_"):

@@ -1,0 +1,34 @@
+"""How much memory there is, and refusing allocations that cannot fit before they start."""
+
+from __future__ import annotations
+
+import os
+
+#: Fraction of the available memory one build may plan to use.
+USABLE_FRACTION = 0.5
+
+
+def available_bytes() -> int:
+    """Bytes of memory available now (``MemAvailable`` on Linux; physical memory elsewhere)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def check_fits(n_bytes: float, what: str, parameter: str) -> None:
+    """Raise ``MemoryError`` naming ``parameter`` when ``n_bytes`` exceed the usable budget."""
+    budget = USABLE_FRACTION * available_bytes()
+    if n_bytes > budget:
+        raise MemoryError(
+            f"{what} would need about {n_bytes / 2**30:.2f} GiB, more than the "
+            f"{budget / 2**30:.2f} GiB budget ({USABLE_FRACTION:.0%} of the memory available "
+            f"now); lower {parameter}"
+        )

@@ -1,0 +1,118 @@
+"""The one operator every low-rank backend builds: ``K ~ A B^T``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..gibbs import GibbsGeometry
+from .base import (
+    FusedPass,
+    KernelInfo,
+    KernelOperator,
+    blocked_fused_pass,
+    check_operand,
+    pass_slices,
+)
+
+# Features of new points are built about 32 MB at a time.
+NEW_POINTS_BLOCK_ENTRIES = 1 << 22
+
+
+class LowRankKernel(KernelOperator):
+    """``K ~ A B^T`` from factors ``A`` (n x r) and ``B`` (m x r).
+
+    Parameters
+    ----------
+    geometry : GibbsGeometry
+    info : KernelInfo
+        ``rank`` is set from the factors; ``'factors'`` and ``'out_of_sample'`` are added to
+        the capabilities.
+    left, right : ndarray
+        ``A`` and ``B`` (stored in ``dtype``).
+    left_map, right_map : callable
+        Feature maps of new points: ``left_map(X_new) @ left_projection`` are the rows of
+        ``A`` for ``X_new`` (likewise on the right), with the fitted randomness.
+    left_projection, right_projection : ndarray, optional
+        Fixed matrix applied after the map (``None``: identity). Products with new points fold
+        it into the small side, which matters when the map is wider than the rank (Nystrom:
+        ``K(x, Z)`` then whitening).
+    dtype : numpy dtype
+
+    Notes
+    -----
+    Memory ``O((n + m) r)``; every product ``O((n + m) r)``; no ``n x m`` array except by an
+    explicit :meth:`to_dense`. ``factors`` can be given to POT's
+    ``ot.lowrank.sinkhorn_low_rank_kernel(A, B, a, b)``.
+    """
+
+    def __init__(
+        self,
+        geometry: GibbsGeometry,
+        info: KernelInfo,
+        left: np.ndarray,
+        right: np.ndarray,
+        *,
+        left_map: Callable[[np.ndarray], np.ndarray],
+        right_map: Callable[[np.ndarray], np.ndarray],
+        dtype: Any,
+        left_projection: np.ndarray | None = None,
+        right_projection: np.ndarray | None = None,
+    ) -> None:
+        super().__init__(geometry, info, dtype)
+        self.left = np.ascontiguousarray(left, dtype=self.dtype)
+        self.right = np.ascontiguousarray(right, dtype=self.dtype)
+        info.rank = self.left.shape[1]
+        info.capabilities = info.capabilities | {"factors", "out_of_sample"}
+        self._maps = (left_map, right_map)
+        self._projections = (left_projection, right_projection)
+
+    @property
+    def factors(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(A, B)`` with ``K ~ A B^T``."""
+        return self.left, self.right
+
+    def matmat(self, V: Any) -> np.ndarray:
+        V = check_operand(V, self.shape[1], "V", vector=False)
+        inner = self.right.T @ V.astype(self.dtype, copy=False)
+        return (self.left @ inner).astype(np.float64, copy=False)
+
+    def rmatmat(self, U: Any) -> np.ndarray:
+        U = check_operand(U, self.shape[0], "U", vector=False)
+        inner = self.left.T @ U.astype(self.dtype, copy=False)
+        return (self.right @ inner).astype(np.float64, copy=False)
+
+    def _rows(self, index: np.ndarray) -> np.ndarray:
+        return (self.left[index] @ self.right.T).astype(np.float64, copy=False)
+
+    def _apply_new(self, points: np.ndarray, values: np.ndarray, transpose: bool) -> np.ndarray:
+        fitted_other = self.left if transpose else self.right
+        feature_map = self._maps[1 if transpose else 0]
+        projection = self._projections[1 if transpose else 0]
+        inner = fitted_other.T @ values.astype(self.dtype)
+        if projection is not None:
+            inner = projection.astype(self.dtype, copy=False) @ inner
+        out = np.empty((points.shape[0], *inner.shape[1:]))
+        step = max(1, NEW_POINTS_BLOCK_ENTRIES // max(1, inner.shape[0]))
+        for start in range(0, points.shape[0], step):
+            rows = slice(start, start + step)
+            out[rows] = feature_map(points[rows]) @ inner
+        return out
+
+    def _factor(self, side: str) -> np.ndarray:
+        return self.left if side == "rows" else self.right
+
+    def fused_pass(self, side: str, w: np.ndarray, numerator: np.ndarray) -> FusedPass:
+        factor = self._factor(side)
+        slices = pass_slices(*factor.shape)
+        return blocked_fused_pass(
+            slices, factor.__getitem__, factor.shape[0], factor.shape[1], w, numerator, self.dtype
+        )
+
+    def project(self, side: str, values: np.ndarray, index: Any = None) -> np.ndarray:
+        factor = self._factor(side)
+        if index is not None:
+            factor = factor[index]
+        return (values.astype(self.dtype) @ factor).astype(np.float64)

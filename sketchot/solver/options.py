@@ -1,0 +1,108 @@
+"""The solver's options: one object, validated once, recorded in every result."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from .._validation import check_bool, check_choice, check_float, check_int, describe
+
+SAFEGUARD_POLICIES = ("exact", "clip", "raise", "none")
+ERROR_POLICIES = ("raise", "warn")
+
+#: Default accuracy contract: relative L1 marginal error against the TRUE kernel.
+DEFAULT_ACCURACY = 1e-3
+
+
+@dataclass(frozen=True)
+class SolverOptions:
+    """Options of :func:`sketchot.sinkhorn_kernel` (and of :func:`sketchot.sinkhorn`).
+
+    Parameters
+    ----------
+    max_iter : int, default=1000
+        Iterations at most (a pair of half-steps each).
+    tol : float, default=1e-9
+        Stop when the L2 column-marginal error ``||v * K^T u - b||_2`` falls below ``tol``
+        (POT's criterion), checked every ``check_every`` iterations. With float32 kernels it is
+        raised to what float32 resolves (``1e-6 ||b||_2``), with a warning.
+    check_every : int, default=10
+        Iterations between convergence checks.
+    safeguard : {'exact', 'clip', 'raise', 'none'}, default='exact'
+        What to do with non-positive or non-finite denominators ``K~ v``, ``K~^T u`` of a
+        signed approximation: recompute them with the exact kernel, clip them to a small
+        floor, raise :class:`~sketchot.NonPositiveKernelError`, or nothing (their scalings
+        are set to 0; the paper's plain iteration, for benchmarks).
+    log_domain : {'auto', True, False}, default='auto'
+        Log-stable iterations, for kernels that declare the ``'exact'`` capability. ``'auto'``
+        uses them when ``max M / reg`` exceeds 500 or the multiplicative iteration underflows.
+    accuracy : float or None, default=1e-3
+        The contract: relative L1 marginal error of the returned scalings against the TRUE
+        kernel, ``max(||u * (K v) - a||_1, ||v * (K^T u) - b||_1) / sum(a)``, estimated on
+        sampled rows and columns with an upper confidence bound (see
+        :class:`~sketchot.TrueKernelCheck`). ``None`` skips the check.
+    true_kernel_samples : int or 'auto', default='auto'
+        Rows and columns of the true-kernel check; ``'auto'``: all of them when ``n m`` is at
+        most 4e6 (the check is then exact), 256 otherwise.
+    errors : {'raise', 'warn'}, default='raise'
+        Impossible results (negative or non-finite cost or mass) raise
+        :class:`~sketchot.InvalidResultError`; ``'warn'`` returns them with a warning.
+    warn : bool, default=True
+        Warn on non-convergence, repairs, and a missed accuracy target.
+    verbose : bool, default=False
+        Print the build, the error at every check and the true-kernel check.
+    """
+
+    max_iter: int = 1000
+    tol: float = 1e-9
+    check_every: int = 10
+    safeguard: str = "exact"
+    log_domain: bool | str = "auto"
+    accuracy: float | None = DEFAULT_ACCURACY
+    true_kernel_samples: int | str = "auto"
+    errors: str = "raise"
+    warn: bool = True
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "max_iter", check_int(self.max_iter, "max_iter", minimum=1))
+        set_(self, "tol", check_float(self.tol, "tol", positive=True))
+        set_(self, "check_every", check_int(self.check_every, "check_every", minimum=1))
+        check_choice(self.safeguard, "safeguard", SAFEGUARD_POLICIES)
+        if isinstance(self.log_domain, str):
+            check_choice(self.log_domain, "log_domain", ("auto",))
+        else:
+            try:
+                set_(self, "log_domain", check_bool(self.log_domain, "log_domain"))
+            except TypeError:
+                raise TypeError(
+                    f"log_domain must be 'auto', True or False; got {describe(self.log_domain)}"
+                ) from None
+        if self.accuracy is not None:
+            set_(self, "accuracy", check_float(self.accuracy, "accuracy", positive=True))
+        if self.true_kernel_samples != "auto":
+            set_(
+                self,
+                "true_kernel_samples",
+                check_int(self.true_kernel_samples, "true_kernel_samples", minimum=1),
+            )
+        check_choice(self.errors, "errors", ERROR_POLICIES)
+        set_(self, "warn", check_bool(self.warn, "warn"))
+        set_(self, "verbose", check_bool(self.verbose, "verbose"))
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The option names."""
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def split(cls, kwargs: dict[str, Any]) -> tuple[SolverOptions, dict[str, Any]]:
+        """``(options, the remaining keyword arguments)`` from a keyword-argument bag."""
+        own = {k: kwargs[k] for k in cls.names() if k in kwargs}
+        rest = {k: v for k, v in kwargs.items() if k not in own}
+        return cls(**own), rest
+
+    def as_dict(self) -> dict[str, Any]:
+        """The options as a plain dict."""
+        return asdict(self)

@@ -1,0 +1,299 @@
+"""Plans ``P = diag(u) K diag(v)`` from scalings, without their ``n x m`` array.
+
+Marginals, costs, plan products, barycentric maps and the true-kernel check. They reach the
+kernel through its products and the TRUE kernel through its geometry
+(:class:`~sketchot.gibbs.GibbsGeometry`), so they work for every backend. For an operator that
+declares the ``'exact'`` capability, scalings outside float64's range (log-domain results can
+have ``u = inf`` where ``K = 0``) are handled in log form, entry by entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..gibbs import row_slices, sq_norms
+from ..kernels import KernelOperator
+from ..kernels.base import DEFAULT_MAX_DENSE_BYTES, MIN_DENOMINATOR_RATIO, check_operand
+
+# exp() of a sum of log-scalings above this would overflow float64 (with margin).
+SAFE_LOG = 650.0
+
+# Rows per block of the log-form evaluation (about 16 MB of float64).
+LOG_BLOCK_ENTRIES = 1 << 21
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """Marginals, cost ``<P, M>`` and mass ``1^T P 1`` of a plan."""
+
+    row_marginal: np.ndarray
+    col_marginal: np.ndarray
+    cost: float
+    mass: float
+
+
+def _log_form(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray) -> bool:
+    """Whether the plan must be evaluated entry by entry in log form."""
+    if "exact" not in kernel.info.capabilities:
+        return False
+    return not (log_u.max() + log_v.max() < SAFE_LOG and log_u.min() > -SAFE_LOG)
+
+
+def _log_blocks(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray):
+    """Row blocks ``(rows, log P[rows, :], -M[rows, :] / reg)`` of the exact plan."""
+    g = kernel.geometry
+    step = max(1, LOG_BLOCK_ENTRIES // max(1, g.shape[1]))
+    for rows in row_slices(g.shape[0], step):
+        neg_cost = g.log_block(rows)
+        yield rows, neg_cost + log_u[rows, None] + log_v[None, :], neg_cost
+
+
+def plan_summary(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray) -> PlanSummary:
+    """Marginals, ``<P, M>`` and mass of ``P = diag(u) K diag(v)``.
+
+    The cost uses ``||x - y||^2 = ||x||^2 + ||y||^2 - 2 x.y`` in centred coordinates, so it
+    needs ``K`` through one ``matmat`` with ``d + 1`` columns and one ``rmatvec``:
+    ``O((n + m) r d)`` for a rank-``r`` operator, never an ``n x m`` array.
+    """
+    g = kernel.geometry
+    if _log_form(kernel, log_u, log_v):
+        row = np.empty(g.shape[0])
+        col = np.zeros(g.shape[1])
+        cost = 0.0
+        for rows, log_plan, neg_cost in _log_blocks(kernel, log_u, log_v):
+            plan = np.exp(log_plan)
+            row[rows] = plan.sum(axis=1)
+            col += plan.sum(axis=0)
+            cost -= g.reg * float(np.sum(plan * neg_cost))
+        return PlanSummary(row, col, cost, float(row.sum()))
+    with np.errstate(over="ignore", invalid="ignore"):
+        u, v = np.exp(log_u), np.exp(log_v)
+        products = kernel.matmat(np.column_stack([v, v[:, None] * g.Yc]))
+        row = u * products[:, 0]
+        col = v * kernel.rmatvec(u)
+        cross = np.einsum("i,ij,ij->", u, g.Xc, products[:, 1:])
+        cost = row @ sq_norms(g.Xc) + col @ sq_norms(g.Yc) - 2.0 * cross
+    return PlanSummary(row, col, float(cost), float(row.sum()))
+
+
+class LazyPlan:
+    """The plan ``P = diag(u) K diag(v)`` without its ``n x m`` array.
+
+    Products cost one kernel product each; rows are computed on demand; :meth:`to_dense` is
+    for small problems only.
+    """
+
+    def __init__(self, kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray) -> None:
+        self.kernel = kernel
+        self._log_u = log_u
+        self._log_v = log_v
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.kernel.shape
+
+    def _product(self, values: Any, name: str, *, transpose: bool, vector: bool) -> np.ndarray:
+        n, m = self.shape
+        values = check_operand(values, n if transpose else m, name, vector=vector)
+        log_left, log_right = (
+            (self._log_v, self._log_u)
+            if transpose
+            else (
+                self._log_u,
+                self._log_v,
+            )
+        )
+        if _log_form(self.kernel, self._log_u, self._log_v):
+            out = np.zeros((m if transpose else n, *values.shape[1:]))
+            for rows, log_plan, _ in _log_blocks(self.kernel, self._log_u, self._log_v):
+                plan = np.exp(log_plan)
+                if transpose:
+                    out += plan.T @ values[rows]
+                else:
+                    out[rows] = plan @ values
+            return out
+        with np.errstate(over="ignore", invalid="ignore"):
+            right = np.exp(log_right)
+            scaled = right * values if values.ndim == 1 else right[:, None] * values
+            out = self.kernel.rmatmat(scaled) if transpose else self.kernel.matmat(scaled)
+            left = np.exp(log_left)
+            return left * out if out.ndim == 1 else left[:, None] * out
+
+    def matvec(self, x: Any) -> np.ndarray:
+        """``P x``."""
+        return self._product(x, "x", transpose=False, vector=True)
+
+    def rmatvec(self, y: Any) -> np.ndarray:
+        """``P^T y``."""
+        return self._product(y, "y", transpose=True, vector=True)
+
+    def matmat(self, X: Any) -> np.ndarray:
+        """``P X`` for ``X`` of shape (m, k)."""
+        return self._product(X, "X", transpose=False, vector=False)
+
+    def rmatmat(self, Y: Any) -> np.ndarray:
+        """``P^T Y`` for ``Y`` of shape (n, k)."""
+        return self._product(Y, "Y", transpose=True, vector=False)
+
+    def rows(self, index: Any) -> np.ndarray:
+        """Dense rows ``P[index, :]``."""
+        index = np.arange(self.shape[0])[index]
+        if "exact" in self.kernel.info.capabilities:
+            g = self.kernel.geometry
+            neg_cost = (
+                -np.maximum(g.x_sq[index, None] + g.y_sq[None, :] - 2.0 * g.Xc[index] @ g.Yc.T, 0.0)
+                / g.reg
+            )
+            return np.exp(neg_cost + self._log_u[index, None] + self._log_v[None, :])
+        rows = self.kernel.to_dense(rows=index)
+        return np.exp(self._log_u[index])[:, None] * rows * np.exp(self._log_v)[None, :]
+
+    def to_dense(self, max_bytes: int = DEFAULT_MAX_DENSE_BYTES) -> np.ndarray:
+        """The whole plan (refuses above ``max_bytes``)."""
+        n, m = self.shape
+        if n * m * 8 > max_bytes:
+            raise MemoryError(
+                f"the dense plan would take {n * m * 8 / 2**20:.0f} MiB > max_bytes={max_bytes}; "
+                "use matvec, matmat or rows instead"
+            )
+        return self.rows(np.arange(n))
+
+
+def barycentric(
+    kernel: KernelOperator,
+    points: np.ndarray | None,
+    log_w: np.ndarray,
+    values: np.ndarray,
+    *,
+    transpose: bool = False,
+) -> tuple[np.ndarray, int]:
+    """``T(p) = sum_j K(p, y_j) w_j values_j / sum_j K(p, y_j) w_j`` (or the transposed form).
+
+    ``points=None`` maps the fitted points. Exact kernels use a log-stable softmax. For an
+    approximation, rows whose denominator is not positive (a signed kernel can do that) are
+    recomputed with the true kernel; returns the map and the number of such rows.
+    """
+    g = kernel.geometry
+    if "exact" in kernel.info.capabilities:
+        return g.softmax_average(points, log_w, values, transpose=transpose), 0
+    # Scalings enter only through ratios: shift them so the largest weight is 1.
+    finite = np.isfinite(log_w)
+    weights = np.exp(log_w - log_w[finite].max())
+    stacked = np.column_stack([weights[:, None] * values, weights])
+    if points is None:
+        products = kernel.rmatmat(stacked) if transpose else kernel.matmat(stacked)
+    else:
+        products = kernel.apply_new(points, stacked, side="target" if transpose else "source")
+    numerator, denominator = products[:, :-1], products[:, -1]
+    scale = np.abs(denominator).max() if denominator.size else 0.0
+    bad = ~(denominator > MIN_DENOMINATOR_RATIO * scale) | ~np.all(np.isfinite(numerator), axis=1)
+    out = np.empty_like(numerator)
+    good = ~bad
+    out[good] = numerator[good] / denominator[good, None]
+    if bad.any():
+        if points is None:
+            own = g.Y if transpose else g.X
+            points_bad = own[bad]
+        else:
+            points_bad = points[bad]
+        out[bad] = g.softmax_average(points_bad, log_w, values, transpose=transpose)
+    return out, int(bad.sum())
+
+
+@dataclass(frozen=True)
+class TrueKernelCheck:
+    """L1 marginal errors of the scalings against the EXACT kernel, from sampled rows/columns.
+
+    ``error_a`` estimates ``||u * (K v) - a||_1`` with the true ``K`` from ``n_rows`` rows drawn
+    uniformly without replacement (scaled by ``n / n_rows``), ``error_b`` likewise for
+    ``||v * (K^T u) - b||_1``; ``relative_*`` divide by the total mass. ``bound_a`` and
+    ``bound_b`` are upper confidence bounds on the relative errors: the estimate plus two
+    standard errors of the sample mean (with the finite-population correction), about 97.5%
+    one-sided for sums of many rows; they equal the estimates when ``exhaustive`` (every row
+    and column used: the values are then exact).
+    """
+
+    error_a: float
+    error_b: float
+    relative_a: float
+    relative_b: float
+    n_rows: int
+    n_cols: int
+    exhaustive: bool
+    bound_a: float = float("nan")
+    bound_b: float = float("nan")
+
+    @property
+    def relative(self) -> float:
+        """``max(relative_a, relative_b)``."""
+        return max(self.relative_a, self.relative_b)
+
+    @property
+    def bound(self) -> float:
+        """``max(bound_a, bound_b)``: what the accuracy contract is checked against."""
+        return max(self.bound_a, self.bound_b)
+
+    def __str__(self) -> str:
+        kind = "exact" if self.exhaustive else f"sampled {self.n_rows} rows / {self.n_cols} cols"
+        return (
+            f"true-kernel L1 marginal errors ({kind}): a {self.error_a:.3e} "
+            f"(relative {self.relative_a:.2e}), b {self.error_b:.3e} "
+            f"(relative {self.relative_b:.2e}); upper bound {self.bound:.2e}"
+        )
+
+
+def _sampled_l1(errors: np.ndarray, size: int, mass: float) -> tuple[float, float]:
+    """``(estimated L1 error, upper bound of the relative error)`` from sampled entries."""
+    k = errors.size
+    estimate = float(errors.sum() * size / k)
+    if k >= size:
+        return estimate, estimate / mass
+    spread = float(errors.std(ddof=1)) if k > 1 else float(errors.max())
+    correction = np.sqrt(max(0.0, 1.0 - k / size))
+    return estimate, (estimate + 2.0 * size * spread * correction / np.sqrt(k)) / mass
+
+
+def true_kernel_check(
+    kernel: KernelOperator,
+    a: np.ndarray,
+    b: np.ndarray,
+    log_u: np.ndarray,
+    log_v: np.ndarray,
+    rows: np.ndarray,
+    cols: np.ndarray,
+) -> TrueKernelCheck:
+    """The true-kernel check on given rows and columns, in log-sum-exp form:
+    ``O((len(rows) m + len(cols) n) d)``, finite for any ``reg``."""
+    g = kernel.geometry
+    n, m = g.shape
+    with np.errstate(over="ignore", invalid="ignore"):
+        row_mass = np.exp(log_u[rows] + g.log_matvec(rows, log_v))
+        col_mass = np.exp(log_v[cols] + g.log_matvec(cols, log_u, transpose=True))
+    row_err = np.abs(np.where(a[rows] > 0, row_mass, 0.0) - a[rows])
+    col_err = np.abs(np.where(b[cols] > 0, col_mass, 0.0) - b[cols])
+    mass = float(a.sum())
+    error_a, bound_a = _sampled_l1(row_err, n, mass)
+    error_b, bound_b = _sampled_l1(col_err, m, mass)
+    if not (np.isfinite(error_a) and np.isfinite(error_b)):
+        bound_a = bound_b = float("inf")
+    return TrueKernelCheck(
+        error_a,
+        error_b,
+        error_a / mass,
+        error_b / mass,
+        int(rows.size),
+        int(cols.size),
+        rows.size == n and cols.size == m,
+        bound_a,
+        bound_b,
+    )
+
+
+def sample_indices(size: int, n_samples: int, generator: np.random.Generator) -> np.ndarray:
+    """``n_samples`` sorted indices drawn without replacement (all of them if fewer)."""
+    if n_samples >= size:
+        return np.arange(size)
+    return np.sort(generator.choice(size, size=n_samples, replace=False))
