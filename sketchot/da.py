@@ -43,15 +43,13 @@ class SketchSinkhornTransport(BaseTransport):
     ----------
     reg_e : float, default=1.0
         Entropic regularisation (POT's name and default).
-    backend : {'nystrom', 'exact', 'rff', 'polyts'}, default='nystrom'
-        Kernel representation (:func:`sketchot.make_kernel`).
+    backend : str, default='auto'
+        Kernel representation: ``'auto'`` (the cheapest that meets the solver's accuracy) or
+        a registered backend (:func:`sketchot.available_backends`).
     backend_params : dict, optional
         Backend parameters (``n_landmarks``, ``landmarks``, ``n_features``, ``sketch_dim``,
         ``degree``, ``coreset_size``, ``dtype``, ...). Keyword arguments not listed here are
         merged into it, so ``SketchSinkhornTransport(backend="rff", n_features=500)`` works.
-        Nystrom defaults to 400 k-center landmarks (at most ``n + m``): the library's 8 are
-        too few at ``reg_e = 0.1`` on colours (see
-        :data:`sketchot.color.COLOR_BACKEND_DEFAULTS`).
     max_iter : int, default=1000
     tol : float, default=1e-9
         L2 column-marginal error at which the solver stops (POT's default is 1e-8).
@@ -63,6 +61,9 @@ class SketchSinkhornTransport(BaseTransport):
         ``f(X) -> weights`` for the samples, as in POT.
     rng : None, int or Generator
         Randomness of the approximate backends.
+    solver_options : dict, optional
+        Further solver options (:class:`~sketchot.SolverOptions`: ``accuracy``, ``errors``,
+        ...).
 
     Attributes
     ----------
@@ -102,7 +103,7 @@ class SketchSinkhornTransport(BaseTransport):
     def __init__(
         self,
         reg_e: float = 1.0,
-        backend: str = "nystrom",
+        backend: str = "auto",
         backend_params: dict[str, Any] | None = None,
         max_iter: int = 1000,
         tol: float = 1e-9,
@@ -165,7 +166,8 @@ class SketchSinkhornTransport(BaseTransport):
         Xs = check_matrix(Xs, "Xs")
         Xt = check_matrix(Xt, "Xt", n_features=Xs.shape[1], feature_name="Xs")
         reg_e = check_float(self.reg_e, "reg_e", positive=True)
-        get_backend(self.backend)
+        if self.backend != "auto":
+            get_backend(self.backend)
         self.nx = self._get_backend(Xs, Xt)
         self.mu_s = np.asarray(self.distribution_estimation(Xs), dtype=np.float64)
         self.mu_t = np.asarray(self.distribution_estimation(Xt), dtype=np.float64)

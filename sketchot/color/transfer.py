@@ -53,7 +53,7 @@ from .images import distinct_colors, image_pixels, load_image, sample_pixels
 DEFAULT_REG = 0.1
 
 #: Backend of the colour functions (see the README's "which backend when").
-DEFAULT_BACKEND = "nystrom"
+DEFAULT_BACKEND = "auto"
 
 #: Samples drawn from each image.
 DEFAULT_N_SAMPLES = 10_000
@@ -233,6 +233,8 @@ def resolve_backend_params(
     :data:`DEFAULT_COLOR_RANK` (at most ``n_points``) for a low-rank backend (one with a rank
     parameter in its registry record) when the caller set neither ``rank`` nor that parameter.
     """
+    if backend == "auto":
+        return dict(params)
     record = get_backend(backend)
     if record.rank_parameter is None or "rank" in params or record.rank_parameter in params:
         return dict(params)

@@ -68,6 +68,10 @@ class KernelInfo:
         Declared capabilities, a subset of :data:`CAPABILITIES`.
     build_time : float
         Seconds the build took (set by :func:`~sketchot.make_kernel`).
+    seconds_per_pass : float or None
+        The builder's estimate of one fused pass, when a pass may be slow (streamed exact).
+    reason : str
+        Why this representation was chosen (``backend='auto'``).
     """
 
     backend: str
@@ -75,6 +79,8 @@ class KernelInfo:
     rank: int | None = None
     capabilities: frozenset[str] = frozenset()
     build_time: float = 0.0
+    seconds_per_pass: float | None = None
+    reason: str = ""
 
     def __post_init__(self) -> None:
         unknown = set(self.capabilities) - CAPABILITIES

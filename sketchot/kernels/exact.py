@@ -9,6 +9,7 @@ product. As ``K = L R^T`` with ``L = K`` and ``R = I``, a fused pass over the ro
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -66,10 +67,21 @@ class ExactKernel(KernelOperator):
         self._rows_per_block = block_rows(m, self.dtype.itemsize)
         self.is_dense = n * m * self.dtype.itemsize <= max_dense_bytes
         self._dense = None
+        if not self.is_dense:
+            self.info.seconds_per_pass = self._time_one_pass()
         if self.is_dense:
             self._dense = np.empty((n, m), dtype=self.dtype)
             for rows in row_slices(n, self._rows_per_block):
                 self._dense[rows] = self._computed_block(rows)
+
+    def _time_one_pass(self) -> float:
+        """Seconds of one streamed pass, extrapolated from one block (computed, then used)."""
+        rows = slice(0, min(self.shape[0], self._rows_per_block))
+        start = time.perf_counter()
+        block = self._computed_block(rows)
+        block @ np.ones(self.shape[1], dtype=self.dtype)
+        block.T @ np.ones(rows.stop, dtype=self.dtype)
+        return (time.perf_counter() - start) * self.shape[0] / rows.stop
 
     def _block_slices(self) -> list[slice]:
         n, m = self.shape

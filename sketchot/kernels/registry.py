@@ -188,7 +188,7 @@ def get_backend(name: Any) -> Backend:
     """The record of a registered backend, with a clear error for unknown names."""
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(
-            f"backend must be one of {', '.join(map(repr, available_backends()))}; "
+            f"backend must be 'auto' or one of {', '.join(map(repr, available_backends()))}; "
             f"got {describe(name)}"
         )
     return _REGISTRY[name]
@@ -226,7 +226,7 @@ def make_kernel(
     X: Any,
     Y: Any,
     reg: float,
-    backend: str = "polyts",
+    backend: str = "auto",
     *,
     rng: Any = None,
     dtype: Any = np.float64,
@@ -243,8 +243,12 @@ def make_kernel(
         Target points.
     reg : float
         Entropic regularisation (> 0); ``K = exp(-M / reg)`` as in POT.
-    backend : str, default='polyts'
-        One of :func:`available_backends`.
+    backend : str, default='auto'
+        One of :func:`available_backends`, or ``'auto'``: the cheapest representation whose
+        sampled product error meets ``accuracy`` (keyword, default 1e-3): the exact kernel
+        stored when ``n x m`` fits 1 GiB, else Nystrom with a doubling rank, else the exact
+        kernel streamed (:func:`sketchot.kernels.auto.choose_kernel`; ``info.reason`` says
+        which and why).
     rng : None, int, Generator, ...
         Randomness of the approximation (``numpy.random.default_rng`` semantics).
     dtype : numpy.float64 or numpy.float32
@@ -265,6 +269,19 @@ def make_kernel(
     Y = check_matrix(Y, "Y", n_features=X.shape[1], feature_name="X")
     reg = check_float(reg, "reg", positive=True)
     geometry = GibbsGeometry(X, Y, reg)
+    if backend == "auto":
+        from .auto import choose_kernel  # the ladder builds through this module
+
+        accuracy = params.pop("accuracy", 1e-3)
+        if params or rank is not None:
+            raise TypeError(
+                "backend='auto' chooses its own parameters; it accepts only accuracy= "
+                f"(got {', '.join(sorted(params)) or 'rank'})"
+            )
+        accuracy = check_float(accuracy, "accuracy", positive=True)
+        kernel, reason, _ = choose_kernel(geometry, accuracy=accuracy, rng=rng, dtype=dtype)
+        kernel.info.reason = reason
+        return kernel
     return build_kernel(geometry, backend, rng=rng, dtype=dtype, rank=rank, **params)
 
 

@@ -6,8 +6,12 @@ when followed (``tests/solver/test_advice.py``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..kernels import get_backend
-from .result import SinkhornResult
+
+if TYPE_CHECKING:
+    from .result import SinkhornResult
 
 
 def advise(result: SinkhornResult) -> str:

@@ -6,6 +6,7 @@ Attribute names follow POT's ``OTResult`` where they overlap (``potentials``,
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +14,12 @@ import numpy as np
 
 from .._validation import check_bool, check_int, check_matrix, check_rng
 from ..kernels import KernelOperator
+from .advice import advise
+from .errors import InvalidResultError, InvalidResultWarning
 from .plans import LazyPlan, TrueKernelCheck, barycentric, sample_indices, true_kernel_check
+
+# Relative slack of the bounding-box check of mapped points (rounding of the weighted means).
+BOX_SLACK = 1e-9
 
 
 @dataclass
@@ -54,6 +60,14 @@ class SinkhornResult:
         seconds.
     error_history : list of (int, float)
         ``(iteration, L2 column-marginal error)`` at every check.
+    reason : str
+        Why this kernel was used (``backend='auto'``).
+    attempts : list
+        The rungs ``backend='auto'`` tried, each with what was measured.
+    notes : list of str
+        What the solver changed on the way (e.g. ``b`` rescaled to ``a``'s mass).
+    options : dict
+        The solver options in effect.
     true_kernel : TrueKernelCheck or None
         For approximate backends, the check against the exact kernel that the solver ran on
         evenly spaced rows and columns (``true_kernel_samples`` of each); ``None`` for the
@@ -79,6 +93,7 @@ class SinkhornResult:
     options: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
     notes: list[str] = field(default_factory=list)
+    attempts: list[Any] = field(default_factory=list)
 
     @property
     def backend(self) -> str:
@@ -175,6 +190,7 @@ class SinkhornResult:
         mapped, fallbacks = barycentric(
             self.kernel, _points(X_new, g, "X_new"), self.potentials[1], g.Y
         )
+        self._check_inside(mapped, g.Y, "Y")
         return (mapped, fallbacks) if return_fallbacks else mapped
 
     def inverse_barycentric_map(
@@ -186,6 +202,7 @@ class SinkhornResult:
         mapped, fallbacks = barycentric(
             self.kernel, _points(Y_new, g, "Y_new"), self.potentials[0], g.X, transpose=True
         )
+        self._check_inside(mapped, g.X, "X")
         return (mapped, fallbacks) if return_fallbacks else mapped
 
     # ------------------------------------------------------------------ check
@@ -208,6 +225,24 @@ class SinkhornResult:
             sample_indices(n, n_samples, generator),
             sample_indices(m, n_samples, generator),
         )
+
+    def _check_inside(self, mapped: np.ndarray, cloud: np.ndarray, name: str) -> None:
+        """A barycentric map lies in the convex hull of ``cloud``; points outside its bounding
+        box (an approximation's overshoot) are impossible results."""
+        low, high = cloud.min(axis=0), cloud.max(axis=0)
+        slack = BOX_SLACK * np.maximum(high - low, np.abs(high) + np.abs(low)) + 1e-300
+        outside = ~np.all((mapped >= low - slack) & (mapped <= high + slack), axis=1)
+        count = int(np.count_nonzero(outside))
+        if not count:
+            return
+        message = (
+            f"backend {self.backend!r}: {count} of {mapped.shape[0]} mapped points fall outside "
+            f"the bounding box of {name} (an exact entropic map stays inside its convex hull). "
+            f"{advise(self)}"
+        )
+        if self.options.get("errors", "raise") == "raise":
+            raise InvalidResultError(message + " Pass errors='warn' to get them anyway.")
+        warnings.warn(message, InvalidResultWarning, stacklevel=3)
 
     def __repr__(self) -> str:
         err_a, err_b = self.marginal_errors

@@ -27,6 +27,7 @@ from .._validation import check_float, check_matrix, check_rng, check_weights, d
 from ..gibbs import GibbsGeometry
 from ..kernels import KernelOperator, build_kernel, get_backend
 from .advice import advise
+from .auto import solve_auto
 from .errors import AccuracyWarning, InvalidResultError, InvalidResultWarning
 from .options import SolverOptions
 from .plans import TrueKernelCheck, plan_summary, sample_indices, true_kernel_check
@@ -57,7 +58,7 @@ def sinkhorn(
     X: Any,
     Y: Any = None,
     reg: float = 1.0,
-    backend: str = "polyts",
+    backend: str = "auto",
     *,
     rng: Any = None,
     **kwargs: Any,
@@ -81,8 +82,10 @@ def sinkhorn(
         ``ot.sinkhorn(a, b, M, reg)``.
     reg : float, default=1.0
         Entropic regularisation (> 0). The paper's ``gamma`` is ``1 / reg``.
-    backend : str, default='polyts'
-        A registered backend (:func:`sketchot.available_backends`).
+    backend : str, default='auto'
+        ``'auto'`` (the cheapest kernel that meets ``accuracy``, escalating when the check
+        fails: :mod:`sketchot.solver.auto`) or a registered backend
+        (:func:`sketchot.available_backends`), used as it is.
     rng : None, int, Generator, ...
         Randomness of the approximate backends and of the sampled true-kernel check.
     **kwargs
@@ -113,6 +116,10 @@ def sinkhorn(
     check_backend_params("sinkhorn", backend, backend_params)
     geometry = check_problem(X, Y, reg)
     a, b, notes = check_marginals(a, b, *geometry.shape)
+    if backend == "auto":
+        return solve_auto(
+            a, b, geometry, options, rng=rng, notes=notes, solve=solve, **backend_params
+        )
     kernel = build_kernel(geometry, backend, rng=rng, **backend_params)
     if options.verbose:
         print(f"sketchot.sinkhorn: built {kernel!r} in {kernel.info.build_time:.3f} s")
@@ -129,6 +136,15 @@ def sinkhorn2(
 def check_backend_params(caller: str, backend: str, params: dict[str, Any]) -> None:
     """Reject keyword arguments that are neither solver options nor the backend's parameters,
     naming everything the caller accepts."""
+    if backend == "auto":
+        unknown = sorted(set(params) - {"dtype"})
+        if unknown:
+            raise TypeError(
+                f"{caller}() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}"
+                f"; backend='auto' chooses its own parameters (it accepts dtype); solver "
+                f"options: {', '.join(SolverOptions.names())}"
+            )
+        return
     record = get_backend(backend)
     accepted = set(record.defaults) | {"dtype"} | ({"rank"} if record.params_for_rank else set())
     unknown = sorted(set(params) - accepted)
@@ -223,6 +239,7 @@ def solve(
             and geometry.max_cost() / geometry.reg > LOG_DOMAIN_THRESHOLD
         )
     )
+    _announce_long_run(kernel, options, printer)
     guard = Safeguard(kernel, options.safeguard)
     start = time.perf_counter()
     state = None
@@ -434,6 +451,31 @@ def _log_domain(kernel, a, b, options, tol, printer):
         log_Ktu = g.log_matvec(everything_m, log_u, transpose=True)
         n_iter = iteration
     return log_u, log_v, n_iter, converged, history
+
+
+#: A run estimated to take longer than this warns before it starts.
+LONG_RUN_SECONDS = 600.0
+
+
+def _announce_long_run(kernel: KernelOperator, options: SolverOptions, printer: _Printer) -> None:
+    """Say how long an iteration will take when the builder estimated a slow pass."""
+    per_pass = kernel.info.seconds_per_pass
+    if per_pass is None:
+        return
+    per_iteration = 2.0 * per_pass
+    printer.say(
+        f"estimated {per_iteration:.3g} s per iteration, up to "
+        f"{per_iteration * options.max_iter / 60:.3g} min for max_iter={options.max_iter}"
+    )
+    if options.warn and per_iteration * min(options.max_iter, 100) > LONG_RUN_SECONDS:
+        warnings.warn(
+            f"backend {kernel.info.backend!r}: one iteration on {kernel.shape[0]} x "
+            f"{kernel.shape[1]} points is estimated at {per_iteration:.3g} s, so 100 "
+            f"iterations take about {per_iteration * 100 / 3600:.2g} h; a larger reg, fewer "
+            "points, or backend='auto' cost less",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def _relative(value: float) -> str:

@@ -196,7 +196,12 @@ def test_comparable_parameters_are_the_papers():
 @pytest.mark.parametrize(
     ("backend", "params", "error", "message"),
     [
-        ("sinkhorn", {}, ValueError, "backend must be one of 'exact', 'nystrom', 'polyts', 'rff'"),
+        (
+            "sinkhorn",
+            {},
+            ValueError,
+            "backend must be 'auto' or one of 'exact', 'nystrom', 'polyts', 'rff'",
+        ),
         ("rff", {"sketch_dim": 3}, TypeError, "unexpected parameter.*'sketch_dim'.*n_features"),
         ("rff", {"n_features": 0}, ValueError, "n_features must be >= 1"),
         ("nystrom", {"n_landmarks": 0}, ValueError, "n_landmarks must be >= 1"),

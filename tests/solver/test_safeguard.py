@@ -64,7 +64,9 @@ def test_clip_policy(hard_problem):
 
 def test_raise_policy(hard_problem):
     X, Y = hard_problem
-    with pytest.raises(NonPositiveKernelError, match=r"backend .rff.: \d+ entries of K~.* are not positive"):
+    with pytest.raises(
+        NonPositiveKernelError, match=r"backend .rff.: \d+ entries of K~.* are not positive"
+    ):
         sinkhorn(None, None, X, Y, reg=0.01, backend="rff", n_features=5, rng=0, safeguard="raise")
 
 
