@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sketchot
-from sketchot import AccuracyWarning, KernelSafeguardWarning, sinkhorn
+from sketchot import AccuracyWarning, sinkhorn
 
 
 def weighted_problem(seed, n=60, m=45):
