@@ -173,7 +173,7 @@ def test_bad_input_is_rejected_with_the_argument_name(tmp_path):
         color_transfer(source, target, reg=0.0)
     with pytest.raises(ValueError, match="reg must be > 0"):
         color_transfer(source, target, reg=-1.0)
-    with pytest.raises(ValueError, match="backend must be .auto. or one of"):
+    with pytest.raises(ValueError, match=r"backend must be .auto. or one of"):
         color_transfer(source, target, backend="sinkhorn")
     with pytest.raises(ValueError, match="n_samples must be >= 1"):
         color_transfer(source, target, n_samples=0)

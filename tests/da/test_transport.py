@@ -130,7 +130,7 @@ def test_errors_name_the_argument(clouds):
         SketchSinkhornTransport().fit(Xs=Xs, ys=np.zeros(80), Xt=Xt, yt=np.zeros(60))
     with pytest.raises(ValueError, match="reg_e must be > 0"):
         SketchSinkhornTransport(reg_e=0).fit(Xs=Xs, Xt=Xt)
-    with pytest.raises(ValueError, match="backend must be .auto. or one of"):
+    with pytest.raises(ValueError, match=r"backend must be .auto. or one of"):
         SketchSinkhornTransport(backend="keops").fit(Xs=Xs, Xt=Xt)
     with pytest.raises(TypeError, match="backend_params must be a dict"):
         SketchSinkhornTransport(backend_params=[("n_landmarks", 5)])
