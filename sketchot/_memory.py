@@ -28,7 +28,11 @@ def check_fits(n_bytes: float, what: str, parameter: str) -> None:
     budget = USABLE_FRACTION * available_bytes()
     if n_bytes > budget:
         raise MemoryError(
-            f"{what} would need about {n_bytes / 2**30:.2f} GiB, more than the "
-            f"{budget / 2**30:.2f} GiB budget ({USABLE_FRACTION:.0%} of the memory available "
-            f"now); lower {parameter}"
+            f"{what} would need about {_size(n_bytes)}, more than the {_size(budget)} budget "
+            f"({USABLE_FRACTION:.0%} of the memory available now); lower {parameter}"
         )
+
+
+def _size(n_bytes: float) -> str:
+    """Bytes in GiB, or MiB below one GiB."""
+    return f"{n_bytes / 2**30:.2f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.1f} MiB"

@@ -151,6 +151,15 @@ class GibbsGeometry:
         self.Yc = Y - self.center
         self.x_sq = sq_norms(self.Xc)
         self.y_sq = sq_norms(self.Yc)
+        with np.errstate(over="ignore", divide="ignore"):
+            scale = self.max_cost() / self.reg
+            inverse = 1.0 / self.reg
+        if not (np.isfinite(scale) and np.isfinite(inverse)):
+            raise ValueError(
+                f"reg={self.reg:g} is too small for these points: max cost / reg = {scale:g} "
+                "is not a finite float64 (reg must be a normal positive number well above "
+                "1e-300 times the squared diameter)"
+            )
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -260,7 +260,7 @@ def transfer_colors(
 
     Parameters
     ----------
-    source, target, reg, backend, n_samples, rng, **backend_params
+    source, target, reg, backend, n_samples, rng
         As in :func:`color_transfer`.
     replace, weighted : bool, default=False
         Sampling options (see :func:`~sketchot.color.sample_pixels`).
@@ -385,20 +385,19 @@ def color_transfer(
         Entropic regularisation for colours in ``[0, 1]`` (``K = exp(-||x - y||^2 / reg)``);
         smaller is sharper and slower to converge, larger blurs every colour towards the
         target's mean.
-    backend : {'nystrom', 'exact', 'rff', 'polyts'}, default='nystrom'
-        Kernel representation (see :func:`sketchot.make_kernel`). Nystrom defaults to 400
-        k-center landmarks here (:data:`COLOR_BACKEND_DEFAULTS`). For ``reg < 0.1`` prefer
-        ``'exact'`` (streamed, ``O(n^2)`` per iteration); a warning says when an approximate
-        backend fails the true-kernel check.
+    backend : str, default='auto'
+        Kernel representation: ``'auto'`` picks the cheapest one that meets the solver's
+        ``accuracy`` against the true kernel (:func:`sketchot.sinkhorn`); a named backend is
+        used as it is, with ``rank=400`` (:data:`DEFAULT_COLOR_RANK`, at most the sample
+        size) when it is low rank and no rank is given. A backend that misses the accuracy
+        warns; impossible results (negative costs, colours outside the target's range) raise.
     n_samples : int, default=10000
         Colours sampled from each image for the transport problem.
     rng : None, int or Generator
         The only source of randomness (pixel sampling and the backend's draws).
     **kwargs
-        ``replace``, ``weighted`` (see :func:`~sketchot.color.sample_pixels`), ``max_iter``,
-        ``tol``, ``safeguard``, ``verbose``, ``warn`` (see :func:`sketchot.sinkhorn`), and the
-        backend's parameters (``n_landmarks``, ``landmarks``, ``n_features``, ``sketch_dim``,
-        ``degree``, ``coreset_size``, ...).
+        ``replace``, ``weighted``, ``inverse``, ``progress`` (see :func:`transfer_colors`),
+        solver options (:class:`~sketchot.SolverOptions`) and the backend's parameters.
 
     Returns
     -------

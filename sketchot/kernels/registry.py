@@ -318,7 +318,7 @@ def build_kernel(
         check_fits(
             record.memory(n, m, geometry.X.shape[1], {**record.defaults, **params}, dtype.itemsize),
             f"building backend {backend!r} on {n} x {m} points",
-            record.rank_parameter or "the problem size",
+            record.rank_parameter or next(iter(record.defaults), "the problem size"),
         )
     start = time.perf_counter()
     operator = record.builder(geometry, rng=rng, dtype=dtype, **params)

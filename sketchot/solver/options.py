@@ -23,8 +23,9 @@ class SolverOptions:
     max_iter : int, default=1000
         Iterations at most (a pair of half-steps each).
     tol : float, default=1e-9
-        Stop when the L2 column-marginal error ``||v * K^T u - b||_2`` falls below ``tol``
-        (POT's criterion), checked every ``check_every`` iterations. With float32 kernels it is
+        Stop when the L2 column-marginal error ``||v * K^T u - b||_2 / sum(b)`` falls below
+        ``tol``, checked every ``check_every`` iterations (POT's criterion for probability
+        weights; relative to the mass so that any total mass can converge). With float32 kernels it is
         raised to what float32 resolves (``1e-6 ||b||_2``), with a warning.
     check_every : int, default=10
         Iterations between convergence checks.

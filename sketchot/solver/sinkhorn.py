@@ -220,12 +220,12 @@ def solve(
         )
     tol = options.tol
     if kernel.dtype == np.float32:
-        floor = FLOAT32_RELATIVE_TOL * _norm(b)
+        floor = FLOAT32_RELATIVE_TOL * _norm(b) / float(b.sum())
         if tol < floor:
             if options.warn:
                 warnings.warn(
                     f"tol={tol:g} is below what float32 kernels resolve; using tol={floor:.3g} "
-                    "(1e-6 ||b||_2). Pass dtype=numpy.float64 for tighter tolerances.",
+                    "(1e-6 ||b||_2 / sum(b)). Pass dtype=numpy.float64 for tighter tolerances.",
                     UserWarning,
                     stacklevel=3,
                 )
@@ -263,7 +263,7 @@ def solve(
 
     log_u, log_v, n_iter, converged, history = state
     summary = plan_summary(kernel, log_u, log_v)
-    final_error = _norm(summary.col_marginal - b)
+    final_error = _norm(summary.col_marginal - b) / float(b.sum())
     if not converged and final_error < tol:
         converged = True  # the last iterate met tol between two scheduled checks
     result = SinkhornResult(
@@ -386,6 +386,7 @@ def _multiplicative(kernel, a, b, options, tol, guard, printer, *, stop_on_bad):
     u = np.full(n, 1.0 / n)
     v = np.full(m, 1.0 / m)
     z = kernel.project("rows", u)
+    mass = float(b.sum())
     history: list[tuple[int, float]] = []
     converged = False
     n_iter = 0
@@ -395,7 +396,7 @@ def _multiplicative(kernel, a, b, options, tol, guard, printer, *, stop_on_bad):
         # cols.products = K^T u of the previous u: its column marginal is free here.
         if iteration > 1 and (iteration - 2) % check_every == 0:
             with np.errstate(over="ignore", invalid="ignore"):
-                error = _norm(v * cols.products - b)
+                error = _norm(v * cols.products - b) / mass
             history.append((iteration - 1, error))
             printer.iteration(iteration - 1, error)
             if error < tol:
@@ -440,7 +441,7 @@ def _log_domain(kernel, a, b, options, tol, printer):
     n_iter = 0
     for iteration in range(1, options.max_iter + 1):
         if iteration > 1 and (iteration - 2) % options.check_every == 0:
-            error = _norm(np.exp(log_v + log_Ktu) - b)
+            error = _norm(np.exp(log_v + log_Ktu) - b) / float(b.sum())
             history.append((iteration - 1, error))
             printer.iteration(iteration - 1, error)
             if error < tol:

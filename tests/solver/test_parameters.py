@@ -1,0 +1,116 @@
+"""Every documented parameter of the public solve functions has an effect or is rejected.
+
+The walk below reads each function's numpydoc "Parameters" section, so a parameter that is
+documented but silently dropped on its way to the solver (as ``true_kernel_samples`` once was)
+or accepted in a form that acts as another value (``log_domain=1``) fails here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import numpy as np
+import pytest
+
+import sketchot
+from sketchot.color import transfer_colors
+from sketchot.solver import SolverOptions
+
+# A non-default value of every solver option, and how its effect shows in the result.
+NON_DEFAULTS = {
+    "max_iter": (7, lambda res: res.n_iter <= 7),
+    "tol": (1e-3, lambda res: res.tol == 1e-3),
+    "check_every": (3, lambda res: all(it % 3 == 1 for it, _ in res.error_history[1:])),
+    "safeguard": ("clip", lambda res: res.safeguard["policy"] == "clip"),
+    "log_domain": (np.True_, lambda res: res.log_domain is True),
+    "accuracy": (0.5, lambda res: res.true_kernel is not None),
+    "true_kernel_samples": (5, lambda res: res.true_kernel.n_rows == 5),
+    "errors": ("warn", lambda res: res.options["errors"] == "warn"),
+    "warn": (np.False_, lambda res: res.options["warn"] is False),
+    "verbose": (True, lambda res: res.options["verbose"] is True),
+}
+
+
+def documented_parameters(function) -> list[str]:
+    """Names in the numpydoc Parameters section (``a, b : ...`` lines give two names)."""
+    doc = inspect.getdoc(function) or ""
+    section = doc.split("Parameters\n----------\n", 1)[1].split("\n\n", 1)[0]
+    names = []
+    for line in section.splitlines():
+        match = re.match(r"^(\*{0,2}[A-Za-z_][\w, *]*?)\s*(:|$)", line)
+        if match and not line.startswith(" "):
+            names += [name.strip() for name in match.group(1).split(",")]
+    return names
+
+
+@pytest.mark.parametrize(
+    "function",
+    [sketchot.sinkhorn, sketchot.make_kernel, transfer_colors, sketchot.color_transfer],
+)
+def test_documented_parameters_exist(function):
+    """Every documented name is in the signature (or is the documented **kwargs)."""
+    accepted = set(inspect.signature(function).parameters)
+    for name in documented_parameters(function):
+        assert name.lstrip("*") in accepted, f"{function.__name__} documents {name!r}"
+
+
+def test_solver_options_document_every_field():
+    assert set(documented_parameters(SolverOptions)) == set(SolverOptions.names())
+
+
+@pytest.fixture(scope="module")
+def problem():
+    rng = np.random.default_rng(0)
+    return rng.random((40, 3)), rng.random((30, 3))
+
+
+@pytest.mark.parametrize("name", sorted(NON_DEFAULTS))
+@pytest.mark.parametrize("entry", ["sinkhorn", "sinkhorn_kernel"])
+def test_every_solver_option_takes_effect(problem, name, entry, capsys):
+    value, took_effect = NON_DEFAULTS[name]
+    X, Y = problem
+    backend = "exact" if name == "log_domain" else "nystrom"
+    with np.errstate(all="ignore"), pytest.warns() if name == "max_iter" else _nothing():
+        if entry == "sinkhorn":
+            res = sketchot.sinkhorn(None, None, X, Y, 0.5, backend, rng=0, **{name: value})
+        else:
+            kernel = sketchot.make_kernel(X, Y, 0.5, backend, rng=0)
+            res = sketchot.sinkhorn_kernel(None, None, kernel, rng=0, **{name: value})
+    assert res.options[name] == value
+    assert took_effect(res), name
+
+
+@pytest.mark.parametrize("name", sorted(NON_DEFAULTS))
+def test_colour_functions_pass_every_solver_option(name):
+    value, took_effect = NON_DEFAULTS[name]
+    rng = np.random.default_rng(1)
+    source = rng.integers(0, 256, size=(6, 7, 3)).astype(np.uint8)
+    target = rng.integers(0, 128, size=(5, 6, 3)).astype(np.uint8)
+    with np.errstate(all="ignore"), pytest.warns() if name == "max_iter" else _nothing():
+        run = transfer_colors(source, target, n_samples=20, rng=0, backend="exact", **{name: value})
+    assert run.result.options[name] == value
+    if name != "true_kernel_samples":  # the exact kernel's check is always exhaustive
+        assert took_effect(run.result), name
+
+
+@pytest.mark.parametrize("name", ["log_domain", "warn", "verbose"])
+@pytest.mark.parametrize("value", [1, 0, "yes"])
+def test_booleans_reject_integers_and_strings(problem, name, value):
+    X, Y = problem
+    with pytest.raises((TypeError, ValueError), match=name):
+        sketchot.sinkhorn(None, None, X, Y, 0.5, "exact", **{name: value})
+
+
+def test_unknown_keyword_is_rejected_naming_it(problem):
+    X, Y = problem
+    with pytest.raises(TypeError, match=r"unexpected keyword argument.*'replce'"):
+        sketchot.sinkhorn(None, None, X, Y, 0.5, "nystrom", replce=True)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
