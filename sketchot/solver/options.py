@@ -25,8 +25,8 @@ class SolverOptions:
     tol : float, default=1e-9
         Stop when the L2 column-marginal error ``||v * K^T u - b||_2 / sum(b)`` falls below
         ``tol``, checked every ``check_every`` iterations (POT's criterion for probability
-        weights; relative to the mass so that any total mass can converge). With float32 kernels it is
-        raised to what float32 resolves (``1e-6 ||b||_2``), with a warning.
+        weights; relative to the mass so that any total mass can converge). With float32
+        kernels it is raised to what float32 resolves (``1e-6``), with a warning.
     check_every : int, default=10
         Iterations between convergence checks.
     safeguard : {'exact', 'clip', 'raise', 'none'}, default='exact'

@@ -10,9 +10,9 @@ import pytest
 
 import sketchot
 import sketchot._memory as memory
+from sketchot import AccuracyWarning
 
 solver_module = importlib.import_module("sketchot.solver.sinkhorn")
-from sketchot import AccuracyWarning
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def test_build_memory_is_estimated_and_refused_naming_the_parameter(cloud, monke
     monkeypatch.setattr(memory, "available_bytes", lambda: 1 << 20)
     with pytest.raises(MemoryError, match=r"n_landmarks.*|lower n_landmarks"):
         sketchot.make_kernel(X, Y, 1.0, "nystrom", n_landmarks=300)
-    with pytest.raises(MemoryError, match="MiB budget.*lower max_dense_bytes"):
+    with pytest.raises(MemoryError, match=r"MiB budget.*lower max_dense_bytes"):
         sketchot.make_kernel(X, Y, 1.0, "exact")
 
 
@@ -72,7 +72,7 @@ def test_huge_total_mass_does_not_overflow_the_error(cloud):
 @pytest.mark.parametrize("reg", [1e-310, 5e-324])
 def test_subnormal_reg_is_rejected(cloud, reg):
     X, Y = cloud
-    with pytest.raises(ValueError, match="reg=.* is too small"):
+    with pytest.raises(ValueError, match=r"reg=.* is too small"):
         sketchot.sinkhorn(None, None, X, Y, reg, "exact")
 
 
