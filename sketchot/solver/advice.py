@@ -1,44 +1,85 @@
 """Advice for a result that missed its accuracy target, computed from what was measured.
 
-The advice never names the backend that just failed as its own fix. It is tested to work
-when followed (``tests/solver/test_advice.py``).
+* A kernel with the ``'exact'`` capability that did not converge: the number of iterations the
+  measured convergence rate needs to reach ``tol`` (linear convergence of Sinkhorn), with a
+  margin.
+* An approximation: the exact kernel when ``n x m`` fits the dense budget (then the advice
+  always works), else ``backend='auto'`` (which escalates until the accuracy is met), plus the
+  backend record's own advice.
+
+The advice never names the backend that just failed as its own fix; it is tested to work when
+followed (``tests/solver/test_advice.py``).
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from ..kernels import get_backend
+from ..kernels.auto import dense_budget_bytes
 
 if TYPE_CHECKING:
     from .result import SinkhornResult
+
+#: Margin on the extrapolated number of iterations: Sinkhorn's rate slows down as it goes.
+ITERATION_MARGIN = 2.0
+
+#: Factor on max_iter when too few checks were made to measure a rate (at least the default
+#: max_iter, 1000).
+BLIND_FACTOR = 10
+BLIND_MINIMUM = 1000
+
+
+def iterations_needed(history: list[tuple[int, float]], tol: float) -> int | None:
+    """Iterations to reach ``tol`` at the rate measured between the last two checks after the
+    first iteration (whose fast initial drop says nothing about the tail); ``None`` when no
+    such rate exists or the error did not decrease."""
+    checks = [entry for entry in history if entry[0] > 1]
+    if len(checks) < 2:
+        return None
+    first, last = checks[-2], checks[-1]
+    if not (0 < last[1] < first[1]):
+        return None
+    rate = math.log(last[1] / first[1]) / (last[0] - first[0])
+    return int(math.ceil(last[0] + math.log(tol / last[1]) / rate))
 
 
 def advise(result: SinkhornResult) -> str:
     """One or two sentences: what to change, from the measured errors and iterations."""
     backend = result.backend
     check = result.true_kernel
+    n, m = result.kernel.shape
     if "exact" in result.kernel.info.capabilities:
         if not result.converged:
-            history = result.error_history
-            trend = (
-                f" (marginal error {history[0][1]:.2g} -> {history[-1][1]:.2g})"
-                if len(history) >= 2
-                else ""
-            )
+            needed = iterations_needed(result.error_history, result.tol)
+            if needed is None:
+                return (
+                    f"The exact kernel did not converge in {result.n_iter} iterations, too few "
+                    f"to measure its rate: pass max_iter={max(BLIND_MINIMUM, BLIND_FACTOR * result.n_iter)} (or a "
+                    "larger reg)."
+                )
             return (
-                f"The exact kernel did not converge in {result.n_iter} iterations{trend}: "
-                f"increase max_iter (or reg)."
+                f"The exact kernel did not converge in {result.n_iter} iterations; at the "
+                f"measured rate it needs about {needed}: pass "
+                f"max_iter={math.ceil(ITERATION_MARGIN * needed)} (or a larger reg)."
             )
-        return "Tighten tol (the exact kernel's error is the solver's own marginal error)."
+        return "Tighten tol: the exact kernel's error is the solver's own marginal error."
     measured = f" (measured {check.relative:.2g})" if check is not None else ""
+    itemsize = result.kernel.dtype.itemsize
+    if n * m * itemsize <= dense_budget_bytes():
+        fix = (
+            f"pass backend='exact' (the {n} x {m} kernel takes "
+            f"{n * m * itemsize / 2**20:.0f} MiB) or backend='auto'"
+        )
+    else:
+        fix = (
+            "pass backend='auto', which escalates (adaptive rank, then the exact kernel) "
+            "until the accuracy is met"
+        )
     try:
         record_advice = get_backend(backend).advice
     except ValueError:
         record_advice = ""
-    text = (
-        f"The {backend!r} kernel is too coarse at reg={result.reg:g}{measured}: use "
-        "backend='auto', which escalates (adaptive rank, then the exact kernel) until the "
-        "accuracy is met"
-    )
+    text = f"The {backend!r} kernel is too coarse at reg={result.reg:g}{measured}: {fix}"
     return text + (f"; {record_advice}." if record_advice else ".")
