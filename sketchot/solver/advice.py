@@ -42,7 +42,7 @@ def iterations_needed(history: list[tuple[int, float]], tol: float) -> int | Non
     if not (0 < last[1] < first[1]):
         return None
     rate = math.log(last[1] / first[1]) / (last[0] - first[0])
-    return int(math.ceil(last[0] + math.log(tol / last[1]) / rate))
+    return math.ceil(last[0] + math.log(tol / last[1]) / rate)
 
 
 def advise(result: SinkhornResult) -> str:
@@ -54,10 +54,10 @@ def advise(result: SinkhornResult) -> str:
         if not result.converged:
             needed = iterations_needed(result.error_history, result.tol)
             if needed is None:
+                blind = max(BLIND_MINIMUM, BLIND_FACTOR * result.n_iter)
                 return (
                     f"The exact kernel did not converge in {result.n_iter} iterations, too few "
-                    f"to measure its rate: pass max_iter={max(BLIND_MINIMUM, BLIND_FACTOR * result.n_iter)} (or a "
-                    "larger reg)."
+                    f"to measure its rate: pass max_iter={blind} (or a larger reg)."
                 )
             return (
                 f"The exact kernel did not converge in {result.n_iter} iterations; at the "
