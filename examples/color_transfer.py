@@ -1,10 +1,12 @@
 """Recolour a photograph with the palette of another (entropic optimal transport, sketchot).
 
 With no arguments it runs on the project's default pair (images/default_source.png, a sunset,
-and images/default_target.png, a daylight coast) and writes into images/::
+and images/default_target.png, a daylight coast) and writes into outputs/ (created on demand,
+ignored by git)::
 
     python examples/color_transfer.py
     python examples/color_transfer.py SOURCE TARGET [--out recoloured.png]
+    python examples/color_transfer.py --out images/color_transfer.png   # the README's figure
     python examples/color_transfer.py --backend exact --reg 0.05 --n-samples 20000
     python examples/color_transfer.py --backend rff --rank 500 --reg 1
 
@@ -12,8 +14,13 @@ Steps (each printed with its timing): sample ``--n-samples`` colours from each i
 kernel ``exp(-||x - y||^2 / reg)`` of the chosen backend and run Sinkhorn (marginal error at
 every check), map EVERY pixel of the source (and of the target, back) with the entropic map,
 and check the scalings against the exact kernel. Writes the recoloured image(s) and a figure
-(images and colour distributions side by side). Every output is written atomically: an error
-never leaves a partial file. Bad input gets one ``error: ...`` line on stderr and exit code 2.
+(images and colour distributions side by side).
+
+Outputs are checked before any work (folder exists and is writable, no output is an input or
+another output) and written all together: a failure or Ctrl-C leaves every old output as it
+was, and no temporary file. Images are mapped at full resolution as 8-bit integers (about
+9 bytes per pixel in all). Bad input gets one ``error: ...`` line on stderr and exit code 2;
+an image too large for the available memory exit code 1, an interruption exit code 130.
 """
 
 from __future__ import annotations
@@ -33,22 +40,26 @@ from sketchot.color import (
     DEFAULT_BACKEND,
     DEFAULT_N_SAMPLES,
     DEFAULT_REG,
-    save_image,
+    OutputSet,
     transfer_colors,
 )
-from sketchot.color._cli import (
+from sketchot.color.cli import (
     OneLineParser,
-    check_output,
+    check_outputs,
     one_line_warnings,
     positive_float,
     positive_int,
 )
-from sketchot.color.figures import color_transfer_figure, save_figure
+from sketchot.color.figures import color_transfer_figure, figure_writer
+from sketchot.color.images import image_writer
 
-IMAGES = Path(__file__).resolve().parent.parent / "images"
+ROOT = Path(__file__).resolve().parent.parent
+IMAGES = ROOT / "images"
 DEFAULT_SOURCE = IMAGES / "default_source.png"
 DEFAULT_TARGET = IMAGES / "default_target.png"
-DEFAULT_OUT = IMAGES / "color_transfer.png"
+#: Untracked (.gitignore): running the demo never changes the files of a clone.
+OUTPUTS = ROOT / "outputs"
+DEFAULT_OUT = OUTPUTS / "color_transfer.png"
 
 #: Which backend parameter ``--rank`` sets.
 RANK_PARAMETER = {"rff": "n_features", "nystrom": "n_landmarks"}
@@ -58,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="color_transfer.py",
         description="Recolour SOURCE with the palette of TARGET by entropic optimal transport.",
-        epilog="With no SOURCE and TARGET: the embedded default pair, outputs in images/.",
+        epilog="With no SOURCE and TARGET: the embedded default pair, outputs in outputs/.",
     )
     parser.add_argument("source", nargs="?", type=Path, help="image to recolour")
     parser.add_argument("target", nargs="?", type=Path, help="image whose palette to use")
@@ -105,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     outputs = parser.add_argument_group("outputs")
     outputs.add_argument(
         "--out", type=Path,
-        help="recoloured source image (default: images/color_transfer.png for the "
+        help="recoloured source image (default: outputs/color_transfer.png for the "
         "default pair, SOURCE_recolored.png in the current folder otherwise)",
     )  # fmt: skip
     outputs.add_argument(
@@ -142,27 +153,40 @@ def backend_params(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
 
 
 def output_paths(args: argparse.Namespace, parser: argparse.ArgumentParser):
-    """(recoloured, inverse or None, figure or None); refuses missing folders up front."""
+    """(recoloured, inverse or None, figure or None, OutputSet), all checked before any work."""
     if args.out is not None:
         out = args.out
     elif args.source is None:
+        OUTPUTS.mkdir(exist_ok=True)
         out = DEFAULT_OUT
     else:
         out = Path.cwd() / f"{args.source.stem}_recolored.png"
-    inverse = None if args.no_inverse else out.with_name(f"{out.stem}_inverse{out.suffix}")
+    outputs = OutputSet()
+    outputs.add(out, "--out", "image")
+    inverse = None
+    if not args.no_inverse:
+        inverse = out.with_name(f"{out.stem}_inverse{out.suffix}")
+        outputs.add(inverse, "the inverse image (from --out)", "image")
     figure = None
     if not args.no_figure:
-        figure = args.figure if args.figure is not None else out.with_name(f"{out.stem}_figure.png")
-    check_output(parser, out, "--out", "image")
-    if figure is not None:
-        check_output(parser, figure, "--figure", "figure")
-    return out, inverse, figure
+        if args.figure is not None:
+            figure = outputs.add(args.figure, "--figure", "figure")
+        else:
+            figure = outputs.add(out.with_name(f"{out.stem}_figure.png"), "the figure (from --out)")
+    source = args.source if args.source is not None else DEFAULT_SOURCE
+    target = args.target if args.target is not None else DEFAULT_TARGET
+    check_outputs(parser, outputs, [("SOURCE", source), ("TARGET", target)])
+    return out, inverse, figure, outputs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the program; returns the exit code (2 for bad input, 1 for other failures)."""
     with one_line_warnings():
-        return _main(argv)
+        try:
+            return _main(argv)
+        except KeyboardInterrupt:
+            print("error: interrupted; every output keeps its previous content", file=sys.stderr)
+            return 130
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -171,7 +195,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if (args.source is None) != (args.target is None):
         parser.error("give both SOURCE and TARGET, or neither for the default pair")
     params = backend_params(args, parser)
-    out, inverse_out, figure_out = output_paths(args, parser)
+    out, inverse_out, figure_out, outputs = output_paths(args, parser)
     source = args.source if args.source is not None else DEFAULT_SOURCE
     target = args.target if args.target is not None else DEFAULT_TARGET
 
@@ -196,6 +220,7 @@ def _main(argv: Sequence[str] | None) -> int:
             safeguard=args.safeguard,
             verbose=True,
             progress=say,
+            compact=True,  # uint8 images: full-resolution photographs in bounded memory
             **params,
         )
         result = run.result
@@ -205,9 +230,11 @@ def _main(argv: Sequence[str] | None) -> int:
             f"{run.forward.seconds:.2f} s; exact-kernel fallbacks: {run.forward.n_fallbacks} "
             f"colours; pixels clipped to [0, 1]: {run.forward.n_clipped}"
         )
-        written = [save_image(run.image, out, name="result")]
+        writers = [(out, image_writer(run.image, out, name="result"))]
         if inverse_out is not None:
-            written.append(save_image(run.inverse_image, inverse_out, name="inverse result"))
+            writers.append(
+                (inverse_out, image_writer(run.inverse_image, inverse_out, name="inverse result"))
+            )
         if figure_out is not None:
             say("drawing the figure")
             panels = [("source", run.source), ("target", run.target)]
@@ -223,11 +250,17 @@ def _main(argv: Sequence[str] | None) -> int:
                 f"{run.forward.n_pixels / 1e6:.2f} Mpx in {run.forward.seconds:.2f} s"
             )
             figure = color_transfer_figure(panels, title=title, rng=args.seed)
-            written.append(save_figure(figure, figure_out))
+            writers.append((figure_out, figure_writer(figure, figure_out)))
+        with outputs:  # all written, or (error, Ctrl-C) none: the old files stay
+            for path, writer in writers:
+                outputs.write(path, writer)
     except (ValueError, TypeError, FileNotFoundError, IsADirectoryError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (OSError, MemoryError, FloatingPointError) as exc:
+    except MemoryError as exc:
+        print(f"error: {exc or 'out of memory'}", file=sys.stderr)
+        return 1
+    except (OSError, FloatingPointError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
 
@@ -238,7 +271,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if key in timings:
             print(f"  {key:<12} {timings[key]:8.3f}")
     print(f"  per iteration {result.timings['per_iteration'] * 1e3:.2f} ms ({result.n_iter} it.)")
-    for path in written:
+    for path, _ in writers:
         print(f"wrote {path}")
     return 0
 

@@ -23,8 +23,11 @@ not positive (counted as "fallbacks").
 
 Usage::
 
-    python examples/compare_backends.py                 # default pair, writes images/
+    python examples/compare_backends.py                 # default pair, writes outputs/
     python examples/compare_backends.py SOURCE TARGET --out comparison.png --json results.json
+    python examples/compare_backends.py --out images/compare_backends.png   # README's figure
+
+Outputs are checked before any work and written all together (see examples/color_transfer.py).
 """
 
 from __future__ import annotations
@@ -43,21 +46,23 @@ matplotlib.use("Agg")
 
 import numpy as np
 
-from sketchot.color import load_image, transfer_colors
-from sketchot.color._cli import (
+from sketchot.color import OutputSet, load_image, transfer_colors
+from sketchot.color.cli import (
     OneLineParser,
-    check_output,
+    check_outputs,
     one_line_warnings,
     positive_float,
     positive_int,
 )
-from sketchot.color.figures import comparison_figure, save_figure
-from sketchot.color.images import atomic_write_with
+from sketchot.color.figures import comparison_figure, figure_writer
 
-IMAGES = Path(__file__).resolve().parent.parent / "images"
+ROOT = Path(__file__).resolve().parent.parent
+IMAGES = ROOT / "images"
 DEFAULT_SOURCE = IMAGES / "default_source.png"
 DEFAULT_TARGET = IMAGES / "default_target.png"
-DEFAULT_OUT = IMAGES / "compare_backends.png"
+#: Untracked (.gitignore): running the program never changes the files of a clone.
+OUTPUTS = ROOT / "outputs"
+DEFAULT_OUT = OUTPUTS / "compare_backends.png"
 
 BACKENDS = ("nystrom", "rff", "polyts")
 
@@ -105,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="clip",
         help="solver safeguard (default clip, see the module docstring)",
     )
-    parser.add_argument("--out", type=Path, help="figure (default images/compare_backends.png)")
+    parser.add_argument("--out", type=Path, help="figure (default outputs/compare_backends.png)")
     parser.add_argument("--json", type=Path, help="also write the measurements as JSON")
     return parser
 
@@ -157,7 +162,11 @@ def describe_params(params: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the program; returns the exit code (2 for bad input, 1 for other failures)."""
     with one_line_warnings():
-        return _main(argv)
+        try:
+            return _main(argv)
+        except KeyboardInterrupt:
+            print("error: interrupted; every output keeps its previous content", file=sys.stderr)
+            return 130
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -165,10 +174,14 @@ def _main(argv: Sequence[str] | None) -> int:
     args = parser.parse_args(argv)
     if (args.source is None) != (args.target is None):
         parser.error("give both SOURCE and TARGET, or neither for the default pair")
-    out = args.out if args.out is not None else DEFAULT_OUT
-    check_output(parser, out, "--out", "figure")
+    if args.out is None:
+        OUTPUTS.mkdir(exist_ok=True)
+    outputs = OutputSet()
+    out = outputs.add(args.out if args.out is not None else DEFAULT_OUT, "--out", "figure")
     if args.json is not None:
-        check_output(parser, args.json, "--json", "json")
+        outputs.add(args.json, "--json", "json")
+    inputs = [("SOURCE", args.source or DEFAULT_SOURCE), ("TARGET", args.target or DEFAULT_TARGET)]
+    check_outputs(parser, outputs, inputs)
     settings = [
         (f"reg = {args.large_reg:g}, paper's equal cost", args.large_reg, PAPER_PARAMS),
         (f"reg = {args.small_reg:g}, paper's equal cost", args.small_reg, PAPER_PARAMS),
@@ -226,17 +239,21 @@ def _main(argv: Sequence[str] | None) -> int:
                 "exact recolouring over all pixels"
             ),
         )
-        save_figure(figure, out)
-        print(f"wrote {out}")
-        if args.json is not None:
-            payload = [{k: v for k, v in r.items() if k != "image"} for r in records]
-            text = json.dumps(payload, indent=2, default=float)
-            atomic_write_with(args.json, lambda stream: stream.write(text.encode()))
-            print(f"wrote {args.json}")
+        payload = [{k: v for k, v in r.items() if k != "image"} for r in records]
+        text = json.dumps(payload, indent=2, default=float)
+        with outputs:  # all written, or (error, Ctrl-C) none: the old files stay
+            outputs.write(out, figure_writer(figure, out))
+            if args.json is not None:
+                outputs.write(args.json, lambda stream: stream.write(text.encode()))
+        for path in outputs.paths:
+            print(f"wrote {path}")
     except (ValueError, TypeError, FileNotFoundError, IsADirectoryError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (OSError, MemoryError, FloatingPointError) as exc:
+    except MemoryError as exc:
+        print(f"error: {exc or 'out of memory'}", file=sys.stderr)
+        return 1
+    except (OSError, FloatingPointError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0
