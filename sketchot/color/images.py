@@ -537,9 +537,7 @@ def _with_rawmode(tile: Any, rawmode: str) -> Any:
     return (tile[0], tile[1], tile[2], rawmode)
 
 
-def _check_decode_memory(
-    picture: Image.Image, label: str, wide: bool, float_output: bool
-) -> None:
+def _check_decode_memory(picture: Image.Image, label: str, wide: bool, float_output: bool) -> None:
     """Refuse before decoding an image whose decoding would not fit in the available memory."""
     width, height = picture.size
     # Pillow holds 4 bytes per pixel (twice for 16-bit RGB, decoded twice); a mode conversion

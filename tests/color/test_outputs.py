@@ -281,6 +281,8 @@ def test_default_outputs_go_to_an_ignored_folder_created_on_demand(tiny_pair, tm
     code = demo.main(["--n-samples", "40", "--backend", "exact", "--max-iter", "50"])
     assert code == 0, capsys.readouterr().err
     assert names(demo.OUTPUTS) == [
-        "color_transfer.png", "color_transfer_figure.png", "color_transfer_inverse.png"
+        "color_transfer.png",
+        "color_transfer_figure.png",
+        "color_transfer_inverse.png",
     ]
     assert {p: p.stat().st_mtime_ns for p in (ROOT / "images").iterdir()} == images_before
