@@ -42,9 +42,15 @@ from typing import Any
 import numpy as np
 
 import sketchot
-from sketchot.color import image_pixels, load_image, map_image, sample_pixels
-from sketchot.color._cli import OneLineParser, check_output, positive_float, positive_int
-from sketchot.color.images import atomic_write_with
+from sketchot.color import (
+    OutputSet,
+    atomic_write_with,
+    image_pixels,
+    load_image,
+    map_image,
+    sample_pixels,
+)
+from sketchot.color.cli import OneLineParser, check_outputs, positive_float, positive_int
 from sketchot.color.transfer import resolve_backend_params
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,7 +171,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.json is not None:
-        check_output(parser, args.json, "--json", "json")
+        planned = OutputSet()
+        planned.add(args.json, "--json", "json")
+        check_outputs(parser, planned, [("--source", args.source), ("--target", args.target)])
     if args.quick:
         args.n_samples = min(args.n_samples, 2000)
     try:

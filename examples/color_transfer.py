@@ -1,19 +1,31 @@
 """Recolour a photograph with the palette of another (entropic optimal transport, sketchot).
 
 With no arguments it runs on the project's default pair (images/default_source.png, a sunset,
-and images/default_target.png, a daylight coast) and writes into images/::
+and images/default_target.png, a daylight coast) and writes into outputs/ (created on demand,
+ignored by git)::
 
     python examples/color_transfer.py
     python examples/color_transfer.py SOURCE TARGET [--out recoloured.png]
-    python examples/color_transfer.py --backend exact --reg 0.05 --n-samples 20000
-    python examples/color_transfer.py --backend rff --rank 500 --reg 1
+    python examples/color_transfer.py --out images/color_transfer.png   # the README's figure
+    python examples/color_transfer.py --reg 0.01 --n-samples 20000
+    python examples/color_transfer.py --backend nystrom --rank 500 --reg 1
+
+``--backend auto`` (the default) picks the cheapest kernel that meets ``--accuracy`` against the
+true kernel; a named backend is used as it is.
 
 Steps (each printed with its timing): sample ``--n-samples`` colours from each image, build the
 kernel ``exp(-||x - y||^2 / reg)`` of the chosen backend and run Sinkhorn (marginal error at
 every check), map EVERY pixel of the source (and of the target, back) with the entropic map,
 and check the scalings against the exact kernel. Writes the recoloured image(s) and a figure
-(images and colour distributions side by side). Every output is written atomically: an error
-never leaves a partial file. Bad input gets one ``error: ...`` line on stderr and exit code 2.
+(images and colour distributions side by side).
+
+Outputs are checked before any work (folder exists and is writable, no output is an input or
+another output) and written all together: a failure or Ctrl-C leaves every old output as it
+was, and no temporary file. Images are mapped at full resolution as 8-bit integers (about
+9 bytes per pixel in all). Bad input gets one ``error: ...`` line on stderr and exit code 2;
+an image too large for the available memory exit code 1, an interruption exit code 130, and
+a transfer whose scalings miss ``--accuracy`` against the true kernel exit code 3 with one
+``error:`` line saying by how much (its outputs are written, the figure says it missed).
 """
 
 from __future__ import annotations
@@ -33,40 +45,44 @@ from sketchot.color import (
     DEFAULT_BACKEND,
     DEFAULT_N_SAMPLES,
     DEFAULT_REG,
-    save_image,
+    OutputSet,
     transfer_colors,
 )
-from sketchot.color._cli import (
+from sketchot.color.cli import (
     OneLineParser,
-    check_output,
+    check_outputs,
     one_line_warnings,
     positive_float,
     positive_int,
 )
-from sketchot.color.figures import color_transfer_figure, save_figure
+from sketchot.color.figures import color_transfer_figure, figure_writer
+from sketchot.color.images import image_writer
 
-IMAGES = Path(__file__).resolve().parent.parent / "images"
+ROOT = Path(__file__).resolve().parent.parent
+IMAGES = ROOT / "images"
 DEFAULT_SOURCE = IMAGES / "default_source.png"
 DEFAULT_TARGET = IMAGES / "default_target.png"
-DEFAULT_OUT = IMAGES / "color_transfer.png"
+#: Untracked (.gitignore): running the demo never changes the files of a clone.
+OUTPUTS = ROOT / "outputs"
+DEFAULT_OUT = OUTPUTS / "color_transfer.png"
 
-#: Which backend parameter ``--rank`` sets.
-RANK_PARAMETER = {"rff": "n_features", "nystrom": "n_landmarks"}
+#: Exit code of a transfer that missed its accuracy target.
+EXIT_ACCURACY_MISSED = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="color_transfer.py",
         description="Recolour SOURCE with the palette of TARGET by entropic optimal transport.",
-        epilog="With no SOURCE and TARGET: the embedded default pair, outputs in images/.",
+        epilog="With no SOURCE and TARGET: the embedded default pair, outputs in outputs/.",
     )
     parser.add_argument("source", nargs="?", type=Path, help="image to recolour")
     parser.add_argument("target", nargs="?", type=Path, help="image whose palette to use")
     parser.add_argument(
         "--backend",
-        choices=sketchot.available_backends(),
+        choices=("auto", *sketchot.available_backends()),
         default=DEFAULT_BACKEND,
-        help=f"kernel backend (default {DEFAULT_BACKEND})",
+        help=f"kernel backend (default {DEFAULT_BACKEND}: the cheapest that meets --accuracy)",
     )
     parser.add_argument(
         "--reg", type=positive_float, default=DEFAULT_REG,
@@ -87,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     group = parser.add_argument_group("backend parameters")
     group.add_argument(
         "--rank", type=positive_int,
-        help="rff: number of features D (default 60); nystrom: landmarks s (default 400, k-center)",
+        help="low-rank backends: number of features (default 400, at most the sample size)",
     )  # fmt: skip
     group.add_argument(
         "--landmarks", choices=("uniform", "kcenter"), help="nystrom: landmark selection"
@@ -99,13 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
     solver.add_argument("--max-iter", type=positive_int, default=1000, help="(default 1000)")
     solver.add_argument("--tol", type=positive_float, default=1e-9, help="(default 1e-9)")
     solver.add_argument(
+        "--accuracy", type=positive_float, default=sketchot.SolverOptions.accuracy,
+        help="relative L1 marginal error against the true kernel that the scalings must meet "
+        f"(default {sketchot.SolverOptions.accuracy:g})",
+    )  # fmt: skip
+    solver.add_argument(
         "--safeguard", choices=("exact", "clip", "raise"), default="exact",
         help="non-positive approximate denominators: recompute exactly (default), clip, raise",
     )  # fmt: skip
     outputs = parser.add_argument_group("outputs")
     outputs.add_argument(
         "--out", type=Path,
-        help="recoloured source image (default: images/color_transfer.png for the "
+        help="recoloured source image (default: outputs/color_transfer.png for the "
         "default pair, SOURCE_recolored.png in the current folder otherwise)",
     )  # fmt: skip
     outputs.add_argument(
@@ -121,10 +142,9 @@ def backend_params(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     """Backend parameters from the options, refusing options of another backend."""
     params: dict = {}
     if args.rank is not None:
-        if args.backend not in RANK_PARAMETER:
-            hint = "; use -m/-r for polyts" if args.backend == "polyts" else ""
-            parser.error(f"--rank applies to backends rff and nystrom, not {args.backend}{hint}")
-        params[RANK_PARAMETER[args.backend]] = args.rank
+        if args.backend == "auto" or sketchot.get_backend(args.backend).rank_parameter is None:
+            parser.error(f"--rank applies to low-rank backends, not {args.backend}")
+        params["rank"] = args.rank
     if args.landmarks is not None:
         if args.backend != "nystrom":
             parser.error(f"--landmarks applies to backend nystrom, not {args.backend}")
@@ -142,27 +162,40 @@ def backend_params(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
 
 
 def output_paths(args: argparse.Namespace, parser: argparse.ArgumentParser):
-    """(recoloured, inverse or None, figure or None); refuses missing folders up front."""
+    """(recoloured, inverse or None, figure or None, OutputSet), all checked before any work."""
     if args.out is not None:
         out = args.out
     elif args.source is None:
+        OUTPUTS.mkdir(exist_ok=True)
         out = DEFAULT_OUT
     else:
         out = Path.cwd() / f"{args.source.stem}_recolored.png"
-    inverse = None if args.no_inverse else out.with_name(f"{out.stem}_inverse{out.suffix}")
+    outputs = OutputSet()
+    outputs.add(out, "--out", "image")
+    inverse = None
+    if not args.no_inverse:
+        inverse = out.with_name(f"{out.stem}_inverse{out.suffix}")
+        outputs.add(inverse, "the inverse image (from --out)", "image")
     figure = None
     if not args.no_figure:
-        figure = args.figure if args.figure is not None else out.with_name(f"{out.stem}_figure.png")
-    check_output(parser, out, "--out", "image")
-    if figure is not None:
-        check_output(parser, figure, "--figure", "figure")
-    return out, inverse, figure
+        if args.figure is not None:
+            figure = outputs.add(args.figure, "--figure", "figure")
+        else:
+            figure = outputs.add(out.with_name(f"{out.stem}_figure.png"), "the figure (from --out)")
+    source = args.source if args.source is not None else DEFAULT_SOURCE
+    target = args.target if args.target is not None else DEFAULT_TARGET
+    check_outputs(parser, outputs, [("SOURCE", source), ("TARGET", target)])
+    return out, inverse, figure, outputs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the program; returns the exit code (2 for bad input, 1 for other failures)."""
     with one_line_warnings():
-        return _main(argv)
+        try:
+            return _main(argv)
+        except KeyboardInterrupt:
+            print("error: interrupted; every output keeps its previous content", file=sys.stderr)
+            return 130
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -171,7 +204,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if (args.source is None) != (args.target is None):
         parser.error("give both SOURCE and TARGET, or neither for the default pair")
     params = backend_params(args, parser)
-    out, inverse_out, figure_out = output_paths(args, parser)
+    out, inverse_out, figure_out, outputs = output_paths(args, parser)
     source = args.source if args.source is not None else DEFAULT_SOURCE
     target = args.target if args.target is not None else DEFAULT_TARGET
 
@@ -194,20 +227,27 @@ def _main(argv: Sequence[str] | None) -> int:
             max_iter=args.max_iter,
             tol=args.tol,
             safeguard=args.safeguard,
+            accuracy=args.accuracy,
             verbose=True,
             progress=say,
+            compact=True,  # uint8 images: full-resolution photographs in bounded memory
             **params,
         )
         result = run.result
+        if result.reason:
+            say(f"backend {result.backend}: {result.reason}")
         say(f"true-kernel check: {run.check}")
+        missed = not result.accuracy_met
         say(
             f"mapped {run.forward.n_pixels} pixels ({run.forward.n_colors} distinct colours) in "
             f"{run.forward.seconds:.2f} s; exact-kernel fallbacks: {run.forward.n_fallbacks} "
             f"colours; pixels clipped to [0, 1]: {run.forward.n_clipped}"
         )
-        written = [save_image(run.image, out, name="result")]
+        writers = [(out, image_writer(run.image, out, name="result"))]
         if inverse_out is not None:
-            written.append(save_image(run.inverse_image, inverse_out, name="inverse result"))
+            writers.append(
+                (inverse_out, image_writer(run.inverse_image, inverse_out, name="inverse result"))
+            )
         if figure_out is not None:
             say("drawing the figure")
             panels = [("source", run.source), ("target", run.target)]
@@ -222,12 +262,23 @@ def _main(argv: Sequence[str] | None) -> int:
                 f"{result.timings['per_iteration'] * 1e3:.1f} ms, mapping "
                 f"{run.forward.n_pixels / 1e6:.2f} Mpx in {run.forward.seconds:.2f} s"
             )
+            if missed:
+                title += (
+                    f"\nAPPROXIMATION MISSED accuracy={args.accuracy:g}: true-kernel error up "
+                    f"to {run.check.bound:.2g}"
+                )
             figure = color_transfer_figure(panels, title=title, rng=args.seed)
-            written.append(save_figure(figure, figure_out))
+            writers.append((figure_out, figure_writer(figure, figure_out)))
+        with outputs:  # all written, or (error, Ctrl-C) none: the old files stay
+            for path, writer in writers:
+                outputs.write(path, writer)
     except (ValueError, TypeError, FileNotFoundError, IsADirectoryError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (OSError, MemoryError, FloatingPointError) as exc:
+    except MemoryError as exc:
+        print(f"error: {exc or 'out of memory'}", file=sys.stderr)
+        return 1
+    except (OSError, FloatingPointError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
 
@@ -238,8 +289,16 @@ def _main(argv: Sequence[str] | None) -> int:
         if key in timings:
             print(f"  {key:<12} {timings[key]:8.3f}")
     print(f"  per iteration {result.timings['per_iteration'] * 1e3:.2f} ms ({result.n_iter} it.)")
-    for path in written:
+    for path, _ in writers:
         print(f"wrote {path}")
+    if missed:
+        print(
+            f"error: backend {result.backend!r} missed accuracy={args.accuracy:g}: the scalings "
+            f"miss the true kernel's marginals by up to {run.check.bound:.2g} (relative L1); "
+            "--backend auto meets it",
+            file=sys.stderr,
+        )
+        return EXIT_ACCURACY_MISSED
     return 0
 
 

@@ -23,8 +23,11 @@ not positive (counted as "fallbacks").
 
 Usage::
 
-    python examples/compare_backends.py                 # default pair, writes images/
+    python examples/compare_backends.py                 # default pair, writes outputs/
     python examples/compare_backends.py SOURCE TARGET --out comparison.png --json results.json
+    python examples/compare_backends.py --out images/compare_backends.png   # README's figure
+
+Outputs are checked before any work and written all together (see examples/color_transfer.py).
 """
 
 from __future__ import annotations
@@ -43,39 +46,33 @@ matplotlib.use("Agg")
 
 import numpy as np
 
-from sketchot.color import load_image, transfer_colors
-from sketchot.color._cli import (
+import sketchot
+from sketchot.color import OutputSet, load_image, transfer_colors
+from sketchot.color.cli import (
     OneLineParser,
-    check_output,
+    check_outputs,
     one_line_warnings,
     positive_float,
     positive_int,
 )
-from sketchot.color.figures import comparison_figure, save_figure
-from sketchot.color.images import atomic_write_with
+from sketchot.color.figures import comparison_figure, figure_writer
 
-IMAGES = Path(__file__).resolve().parent.parent / "images"
+ROOT = Path(__file__).resolve().parent.parent
+IMAGES = ROOT / "images"
 DEFAULT_SOURCE = IMAGES / "default_source.png"
 DEFAULT_TARGET = IMAGES / "default_target.png"
-DEFAULT_OUT = IMAGES / "compare_backends.png"
+#: Untracked (.gitignore): running the program never changes the files of a clone.
+OUTPUTS = ROOT / "outputs"
+DEFAULT_OUT = OUTPUTS / "compare_backends.png"
 
-BACKENDS = ("nystrom", "rff", "polyts")
-
-#: The paper's equal-cost parameters (sketchot.comparable_parameters() with m = 20, r = 3).
-PAPER_PARAMS = {
-    "nystrom": {"n_landmarks": 8},
-    "rff": {"n_features": 60},
-    "polyts": {"sketch_dim": 20, "degree": 3},
-}
+#: The approximate backends compared (every registered one with the paper's cost setting).
+PAPER_PARAMS = sketchot.comparable_parameters()
+BACKENDS = tuple(PAPER_PARAMS)
 
 
 def rank_params(rank: int) -> dict[str, dict[str, int]]:
-    """Parameters giving every backend about ``rank`` feature columns (degree 3 for polyts)."""
-    return {
-        "nystrom": {"n_landmarks": rank},
-        "rff": {"n_features": rank},
-        "polyts": {"sketch_dim": max(1, round((rank - 1) / 3)), "degree": 3},
-    }
+    """Every backend at ``rank`` features (``rank=``, read by each backend's registry record)."""
+    return {backend: {"rank": rank} for backend in BACKENDS}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="clip",
         help="solver safeguard (default clip, see the module docstring)",
     )
-    parser.add_argument("--out", type=Path, help="figure (default images/compare_backends.png)")
+    parser.add_argument("--out", type=Path, help="figure (default outputs/compare_backends.png)")
     parser.add_argument("--json", type=Path, help="also write the measurements as JSON")
     return parser
 
@@ -126,6 +123,7 @@ def run_one(
             replace=args.replace,
             max_iter=args.max_iter,
             safeguard=args.safeguard,
+            errors="warn",  # a comparison shows impossible results too, flagged in the table
             **params,
         )
     result = run.result
@@ -142,6 +140,8 @@ def run_one(
         "map_s": run.forward.seconds,
         "total_s": result.timings["build"] + result.timings["iterations"] + run.forward.seconds,
         "true_kernel_relative_error": max(run.check.relative_a, run.check.relative_b),
+        "accuracy_met": bool(result.accuracy_met),
+        "impossible": not (result.value_linear >= 0 and result.mass > 0),
         "map_fallback_colors": run.forward.n_fallbacks,
         "n_colors": run.forward.n_colors,
         "safeguard_repairs": result.safeguard["rows_repaired"] + result.safeguard["cols_repaired"],
@@ -151,13 +151,18 @@ def run_one(
 
 def describe_params(params: dict) -> str:
     short = {"n_landmarks": "s", "n_features": "D", "sketch_dim": "m", "degree": "r"}
+    short["rank"] = "rank"
     return ", ".join(f"{short.get(k, k)}={v}" for k, v in params.items() if k in short)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the program; returns the exit code (2 for bad input, 1 for other failures)."""
     with one_line_warnings():
-        return _main(argv)
+        try:
+            return _main(argv)
+        except KeyboardInterrupt:
+            print("error: interrupted; every output keeps its previous content", file=sys.stderr)
+            return 130
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -165,10 +170,14 @@ def _main(argv: Sequence[str] | None) -> int:
     args = parser.parse_args(argv)
     if (args.source is None) != (args.target is None):
         parser.error("give both SOURCE and TARGET, or neither for the default pair")
-    out = args.out if args.out is not None else DEFAULT_OUT
-    check_output(parser, out, "--out", "figure")
+    if args.out is None:
+        OUTPUTS.mkdir(exist_ok=True)
+    outputs = OutputSet()
+    out = outputs.add(args.out if args.out is not None else DEFAULT_OUT, "--out", "figure")
     if args.json is not None:
-        check_output(parser, args.json, "--json", "json")
+        outputs.add(args.json, "--json", "json")
+    inputs = [("SOURCE", args.source or DEFAULT_SOURCE), ("TARGET", args.target or DEFAULT_TARGET)]
+    check_outputs(parser, outputs, inputs)
     settings = [
         (f"reg = {args.large_reg:g}, paper's equal cost", args.large_reg, PAPER_PARAMS),
         (f"reg = {args.small_reg:g}, paper's equal cost", args.small_reg, PAPER_PARAMS),
@@ -226,20 +235,31 @@ def _main(argv: Sequence[str] | None) -> int:
                 "exact recolouring over all pixels"
             ),
         )
-        save_figure(figure, out)
-        print(f"wrote {out}")
-        if args.json is not None:
-            payload = [{k: v for k, v in r.items() if k != "image"} for r in records]
-            text = json.dumps(payload, indent=2, default=float)
-            atomic_write_with(args.json, lambda stream: stream.write(text.encode()))
-            print(f"wrote {args.json}")
+        payload = [{k: v for k, v in r.items() if k != "image"} for r in records]
+        text = json.dumps(payload, indent=2, default=float)
+        with outputs:  # all written, or (error, Ctrl-C) none: the old files stay
+            outputs.write(out, figure_writer(figure, out))
+            if args.json is not None:
+                outputs.write(args.json, lambda stream: stream.write(text.encode()))
+        for path in outputs.paths:
+            print(f"wrote {path}")
     except (ValueError, TypeError, FileNotFoundError, IsADirectoryError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (OSError, MemoryError, FloatingPointError) as exc:
+    except MemoryError as exc:
+        print(f"error: {exc or 'out of memory'}", file=sys.stderr)
+        return 1
+    except (OSError, FloatingPointError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def verdict(record: dict[str, Any]) -> str:
+    """Whether a run met the accuracy, missed it, or gave an impossible result."""
+    if record["impossible"]:
+        return "IMPOSSIBLE (negative cost or mass)"
+    return "accuracy met" if record["accuracy_met"] else "accuracy missed"
 
 
 def print_table(label: str, records: list[dict[str, Any]]) -> None:
@@ -248,7 +268,7 @@ def print_table(label: str, records: list[dict[str, Any]]) -> None:
     header = (
         f"{'backend':<9}{'params':<12}{'iters':>6}{'ms/iter':>10}{'x exact':>9}{'solve s':>9}"
         f"{'map s':>8}{'total s':>9}{'|diff|/255':>12}{'|diff|':>10}{'true-K err':>12}"
-        f"{'fallbk':>8}{'repairs':>9}"
+        f"{'fallbk':>8}{'repairs':>9}  verdict"
     )
     print(header)
     print("-" * len(header))
@@ -260,7 +280,7 @@ def print_table(label: str, records: list[dict[str, Any]]) -> None:
             f"{r['solve_s']:>9.2f}{r['map_s']:>8.2f}{r['total_s']:>9.2f}"
             f"{r['diff_mean'] * 255:>12.3f}{r['diff_mean']:>10.2e}"
             f"{r['true_kernel_relative_error']:>12.2e}{r['map_fallback_colors']:>8d}"
-            f"{r['safeguard_repairs']:>9d}"
+            f"{r['safeguard_repairs']:>9d}  {verdict(r)}"
         )
     for r in records:
         for message in sorted(set(r["warnings"])):

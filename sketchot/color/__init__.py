@@ -4,18 +4,23 @@
   :func:`transfer_colors` does the same and returns the plan, timings and checks.
 * :func:`map_image` applies a fitted transport to every pixel of an image (forward or inverse).
 * Image helpers: :func:`load_image`, :func:`sample_pixels`, :func:`save_image`,
-  :func:`distinct_colors`.
+  :func:`distinct_colors`, :class:`ColorIndex`, :func:`available_memory`.
+* Output files: :class:`OutputSet` (checked up front, written all together or not at all),
+  :func:`check_output_paths`; :mod:`sketchot.color.cli` holds the command-line helpers.
 """
 
 from .images import (
+    ColorIndex,
     PixelSample,
     atomic_write_with,
+    available_memory,
     distinct_colors,
     image_pixels,
     load_image,
     sample_pixels,
     save_image,
 )
+from .outputs import OutputPathError, OutputSet, check_output_paths
 from .transfer import (
     DEFAULT_BACKEND,
     DEFAULT_COLOR_RANK,
@@ -34,10 +39,15 @@ __all__ = [
     "DEFAULT_COLOR_RANK",
     "DEFAULT_N_SAMPLES",
     "DEFAULT_REG",
+    "ColorIndex",
     "ColorTransferResult",
     "MappedImage",
+    "OutputPathError",
+    "OutputSet",
     "PixelSample",
     "atomic_write_with",
+    "available_memory",
+    "check_output_paths",
     "color_transfer",
     "distinct_colors",
     "image_pixels",

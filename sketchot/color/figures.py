@@ -2,7 +2,8 @@
 
 Figures are built on an explicit ``Figure`` (no pyplot state), so they work with the
 non-interactive "Agg" backend in scripts and tests; :func:`save_figure` writes them
-atomically.
+atomically. Images may be float in ``[0, 1]`` or uint8/uint16 as stored, of any size: each is
+drawn from every k-th pixel (:func:`display_image`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,26 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .._validation import check_int, check_rng
-from .images import atomic_write_with, image_pixels
+from .images import as_float, image_pixels
+from .outputs import atomic_write_with
 
 #: Pixels drawn per colour-distribution scatter plot (enough to show the shape, fast to draw).
 SCATTER_POINTS = 3000
+
+#: Longest side, in pixels, of an image as drawn in a figure: a panel a few inches wide at
+#: 100 dpi shows a few hundred pixels, and matplotlib's resampling of a full 81-megapixel
+#: photograph takes gigabytes of float copies.
+DISPLAY_SIDE = 1200
+
+
+def display_image(image: np.ndarray, max_side: int = DISPLAY_SIDE) -> np.ndarray:
+    """An image as drawn: every k-th pixel so that no side exceeds ``max_side``, float in [0, 1].
+
+    Accepts float images in ``[0, 1]`` and uint8 or uint16 ones (as stored).
+    """
+    image = np.asarray(image)
+    step = max(1, -(-max(image.shape[:2]) // max_side))
+    return np.clip(as_float(image[::step, ::step]), 0.0, 1.0)
 
 
 def color_scatter(axes: Any, image: np.ndarray, rng: np.random.Generator, n_points: int) -> None:
@@ -28,7 +45,7 @@ def color_scatter(axes: Any, image: np.ndarray, rng: np.random.Generator, n_poin
     """
     pixels = image_pixels(image)
     chosen = rng.choice(pixels.shape[0], size=min(n_points, pixels.shape[0]), replace=False)
-    colors = pixels[chosen]
+    colors = as_float(pixels[chosen])
     axes.scatter(colors[:, 0], colors[:, 2], c=np.clip(colors, 0, 1), s=3, linewidths=0)
     axes.set_xlim(0, 1)
     axes.set_ylim(0, 1)
@@ -68,7 +85,7 @@ def color_transfer_figure(
     grid = figure.subplots(2, len(panels), squeeze=False, height_ratios=[1.0, 1.0])
     for column, (label, image) in enumerate(panels):
         top, bottom = grid[0, column], grid[1, column]
-        top.imshow(np.clip(image, 0, 1), interpolation="antialiased")
+        top.imshow(display_image(image), interpolation="antialiased")
         top.set_title(label, fontsize=9)
         top.set_axis_off()
         color_scatter(bottom, image, generator, n_points)
@@ -103,12 +120,12 @@ def comparison_figure(
     for axes in grid.ravel():
         axes.set_axis_off()
     for column, (label, image) in enumerate(header):
-        grid[0, column].imshow(np.clip(image, 0, 1), interpolation="antialiased")
+        grid[0, column].imshow(display_image(image), interpolation="antialiased")
         grid[0, column].set_title(label, fontsize=8)
     for row, (row_label, panels) in enumerate(rows, start=1):
         for column, (label, image) in enumerate(panels):
             axes = grid[row, column]
-            axes.imshow(np.clip(image, 0, 1), interpolation="antialiased")
+            axes.imshow(display_image(image), interpolation="antialiased")
             axes.set_title(label, fontsize=7)
         grid[row, 0].text(
             -0.06, 0.5, row_label, transform=grid[row, 0].transAxes, rotation=90,
@@ -121,8 +138,13 @@ def comparison_figure(
 
 def save_figure(figure: Figure, path: str | Path, *, dpi: int = 100) -> Path:
     """Write a figure to ``path`` (format from the extension), atomically."""
-    path = Path(path)
-    image_format = path.suffix.lstrip(".").lower() or "png"
-    return atomic_write_with(
-        path, lambda stream: figure.savefig(stream, format=image_format, dpi=dpi)
-    )
+    return atomic_write_with(path, figure_writer(figure, path, dpi=dpi))
+
+
+def figure_writer(figure: Figure, path: str | Path, *, dpi: int = 100):
+    """``writer(stream)`` that saves ``figure`` in the format of ``path``'s extension.
+
+    For :meth:`~sketchot.color.outputs.OutputSet.write`.
+    """
+    image_format = Path(path).suffix.lstrip(".").lower() or "png"
+    return lambda stream: figure.savefig(stream, format=image_format, dpi=dpi)

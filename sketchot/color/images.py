@@ -6,22 +6,31 @@ an explicit random generator, and writes results back to image files without eve
 partially written file behind.
 
 Conventions: images are float64 arrays of shape ``(H, W, 3)`` with values in ``[0, 1]``; 8-bit
-data are divided by 255 and 16-bit data by 65535 (so that white is exactly 1).
+data are divided by 255 and 16-bit data by 65535 (so that white is exactly 1). For images too
+large for float64 copies, ``load_image(..., dtype=None)`` keeps the stored integers (uint8, or
+uint16 for 16-bit files: 3 or 6 bytes per pixel instead of 24) and :class:`ColorIndex` finds
+the distinct colours on packed integer codes, a block of pixels at a time.
+
+Files are read upright (the EXIF orientation tag is applied), 16-bit RGB(A) PNGs at their full
+16 bits, and an image is refused with a clear message when decoding it would exceed Pillow's
+decompression-bomb limit or the memory available.
 """
 
 from __future__ import annotations
 
 import os
 import struct
-import tempfile
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from .._validation import check_int, check_rng, describe
+from .outputs import atomic_write_with
 
 #: Pillow modes that hold 16-bit (or wider) integers, which ``Image.convert("RGB")`` would clip
 #: to 255; they are scaled by hand instead.
@@ -33,25 +42,39 @@ _QUANTISATION_LEVELS = (255, 256, 65535)
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
+#: EXIF tag number of the orientation (1 = upright, 2-8 = flips and quarter turns).
+_EXIF_ORIENTATION = 0x0112
+
+#: Pixels per block in the passes over a whole image (codes of 4 Mpx: 16-32 MB).
+PIXEL_CHUNK = 1 << 22
+
+#: Fraction of the available memory a single image operation may plan to use.
+MEMORY_FRACTION = 0.8
+
 PathLike = str | os.PathLike
 
 
-def load_image(image: Any, *, name: str = "image") -> np.ndarray:
-    """Read an image as float RGB in ``[0, 1]``.
+def load_image(image: Any, *, name: str = "image", dtype: Any = np.float64) -> np.ndarray:
+    """Read an image as float RGB in ``[0, 1]`` (or as its stored integers, ``dtype=None``).
 
     Parameters
     ----------
     image : str, os.PathLike or array-like
         A file Pillow can read (any mode: RGB, RGBA, greyscale ``L`` and ``1``, palette ``P``,
-        16-bit greyscale ``I;16``, 32-bit integer ``I``, float ``F``, CMYK, YCbCr, ...), or an
-        array of shape ``(H, W)``, ``(H, W, 1)``, ``(H, W, 3)`` or ``(H, W, 4)`` with dtype uint8
-        (divided by 255), uint16 (divided by 65535), or float with values in ``[0, 1]``.
+        16-bit greyscale ``I;16``, 32-bit integer ``I``, float ``F``, CMYK, YCbCr, 16-bit RGB
+        and RGBA PNG, ...), or an array of shape ``(H, W)``, ``(H, W, 1)``, ``(H, W, 3)`` or
+        ``(H, W, 4)`` with dtype uint8 (divided by 255), uint16 (divided by 65535), or float
+        with values in ``[0, 1]``. Files are turned upright by their EXIF orientation tag.
     name : str, default="image"
         How the argument is called in error messages (``"source"``, ``"target"``, ...).
+    dtype : numpy.float64 or None, default=numpy.float64
+        ``float64``: values in ``[0, 1]`` (24 bytes per pixel). ``None``: the values as stored,
+        uint8 for 8-bit data, uint16 for 16-bit data (3 or 6 bytes per pixel), float64 in
+        ``[0, 1]`` for float data; what full-resolution processing in bounded memory uses.
 
     Returns
     -------
-    ndarray, shape (H, W, 3), float64
+    ndarray, shape (H, W, 3)
         Greyscale is replicated on the three channels; an alpha channel is dropped (colour
         transfer acts on colours, not on opacity).
 
@@ -60,16 +83,88 @@ def load_image(image: Any, *, name: str = "image") -> np.ndarray:
     FileNotFoundError
         The path does not exist.
     ValueError
-        The file is not an image Pillow can read, the image has zero pixels, or float values
-        lie outside ``[0, 1]``.
+        The file is not an image Pillow can read, it claims more pixels than Pillow's
+        decompression-bomb limit, the image has zero pixels, or float values lie outside
+        ``[0, 1]``.
+    MemoryError
+        Decoding the file would need more memory than is available (estimated before
+        decoding, see :func:`available_memory`).
     TypeError
         The argument is neither a path nor a numeric array.
+
+    Warns
+    -----
+    UserWarning
+        A 16-bit file that Pillow can only give at 8 bits (other than RGB/RGBA PNG).
     """
+    if dtype is not None and np.dtype(dtype) != np.float64:
+        raise ValueError(f"dtype must be numpy.float64 or None; got {describe(dtype)}")
     if isinstance(image, (str, os.PathLike)):
-        return _load_file(Path(image), name)
-    if isinstance(image, Image.Image):
-        return _from_pillow(image, name, f"{name} (a PIL image)")
-    return _from_array(image, name)
+        stored = _load_file(Path(image), name, float_output=dtype is not None)
+    elif isinstance(image, Image.Image):
+        stored = _from_pillow(image, name, f"{name} (a PIL image)")
+    else:
+        stored = _from_array(image, name)
+    return stored if dtype is None else as_float(stored)
+
+
+def as_float(image: np.ndarray) -> np.ndarray:
+    """Stored values (uint8, uint16 or float in ``[0, 1]``) as float64 in ``[0, 1]``."""
+    image = np.asarray(image)
+    if image.dtype.kind == "f":
+        return image.astype(np.float64, copy=False)
+    scaled = image.astype(np.float64)
+    scaled /= _levels(image.dtype)
+    return scaled
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process can still allocate, or ``None`` when unknown.
+
+    ``MemAvailable`` of ``/proc/meminfo`` (Linux), lowered to the room left under a cgroup v2
+    memory limit when there is one (containers); elsewhere free physical pages from
+    ``os.sysconf``; ``None`` when neither can be read.
+    """
+    found: list[int] = []
+    try:
+        with open("/proc/meminfo") as stream:
+            for line in stream:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            found.append(max(int(limit) - used, 0))
+    except (OSError, ValueError):
+        pass
+    if not found:
+        try:
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (AttributeError, ValueError, OSError):
+            return None
+    return min(found)
+
+
+def check_memory(needed: int, what: str) -> None:
+    """Raise ``MemoryError`` when ``needed`` bytes exceed what may be used of the available memory.
+
+    Parameters
+    ----------
+    needed : int
+        Estimated bytes of the allocations about to be made.
+    what : str
+        What needs them, for the message (``"source 'photo.png' (9000 x 9000 pixels)"``).
+    """
+    available = available_memory()
+    if available is not None and needed > MEMORY_FRACTION * available:
+        raise MemoryError(
+            f"{what} needs about {_gigabytes(needed)} of memory and only "
+            f"{_gigabytes(available)} is available; use a smaller image or free memory"
+        )
 
 
 def image_pixels(image: np.ndarray) -> np.ndarray:
@@ -139,7 +234,7 @@ def sample_pixels(
     ``O(H W)`` time for the uniform draw without replacement (a partial permutation), plus
     ``O(H W log(H W))`` for ``weighted=True`` (distinct colours by sorting).
     """
-    image = load_image(image, name=name)
+    image = load_image(image, name=name, dtype=None)  # stored values: only the sample is float
     n_samples = check_int(n_samples, "n_samples", minimum=1)
     if not isinstance(replace, (bool, np.bool_)):
         raise TypeError(f"replace must be True or False; got {describe(replace)}")
@@ -155,8 +250,12 @@ def sample_pixels(
                 "replace=True cannot be combined with weighted=True: distinct colours are "
                 "weighted by their pixel counts, so drawing one twice would count it twice"
             )
-        colors, inverse = distinct_colors(pixels, exhaustive=True)
-        counts = np.bincount(inverse, minlength=colors.shape[0]).astype(np.float64)
+        if pixels.dtype.kind == "u":
+            table = ColorIndex.build(pixels, counts=True)
+            colors, counts = table.colors(), table.counts.astype(np.float64)
+        else:
+            colors, inverse = distinct_colors(pixels, exhaustive=True)
+            counts = np.bincount(inverse, minlength=colors.shape[0]).astype(np.float64)
         if colors.shape[0] > n_samples:
             chosen = np.sort(generator.choice(colors.shape[0], size=n_samples, replace=False))
             colors, counts = colors[chosen], counts[chosen]
@@ -169,7 +268,7 @@ def sample_pixels(
             "with replacement (replace=True, --replace)"
         )
     index = generator.choice(n_pixels, size=n_samples, replace=bool(replace))
-    colors = pixels[index]
+    colors = as_float(pixels[index])
     return PixelSample(colors, np.full(n_samples, 1.0 / n_samples), n_pixels)
 
 
@@ -219,8 +318,112 @@ def distinct_colors(
     return pixels[first], inverse.reshape(-1)
 
 
+class ColorIndex:
+    """The distinct colours of an integer image, found in bounded memory.
+
+    Each pixel's colour is packed into one integer code (24 bits for uint8 data, 48 bits for
+    uint16), a block of :data:`PIXEL_CHUNK` pixels at a time, so that no float copy and no
+    per-pixel index of the whole image is ever formed. 8-bit images use a table over all
+    ``2^24`` codes (16 MB of flags and 64 MB of indices, or 128 MB of counts): ``O(N)``;
+    16-bit images sort the codes of each block and merge them: ``O(N log N)``.
+
+    Attributes
+    ----------
+    codes : ndarray of uint32 or uint64, shape (C,)
+        Sorted distinct codes (the same order as sorting the colours by red, green, blue).
+    counts : ndarray of int64, shape (C,), or None
+        Pixels of each colour (``counts=True`` only).
+    dtype : numpy.dtype
+        uint8 or uint16, the image's.
+    """
+
+    def __init__(self, codes: np.ndarray, counts: np.ndarray | None, dtype: np.dtype) -> None:
+        self.codes = codes
+        self.counts = counts
+        self.dtype = np.dtype(dtype)
+        self._lookup: np.ndarray | None = None
+        if self.dtype == np.uint8:
+            # every pixel's index is one table look-up (int32: at most 2^24 colours)
+            self._lookup = np.zeros(1 << 24, dtype=np.int32)
+            self._lookup[codes] = np.arange(codes.shape[0], dtype=np.int32)
+
+    @classmethod
+    def build(
+        cls, pixels: np.ndarray, *, counts: bool = False, chunk: int = PIXEL_CHUNK
+    ) -> ColorIndex:
+        """Index the colours of ``pixels`` (shape ``(N, 3)``, uint8 or uint16).
+
+        Parameters
+        ----------
+        pixels : ndarray, shape (N, 3), uint8 or uint16
+        counts : bool, default=False
+            Also count the pixels of each colour.
+        chunk : int
+            Pixels per block.
+        """
+        if pixels.ndim != 2 or pixels.shape[1] != 3 or pixels.dtype not in (np.uint8, np.uint16):
+            raise ValueError(
+                f"pixels must be a uint8 or uint16 array of shape (N, 3); got {describe(pixels)}"
+            )
+        chunk = check_int(chunk, "chunk", minimum=1)
+        if pixels.dtype == np.uint8:
+            if counts:
+                table = np.zeros(1 << 24, dtype=np.int64)
+                for block in _blocks(pixels.shape[0], chunk):
+                    table += np.bincount(pack_colors(pixels[block]), minlength=1 << 24)
+                codes = np.flatnonzero(table).astype(np.uint32)
+                return cls(codes, table[codes], pixels.dtype)
+            present = np.zeros(1 << 24, dtype=bool)
+            for block in _blocks(pixels.shape[0], chunk):
+                present[pack_colors(pixels[block])] = True
+            return cls(np.flatnonzero(present).astype(np.uint32), None, pixels.dtype)
+        parts = [
+            np.unique(pack_colors(pixels[block]), return_counts=counts)
+            for block in _blocks(pixels.shape[0], chunk)
+        ]
+        if not counts:
+            return cls(np.unique(np.concatenate(parts)), None, pixels.dtype)
+        codes, inverse = np.unique(np.concatenate([c for c, _ in parts]), return_inverse=True)
+        totals = np.bincount(inverse.reshape(-1), weights=np.concatenate([n for _, n in parts]))
+        return cls(codes, totals.astype(np.int64), pixels.dtype)
+
+    def __len__(self) -> int:
+        return self.codes.shape[0]
+
+    def colors(self, rows: slice = slice(None)) -> np.ndarray:
+        """Distinct colours ``rows`` as float64 in ``[0, 1]``, shape ``(k, 3)``."""
+        return as_float(unpack_colors(self.codes[rows], self.dtype))
+
+    def index(self, pixels: np.ndarray) -> np.ndarray:
+        """Position in :attr:`codes` of each pixel's colour (pixels of the indexed image)."""
+        codes = pack_colors(pixels)
+        if self._lookup is not None:
+            return self._lookup[codes]
+        return np.searchsorted(self.codes, codes)
+
+
+def pack_colors(pixels: np.ndarray) -> np.ndarray:
+    """One integer per uint8 (uint32 code) or uint16 (uint64 code) RGB row, ordered as the rows."""
+    wide = np.uint32 if pixels.dtype == np.uint8 else np.uint64
+    shift = wide(8 * pixels.dtype.itemsize)
+    codes = pixels[:, 0].astype(wide)
+    for channel in (1, 2):
+        codes <<= shift
+        codes |= pixels[:, channel]
+    return codes
+
+
+def unpack_colors(codes: np.ndarray, dtype: Any) -> np.ndarray:
+    """Inverse of :func:`pack_colors`: ``(k, 3)`` rows of ``dtype`` (uint8 or uint16)."""
+    dtype = np.dtype(dtype)
+    bits = 8 * dtype.itemsize
+    mask = codes.dtype.type((1 << bits) - 1)
+    shifts = [codes.dtype.type(2 * bits), codes.dtype.type(bits), codes.dtype.type(0)]
+    return np.stack([(codes >> shift) & mask for shift in shifts], axis=1).astype(dtype)
+
+
 def save_image(image: Any, path: PathLike, *, name: str = "image") -> Path:
-    """Write a float RGB image in ``[0, 1]`` to a file, atomically.
+    """Write an RGB image to a file, atomically.
 
     The format follows the file extension (any format Pillow writes RGB in: ``.png``, ``.jpg``,
     ``.tif``, ``.bmp``, ``.webp``, ...). Values are rounded to 8 bits. The data go to a
@@ -230,7 +433,7 @@ def save_image(image: Any, path: PathLike, *, name: str = "image") -> Path:
     Parameters
     ----------
     image : array-like, shape (H, W, 3)
-        Float values in ``[0, 1]`` (or uint8).
+        Float values in ``[0, 1]``, uint8 (written as is) or uint16.
     path : str or os.PathLike
         Destination; its folder must exist.
     name : str
@@ -241,53 +444,24 @@ def save_image(image: Any, path: PathLike, *, name: str = "image") -> Path:
     pathlib.Path
         The written path.
     """
-    pixels = _as_uint8(load_image(image, name=name))
     path = Path(path)
-    image_format = _format_for(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise FileNotFoundError(f"output folder {str(folder)!r} of {str(path)!r} does not exist")
-    picture = Image.fromarray(pixels, mode="RGB")
-    _atomic_write(path, lambda handle: picture.save(handle, format=image_format))
-    return path
+    writer = image_writer(image, path, name=name)
+    return atomic_write_with(path, writer)
 
 
-def atomic_write_with(path: PathLike, writer: Any) -> Path:
-    """Run ``writer(file_object)`` into a temporary file next to ``path``, then rename it.
+def image_writer(image: Any, path: PathLike, *, name: str = "image"):
+    """Check an image and its destination now; return ``writer(stream)`` that encodes it.
 
-    Used for every output file (images and figures) so that none is ever left half written.
+    For :meth:`~sketchot.color.outputs.OutputSet.write`: every error about the image or the
+    format is raised here, before any file is touched.
     """
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise FileNotFoundError(f"output folder {str(folder)!r} of {str(path)!r} does not exist")
-    _atomic_write(path, writer)
-    return path
+    pixels = _as_uint8(load_image(image, name=name, dtype=None))
+    image_format = _format_for(Path(path))
+    picture = Image.fromarray(pixels, mode="RGB")
+    return lambda stream: picture.save(stream, format=image_format)
 
 
 # ------------------------------------------------------------------------------------ helpers
-def _atomic_write(path: Path, writer: Any) -> None:
-    folder = path.parent if str(path.parent) else Path(".")
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            writer(stream)
-        # mkstemp creates the file private (0600); give it the permissions a plain open()
-        # would have given (0666 minus the umask)
-        os.chmod(temporary, 0o666 & ~_umask())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    """The process umask (reading it requires setting it; restored at once)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def _format_for(path: Path) -> str:
     extension = path.suffix.lower()
     formats = Image.registered_extensions()
@@ -299,15 +473,35 @@ def _format_for(path: Path) -> str:
     return formats[extension]
 
 
-def _load_file(path: Path, name: str) -> np.ndarray:
+def _load_file(path: Path, name: str, *, float_output: bool) -> np.ndarray:
     if not path.exists():
         raise FileNotFoundError(f"{name}: file {str(path)!r} does not exist")
     if path.is_dir():
         raise ValueError(f"{name}: {str(path)!r} is a folder, not an image file")
+    label = f"{name} {str(path)!r}"
     try:
         with Image.open(path) as picture:
-            picture.load()
-            return _from_pillow(picture, name, f"{name} {str(path)!r}")
+            wide = _wide_rawmode(picture)
+            _check_decode_memory(picture, label, wide is not None, float_output)
+            high = _from_pillow(_upright(picture), name, label)
+            if wide is None:
+                return high
+            # Pillow gives 16-bit RGB(A) PNGs as 8-bit RGB(A) (the high bytes); decoding the
+            # same data again with the opposite byte order gives the low bytes
+            with Image.open(path) as again:
+                again.tile = [_with_rawmode(tile, wide) for tile in again.tile]
+                low = _from_pillow(_upright(again), name, label)
+            full = high.astype(np.uint16)
+            full <<= 8
+            full |= low
+            return full
+    except Image.DecompressionBombError:
+        size = _png_size(path)
+        claimed = f"{size[0]} x {size[1]} pixels" if size else "more pixels"
+        raise ValueError(
+            f"{name}: {str(path)!r} claims {claimed}, over Pillow's decompression-bomb limit "
+            f"of {2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels; refusing to decode it"
+        ) from None
     except UnidentifiedImageError:
         size = _png_size(path)
         if size is not None and 0 in size:
@@ -321,6 +515,48 @@ def _load_file(path: Path, name: str) -> np.ndarray:
         raise ValueError(f"{name}: cannot read image {str(path)!r}: {exc}") from None
 
 
+def _wide_rawmode(picture: Image.Image) -> str | None:
+    """For a 16-bit RGB(A) PNG, the raw mode that decodes the low bytes; warn for others."""
+    rawmodes = [tile[3] for tile in picture.tile if len(tile) > 3]
+    rawmode = rawmodes[0] if rawmodes and isinstance(rawmodes[0], str) else ""
+    if picture.format == "PNG" and rawmode in ("RGB;16B", "RGBA;16B"):
+        return rawmode[:-1] + "L"
+    if ";16" in rawmode and picture.mode not in _WIDE_INTEGER_MODES:
+        warnings.warn(
+            f"{picture.filename!r} holds 16-bit {picture.mode} data that Pillow reads at 8 bits "
+            "per channel: precision was reduced to 8 bits",
+            UserWarning,
+            stacklevel=4,
+        )
+    return None
+
+
+def _with_rawmode(tile: Any, rawmode: str) -> Any:
+    if hasattr(tile, "_replace"):
+        return tile._replace(args=rawmode)
+    return (tile[0], tile[1], tile[2], rawmode)
+
+
+def _check_decode_memory(picture: Image.Image, label: str, wide: bool, float_output: bool) -> None:
+    """Refuse before decoding an image whose decoding would not fit in the available memory."""
+    width, height = picture.size
+    # Pillow holds 4 bytes per pixel (twice for 16-bit RGB, decoded twice); a mode conversion
+    # or an EXIF turn adds a second copy; numpy holds 3 (6) bytes, float64 24 more
+    per_pixel = (16 if wide else 8) + (6 if wide else 3) + (24 if float_output else 0)
+    check_memory(
+        width * height * per_pixel,
+        f"{label} ({width} x {height} pixels, {width * height / 1e6:.1f} Mpx)",
+    )
+
+
+def _upright(picture: Image.Image) -> Image.Image:
+    """The decoded image turned as its EXIF orientation tag says (values 2-8)."""
+    picture.load()
+    if picture.getexif().get(_EXIF_ORIENTATION, 1) in range(2, 9):
+        return ImageOps.exif_transpose(picture)
+    return picture
+
+
 def _png_size(path: Path) -> tuple[int, int] | None:
     """Width and height from a PNG header, which Pillow refuses to open when one is zero."""
     with path.open("rb") as stream:
@@ -331,23 +567,26 @@ def _png_size(path: Path) -> tuple[int, int] | None:
 
 
 def _from_pillow(picture: Image.Image, name: str, label: str) -> np.ndarray:
+    """The stored values of a Pillow image: uint8 or uint16 RGB, or float64 in [0, 1]."""
     width, height = picture.size
     if width == 0 or height == 0:
         raise ValueError(f"{label} has zero pixels (width x height = {width} x {height})")
     if picture.mode in _WIDE_INTEGER_MODES:
-        values = np.asarray(picture).astype(np.float64)
-        if values.min() < 0 or values.max() > 65535:
+        values = np.asarray(picture)
+        low, high = int(values.min()), int(values.max())
+        if low < 0 or high > 65535:
             raise ValueError(
-                f"{label}: 32-bit integer image with values in [{values.min():g}, "
-                f"{values.max():g}]; only 0..65535 (16-bit) is supported"
+                f"{label}: 32-bit integer image with values in [{low}, {high}]; only 0..65535 "
+                "(16-bit) is supported"
             )
-        grey = values / 65535.0
-        return np.repeat(grey[:, :, None], 3, axis=2)
+        return np.repeat(values.astype(np.uint16)[:, :, None], 3, axis=2)
     if picture.mode == "F":
         return _from_array(np.asarray(picture, dtype=np.float64), name)
+    if picture.mode == "RGBA":
+        return np.asarray(picture)[:, :, :3].copy()
     if picture.mode != "RGB":
         picture = picture.convert("RGB")
-    return np.asarray(picture, dtype=np.float64) / 255.0
+    return np.asarray(picture)
 
 
 def _from_array(value: Any, name: str) -> np.ndarray:
@@ -376,10 +615,10 @@ def _from_array(value: Any, name: str) -> np.ndarray:
         array = array[:, :, :3]  # drop alpha
     if array.shape[2] == 1:
         array = np.repeat(array, 3, axis=2)
-    if array.dtype == np.uint8 or array.dtype == np.bool_:
-        return array.astype(np.float64) / (255.0 if array.dtype == np.uint8 else 1.0)
-    if array.dtype == np.uint16:
-        return array.astype(np.float64) / 65535.0
+    if array.dtype == np.bool_:
+        return array.astype(np.uint8) * np.uint8(255)
+    if array.dtype in (np.uint8, np.uint16):
+        return array
     if array.dtype.kind in "iu":
         raise TypeError(
             f"{name} must be uint8, uint16 or float; got integer dtype {array.dtype} (scale "
@@ -398,4 +637,23 @@ def _from_array(value: Any, name: str) -> np.ndarray:
 
 
 def _as_uint8(image: np.ndarray) -> np.ndarray:
+    if image.dtype == np.uint8:
+        return image
+    if image.dtype == np.uint16:
+        # round(v / 65535 * 255) for every v, without a float copy of the image
+        return ((image.astype(np.uint32) * 255 + 32767) // 65535).astype(np.uint8)
     return np.round(np.clip(image, 0.0, 1.0) * 255.0).astype(np.uint8)
+
+
+def _levels(dtype: np.dtype) -> float:
+    """The value of white for integer data (255, 65535, or 1 for booleans)."""
+    return {np.dtype(np.uint8): 255.0, np.dtype(np.uint16): 65535.0}.get(np.dtype(dtype), 1.0)
+
+
+def _blocks(size: int, chunk: int) -> Iterator[slice]:
+    for begin in range(0, size, chunk):
+        yield slice(begin, min(begin + chunk, size))
+
+
+def _gigabytes(n_bytes: float) -> str:
+    return f"{n_bytes / 1e9:.1f} GB" if n_bytes >= 1e8 else f"{n_bytes / 1e6:.0f} MB"

@@ -46,7 +46,15 @@ from ..solver import (
     check_backend_params,
     sinkhorn,
 )
-from .images import distinct_colors, image_pixels, load_image, sample_pixels
+from .images import (
+    PIXEL_CHUNK,
+    ColorIndex,
+    check_memory,
+    distinct_colors,
+    image_pixels,
+    load_image,
+    sample_pixels,
+)
 
 #: Entropic regularisation for colours in [0, 1], as POT's colour example (reg = 1 blurs
 #: every colour towards the target's mean).
@@ -77,7 +85,8 @@ class MappedImage:
     Attributes
     ----------
     image : ndarray, shape (H, W, 3)
-        Mapped colours, clipped to ``[0, 1]``.
+        Mapped colours, clipped to ``[0, 1]`` (float64), or rounded to 8 bits (uint8, with
+        ``map_image(..., dtype=numpy.uint8)``).
     n_pixels : int
     n_colors : int
         Distinct colours actually mapped (``n_pixels`` when no duplicates were detected).
@@ -107,6 +116,8 @@ def map_image(
     chunk_size: int | None = None,
     progress: Progress | None = None,
     name: str = "image",
+    dtype: Any = np.float64,
+    pixel_chunk: int = PIXEL_CHUNK,
 ) -> MappedImage:
     """Apply the entropic map of a fitted transport to every pixel of an image.
 
@@ -125,15 +136,32 @@ def map_image(
         default :data:`MAP_CHUNK` (low-rank backends) or :data:`MAP_CHUNK_EXACT` (exact).
     progress : callable, optional
         Called with a short text line after each chunk.
+    name : str
+        Argument name for error messages.
+    dtype : numpy.float64 or numpy.uint8, default=numpy.float64
+        Type of the mapped image: float64 in ``[0, 1]`` (24 bytes per pixel), or uint8
+        rounded to 8 bits (3 bytes per pixel) for full-resolution photographs.
+    pixel_chunk : int
+        Pixels per block in the passes over the whole image (finding the colours, gathering
+        the mapped ones); the result does not depend on it.
 
     Returns
     -------
     MappedImage
 
+    Raises
+    ------
+    MemoryError
+        The mapped image would not fit in the available memory (checked before allocating).
+
     Notes
     -----
     ``O(C r)`` time for a rank-``r`` backend and ``O(C n d)`` for the exact one, with ``C`` the
-    number of distinct colours (plus ``O(N log N)`` to find them among ``N`` pixels).
+    number of distinct colours (plus ``O(N)`` to find them among ``N`` pixels of an 8-bit
+    image, ``O(N log N)`` for 16-bit or float data). Integer images are never copied to
+    float: the colours are found on packed integer codes (:class:`ColorIndex`) and gathered a
+    block at a time, so an 8-bit image needs its own 3 bytes per pixel, the output's 3 (uint8)
+    and about 100 MB of tables.
     """
     if not isinstance(result, SinkhornResult):
         raise TypeError(f"result must be a sketchot SinkhornResult; got {describe(result)}")
@@ -148,35 +176,55 @@ def map_image(
         exact = "exact" in result.kernel.info.capabilities
         chunk_size = MAP_CHUNK_EXACT if exact else MAP_CHUNK
     chunk_size = check_int(chunk_size, "chunk_size", minimum=1)
-    picture = load_image(image, name=name)
+    pixel_chunk = check_int(pixel_chunk, "pixel_chunk", minimum=1)
+    out_dtype = np.dtype(dtype)
+    if out_dtype not in (np.dtype(np.float64), np.dtype(np.uint8)):
+        raise ValueError(f"dtype must be numpy.float64 or numpy.uint8; got {describe(dtype)}")
+    picture = load_image(image, name=name, dtype=None)
     start = time.perf_counter()
     pixels = image_pixels(picture)
-    found = distinct_colors(pixels)
-    colors, gather = found if found is not None else (pixels, None)
+    n_pixels = pixels.shape[0]
+    check_memory(n_pixels * 3 * out_dtype.itemsize, f"the mapped {name} ({n_pixels} pixels)")
+    table, colors, gather = None, None, None
+    if pixels.dtype.kind == "u":
+        table = ColorIndex.build(pixels, chunk=pixel_chunk)
+        n_colors = len(table)
+    else:
+        found = distinct_colors(pixels)
+        colors, gather = found if found is not None else (pixels, None)
+        n_colors = colors.shape[0]
     mapper = result.inverse_barycentric_map if inverse else result.barycentric_map
-    mapped = np.empty_like(colors)
+    mapped = np.empty((n_colors, 3), dtype=out_dtype)
+    outside = np.empty(n_colors, dtype=bool)
     fallbacks = 0
-    for begin in range(0, colors.shape[0], chunk_size):
-        rows = slice(begin, min(begin + chunk_size, colors.shape[0]))
-        mapped[rows], count = mapper(colors[rows], return_fallbacks=True)
+    for begin in range(0, n_colors, chunk_size):
+        rows = slice(begin, min(begin + chunk_size, n_colors))
+        points = table.colors(rows) if table is not None else colors[rows]
+        values, count = mapper(points, return_fallbacks=True)
         fallbacks += count
+        outside[rows] = np.any((values < 0.0) | (values > 1.0), axis=1)
+        np.clip(values, 0.0, 1.0, out=values)
+        mapped[rows] = values if out_dtype.kind == "f" else np.round(values * 255.0)
         if progress is not None:
             done = rows.stop
             progress(
-                f"mapped {done}/{colors.shape[0]} distinct colours "
-                f"({100.0 * done / colors.shape[0]:.0f}%, {time.perf_counter() - start:.2f} s)"
+                f"mapped {done}/{n_colors} distinct colours "
+                f"({100.0 * done / n_colors:.0f}%, {time.perf_counter() - start:.2f} s)"
             )
-    outside = np.any((mapped < 0.0) | (mapped > 1.0), axis=1)
-    np.clip(mapped, 0.0, 1.0, out=mapped)
-    if gather is not None:
-        n_clipped = int(np.count_nonzero(outside[gather]))
-        mapped = mapped[gather]
+    if table is None and gather is None:  # every pixel mapped on its own, in order
+        output, n_clipped = mapped, int(np.count_nonzero(outside))
     else:
-        n_clipped = int(np.count_nonzero(outside))
+        output = np.empty((n_pixels, 3), dtype=out_dtype)
+        n_clipped = 0
+        for begin in range(0, n_pixels, pixel_chunk):
+            block = slice(begin, min(begin + pixel_chunk, n_pixels))
+            index = table.index(pixels[block]) if table is not None else gather[block]
+            output[block] = mapped[index]
+            n_clipped += int(np.count_nonzero(outside[index]))
     return MappedImage(
-        image=mapped.reshape(picture.shape),
-        n_pixels=pixels.shape[0],
-        n_colors=colors.shape[0],
+        image=output.reshape(picture.shape),
+        n_pixels=n_pixels,
+        n_colors=n_colors,
         n_fallbacks=fallbacks,
         n_clipped=n_clipped,
         seconds=time.perf_counter() - start,
@@ -254,6 +302,7 @@ def transfer_colors(
     weighted: bool = False,
     inverse: bool = False,
     progress: Progress | None = None,
+    compact: bool = False,
     **kwargs: Any,
 ) -> ColorTransferResult:
     """Colour transfer with every intermediate result and timing (see :func:`color_transfer`).
@@ -268,6 +317,10 @@ def transfer_colors(
         Also recolour the target with the source's palette.
     progress : callable, optional
         Receives one text line per step (sampling, solve, mapping chunks, check).
+    compact : bool, default=False
+        Full-resolution photographs in bounded memory: keep ``source`` and ``target`` as
+        stored (uint8, or uint16 for 16-bit files) and return ``image`` and ``inverse_image``
+        as uint8 (3 bytes per pixel each instead of 24 for float64).
     **kwargs
         Solver options (:class:`~sketchot.solver.SolverOptions`: ``max_iter``, ``tol``,
         ``safeguard``, ``accuracy``, ``verbose``, ``warn``, ...), ``dtype``, ``rank`` and the
@@ -282,6 +335,7 @@ def transfer_colors(
     replace = check_bool(replace, "replace")
     weighted = check_bool(weighted, "weighted")
     inverse = check_bool(inverse, "inverse")
+    compact = check_bool(compact, "compact")
     options, backend_params = SolverOptions.split(kwargs)
     check_backend_params("transfer_colors", backend, backend_params)
     generator = check_rng(rng)
@@ -290,8 +344,9 @@ def transfer_colors(
     start = time.perf_counter()
 
     tick = time.perf_counter()
-    source_image = load_image(source, name="source")
-    target_image = load_image(target, name="target")
+    stored = None if compact else np.float64
+    source_image = load_image(source, name="source", dtype=stored)
+    target_image = load_image(target, name="target", dtype=stored)
     timings["load"] = time.perf_counter() - tick
 
     tick = time.perf_counter()
@@ -336,12 +391,15 @@ def transfer_colors(
     )
 
     say(f"mapping all {source_image.shape[0] * source_image.shape[1]} source pixels")
-    forward = map_image(result, source_image, progress=progress, name="source")
+    mapped = np.uint8 if compact else np.float64
+    forward = map_image(result, source_image, progress=progress, name="source", dtype=mapped)
     timings["map"] = forward.seconds
     backward = None
     if inverse:
         say(f"mapping all {target_image.shape[0] * target_image.shape[1]} target pixels back")
-        backward = map_image(result, target_image, inverse=True, progress=progress, name="target")
+        backward = map_image(
+            result, target_image, inverse=True, progress=progress, name="target", dtype=mapped
+        )
         timings["inverse_map"] = backward.seconds
 
     check = result.true_kernel

@@ -70,7 +70,7 @@ def advise(result: SinkhornResult) -> str:
     if n * m * itemsize <= dense_budget_bytes():
         fix = (
             f"pass backend='exact' (the {n} x {m} kernel takes "
-            f"{n * m * itemsize / 2**20:.0f} MiB) or backend='auto'"
+            f"{max(n * m * itemsize / 2**20, 0.1):.1f} MiB) or backend='auto'"
         )
     else:
         fix = (

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from PIL import Image
 
@@ -27,36 +25,21 @@ def load_program(path: Path):
     return module
 
 
-@pytest.fixture(scope="module")
-def tiny_pair(tmp_path_factory):
-    """A warm 16 x 12 source and a cool 14 x 10 target, written as PNG files."""
-    folder = tmp_path_factory.mktemp("images")
-    rng = np.random.default_rng(0)
-    warm = rng.integers([150, 40, 0], [255, 150, 70], size=(12, 16, 3)).astype(np.uint8)
-    cool = rng.integers([0, 70, 120], [80, 180, 255], size=(10, 14, 3)).astype(np.uint8)
-    Image.fromarray(warm).save(folder / "warm.png")
-    Image.fromarray(cool).save(folder / "cool.png")
-    return folder / "warm.png", folder / "cool.png"
-
-
-def run(program: Path, *args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(program), *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-
-
-@pytest.mark.parametrize("backend", ["exact", "nystrom", "rff", "polyts"])
-def test_color_transfer_runs_end_to_end(tiny_pair, tmp_path, backend):
+@pytest.mark.parametrize("backend", ["auto", "exact", "nystrom", "rff", "polyts"])
+def test_color_transfer_runs_end_to_end(programs, tiny_pair, tmp_path, backend):
     source, target = tiny_pair
     out = tmp_path / "result.png"
-    extra = [] if backend == "nystrom" else ["--no-figure"]  # draw one figure, save time
-    done = run(COLOR_TRANSFER, source, target, "--backend", backend, "--n-samples", 60,
-               "--max-iter", 200, "--out", out, *extra)  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    extra = [] if backend in ("nystrom", "rff") else ["--no-figure"]  # save time
+    # reg = 1: every backend gives a possible result; rff (120 features) misses 1e-3
+    done = programs.run("color_transfer", source, target, "--backend", backend, "--n-samples", 60,
+               "--max-iter", 200, "--reg", 1, "--out", out, *extra)  # fmt: skip
+    missed = "missed accuracy" in done.stderr
+    if backend in ("auto", "exact", "nystrom"):
+        assert done.returncode == 0 and not missed, done.stderr
+    elif backend == "rff":
+        assert done.returncode == 3 and missed, done.stderr
+    else:  # the paper's sketch at rank 120: either way, the exit code says which
+        assert done.returncode == (3 if missed else 0), done.stderr
     assert "Traceback" not in done.stderr
     for step in ("sampling 60", "marginal err", "mapping all 192 source pixels", "true-kernel"):
         assert step in done.stdout, step
@@ -65,7 +48,7 @@ def test_color_transfer_runs_end_to_end(tiny_pair, tmp_path, backend):
     assert recoloured.shape == (12, 16, 3)
     assert load_image(tmp_path / "result_inverse.png").shape == (10, 14, 3)
     expected = {"result.png", "result_inverse.png"}
-    if backend == "nystrom":
+    if "--no-figure" not in extra:
         expected.add("result_figure.png")
         assert Image.open(tmp_path / "result_figure.png").size[0] > 500
     assert {p.name for p in tmp_path.iterdir()} == expected
@@ -81,7 +64,7 @@ def test_color_transfer_backend_parameters(tiny_pair, tmp_path):
          "--n-samples", "40", "--reg", "1", "--out", str(tmp_path / "p.png"), "--no-figure",
          "--no-inverse"]
     )  # fmt: skip
-    assert code == 0
+    assert code in (0, 3)  # 3: the coarse sketch missed the accuracy (outputs still written)
     assert [p.name for p in tmp_path.iterdir()] == ["p.png"]
 
 
@@ -98,7 +81,7 @@ BAD_INPUT = [
     (["{source}", "{target}", "--out", "{nowhere}/r.png"], "--out: output folder"),
     (["{source}", "{target}", "--figure", "{nowhere}/f.png"], "--figure: output folder"),
     (["{source}", "{target}", "--out", "{out}/r.unknown"], "cannot tell the image format"),
-    (["{source}", "{target}", "--rank", "5", "--backend", "polyts"], "--rank applies to"),
+    (["{source}", "{target}", "--rank", "5", "--backend", "exact"], "--rank applies to"),
     (["{source}"], "give both SOURCE and TARGET"),
 ]
 
@@ -137,9 +120,10 @@ def test_bad_input_gets_one_line_and_exit_code_2(
     assert list(outputs.iterdir()) == []  # nothing written, not even a temporary file
 
 
-def test_bad_input_in_a_real_process_has_no_traceback(tiny_pair, tmp_path):
+def test_bad_input_in_a_real_process_has_no_traceback(programs, tiny_pair, tmp_path):
     _, target = tiny_pair
-    done = run(COLOR_TRANSFER, tmp_path / "missing.png", target, "--out", tmp_path / "r.png")
+    missing, out = tmp_path / "missing.png", tmp_path / "r.png"
+    done = programs.run("color_transfer", missing, target, "--out", out)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         f"error: source: file '{tmp_path / 'missing.png'}' does not exist"
@@ -147,10 +131,10 @@ def test_bad_input_in_a_real_process_has_no_traceback(tiny_pair, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_compare_backends_runs_end_to_end(tiny_pair, tmp_path):
+def test_compare_backends_runs_end_to_end(programs, tiny_pair, tmp_path):
     source, target = tiny_pair
     figure, results = tmp_path / "compare.png", tmp_path / "compare.json"
-    done = run(COMPARE_BACKENDS, source, target, "--n-samples", 40, "--max-iter", 100,
+    done = programs.run("compare_backends", source, target, "--n-samples", 40, "--max-iter", 100,
                "--small-rank", 20, "--out", figure, "--json", results)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
@@ -180,3 +164,42 @@ def test_compare_backends_bad_input(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and message in err[0], err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("program", ["color_transfer", "compare_backends"])
+def test_decompression_bomb_gets_one_line_and_exit_code_2(programs, tiny_pair, bomb_png, program):
+    _, target = tiny_pair
+    out = bomb_png.parent / "out.png"
+    done = programs.run(program, bomb_png, target, "--out", out, "--n-samples", 10, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: source: '{bomb_png}' claims 100000 x 100000 pixels, over Pillow's "
+        f"decompression-bomb limit of {2 * Image.MAX_IMAGE_PIXELS} pixels; refusing to decode it"
+    ]
+    assert sorted(p.name for p in bomb_png.parent.iterdir()) == ["bomb.png"]
+
+
+def test_portrait_photo_stays_upright(programs, tiny_pair, tmp_path):
+    # a phone's portrait JPEG: stored landscape (16 wide, 12 high) with orientation tag 6
+    source, target = tiny_pair
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.open(source).save(tmp_path / "portrait.jpg", exif=exif, quality=95)
+    out = tmp_path / "r.png"
+    done = programs.run("color_transfer", tmp_path / "portrait.jpg", target, "--out", out,
+                        "--n-samples", 40, "--backend", "exact", "--no-figure")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert Image.open(out).size == (12, 16)  # width x height: upright, portrait
+    assert Image.open(out).getexif().get(0x0112, 1) == 1  # no tag left to turn it again
+
+
+def test_programs_use_only_public_names():
+    # examples/ and benchmarks/ are what users copy: they must not import private modules
+    for folder in ("examples", "benchmarks"):
+        for path in (ROOT / folder).glob("*.py"):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sketchot"):
+                    parts = node.module.split(".") + [alias.name for alias in node.names]
+                    private = [part for part in parts if part.startswith("_")]
+                    assert not private, f"{path.name} imports {node.module}: {private}"

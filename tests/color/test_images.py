@@ -8,7 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from sketchot.color import distinct_colors, load_image, sample_pixels, save_image
+from sketchot.color import (
+    ColorIndex,
+    distinct_colors,
+    images,
+    load_image,
+    sample_pixels,
+    save_image,
+)
 
 HEIGHT, WIDTH = 5, 7
 
@@ -254,3 +261,139 @@ def test_save_image_failure_during_write_keeps_the_old_file(tmp_path, monkeypatc
         save_image(np.ones((2, 2, 3)), path)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.png"]
+
+
+# --------------------------------------------------------------------- EXIF orientation
+#: How a camera stores an upright picture under each EXIF orientation tag (from the EXIF
+#: specification, written with numpy independently of Pillow): the loader must undo it.
+STORED_UNDER_ORIENTATION = {
+    1: lambda up: up,
+    2: lambda up: up[:, ::-1],  # mirrored left-right
+    3: lambda up: up[::-1, ::-1],  # turned half a turn
+    4: lambda up: up[::-1, :],  # mirrored top-bottom
+    5: lambda up: up.transpose(1, 0, 2),  # mirrored about the main diagonal
+    6: lambda up: np.rot90(up, k=1),  # turned a quarter counter-clockwise: display turns back
+    7: lambda up: up[::-1, ::-1].transpose(1, 0, 2),  # mirrored about the anti-diagonal
+    8: lambda up: np.rot90(up, k=-1),  # turned a quarter clockwise
+}
+
+
+@pytest.mark.parametrize("orientation", sorted(STORED_UNDER_ORIENTATION))
+def test_exif_orientation_is_applied_on_load(tmp_path, orientation):
+    upright = reference_rgb()  # 5 x 7, every pixel distinct enough to catch any flip
+    stored = np.ascontiguousarray(STORED_UNDER_ORIENTATION[orientation](upright))
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    Image.fromarray(stored).save(tmp_path / "photo.png", exif=exif)
+    loaded = load_image(tmp_path / "photo.png", dtype=None)
+    np.testing.assert_array_equal(loaded, upright)
+
+
+def test_portrait_jpeg_with_orientation_6_loads_portrait(tmp_path):
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    landscape = np.zeros((30, 40, 3), dtype=np.uint8)  # as the sensor stored it
+    Image.fromarray(landscape).save(tmp_path / "portrait.jpg", exif=exif)
+    assert load_image(tmp_path / "portrait.jpg").shape == (40, 30, 3)
+
+
+# ------------------------------------------------------- decompression bombs and memory
+def test_decompression_bomb_is_a_value_error_naming_file_and_size(bomb_png):
+    with pytest.raises(ValueError, match=r"source: '.*bomb\.png' claims 100000 x 100000 pixels"):
+        load_image(bomb_png, name="source")
+
+
+def test_image_too_large_for_memory_is_refused_before_decoding(tmp_path, monkeypatch):
+    Image.fromarray(reference_rgb()).save(tmp_path / "photo.png")
+    monkeypatch.setattr(images, "available_memory", lambda: 100)  # bytes
+    with pytest.raises(MemoryError, match=r"target '.*photo\.png' \(7 x 5 pixels.*needs about"):
+        load_image(tmp_path / "photo.png", name="target")
+
+
+def test_available_memory_reads_this_machine():
+    available = images.available_memory()
+    assert available is None or available > 0
+
+
+def test_stored_dtype_keeps_integers_and_float_is_exactly_scaled(tmp_path):
+    pixels = reference_rgb()
+    Image.fromarray(pixels).save(tmp_path / "rgb.png")
+    stored = load_image(tmp_path / "rgb.png", dtype=None)
+    assert stored.dtype == np.uint8
+    np.testing.assert_array_equal(stored, pixels)
+    np.testing.assert_array_equal(load_image(tmp_path / "rgb.png"), pixels / 255.0)
+    with pytest.raises(ValueError, match=r"dtype must be numpy\.float64 or None"):
+        load_image(pixels, dtype=np.float32)
+
+
+# ----------------------------------------------------------------------- 16-bit PNG files
+def png16_scanlines(values: np.ndarray) -> bytes:
+    """Filtered scanlines of a 16-bit PNG (Pillow cannot write 16-bit RGB), rows cycling
+    through the five filter types so that the reader's unfiltering is exercised too."""
+    height, width, channels = values.shape
+    bpp = 2 * channels
+    rows = values.astype(">u2").reshape(height, width * channels).view(np.uint8)
+    data, previous = bytearray(), np.zeros(width * bpp, dtype=np.int64)
+    for number, row in enumerate(rows.astype(np.int64)):
+        kind = number % 5
+        left = np.concatenate([np.zeros(bpp, np.int64), row[:-bpp]])
+        up_left = np.concatenate([np.zeros(bpp, np.int64), previous[:-bpp]])
+        if kind == 0:
+            predicted = np.zeros_like(row)
+        elif kind == 1:
+            predicted = left
+        elif kind == 2:
+            predicted = previous
+        elif kind == 3:
+            predicted = (left + previous) // 2
+        else:
+            estimate = left + previous - up_left
+            gaps = [np.abs(estimate - guess) for guess in (left, previous, up_left)]
+            predicted = np.where(
+                (gaps[0] <= gaps[1]) & (gaps[0] <= gaps[2]),
+                left,
+                np.where(gaps[1] <= gaps[2], previous, up_left),
+            )
+        data += bytes([kind]) + ((row - predicted) % 256).astype(np.uint8).tobytes()
+        previous = row
+    return bytes(data)
+
+
+@pytest.mark.parametrize(("channels", "color_type"), [(3, 2), (4, 6)])
+def test_16_bit_rgb_png_is_read_at_16_bits(tmp_path, write_png, channels, color_type):
+    rng = np.random.default_rng(4)
+    values = rng.integers(0, 65536, size=(HEIGHT + 5, WIDTH, channels), dtype=np.uint16)
+    data = png16_scanlines(values)
+    write_png(tmp_path / "deep.png", WIDTH, HEIGHT + 5, 16, color_type, data)
+    stored = load_image(tmp_path / "deep.png", dtype=None)
+    assert stored.dtype == np.uint16
+    np.testing.assert_array_equal(stored, values[:, :, :3])
+    np.testing.assert_array_equal(load_image(tmp_path / "deep.png"), values[:, :, :3] / 65535.0)
+
+
+def test_16_bit_file_read_at_8_bits_warns(tmp_path, write_png):
+    values = np.full((HEIGHT, WIDTH, 2), 40000, dtype=np.uint16)  # grey + alpha, 16 bits
+    write_png(tmp_path / "grey_alpha.png", WIDTH, HEIGHT, 16, 4, png16_scanlines(values))
+    with pytest.warns(UserWarning, match="precision was reduced to 8 bits"):
+        load_image(tmp_path / "grey_alpha.png")
+
+
+# ----------------------------------------------------------------------- colour codes
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
+def test_color_index_matches_distinct_colors(dtype):
+    rng = np.random.default_rng(5)
+    step = 37 if dtype == np.uint8 else 9000  # 7 levels per channel: many repeated colours
+    pixels = (rng.integers(0, 7, size=(500, 3)) * step).astype(dtype)
+    table = ColorIndex.build(pixels, counts=True, chunk=64)
+    colors, inverse = distinct_colors(pixels / float(np.iinfo(dtype).max))
+    np.testing.assert_array_equal(table.colors(), colors)
+    np.testing.assert_array_equal(table.index(pixels), inverse)
+    np.testing.assert_array_equal(table.counts, np.bincount(inverse))
+
+
+def test_weighted_sample_of_integers_equals_the_float_one():
+    image = (reference_rgb() // 64) * 64  # repeated colours
+    from_integers = sample_pixels(image, 6, rng=2, weighted=True)
+    from_floats = sample_pixels(image / 255.0, 6, rng=2, weighted=True)
+    np.testing.assert_array_equal(from_integers.colors, from_floats.colors)
+    np.testing.assert_array_equal(from_integers.weights, from_floats.weights)

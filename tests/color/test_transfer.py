@@ -13,6 +13,7 @@ from sketchot.color import (
     DEFAULT_COLOR_RANK,
     color_transfer,
     image_pixels,
+    images,
     map_image,
     save_image,
     transfer_colors,
@@ -107,6 +108,44 @@ def test_map_image_distinct_colours_equals_per_pixel_map():
     # chunking the colours changes nothing
     chunked = map_image(run.result, source, chunk_size=7)
     np.testing.assert_allclose(chunked.image, run.image, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
+def test_map_image_in_pixel_blocks_equals_the_whole_image_at_once(dtype):
+    # the bounded-memory path (colour codes, blocks of pixels, uint8 output) against one
+    # block and against the float path on the same values: identical, not merely close
+    source = warm_image(shape=(30, 40)) // 16 * 16  # repeated colours
+    run = transfer_colors(source, cool_image(), backend="nystrom", n_samples=200, rng=0)
+    stored = source.astype(dtype) * (257 if dtype == np.uint16 else 1)
+    whole = map_image(run.result, stored, pixel_chunk=10**9)
+    blocks = map_image(run.result, stored, pixel_chunk=7)
+    floats = map_image(run.result, stored / float(np.iinfo(dtype).max))
+    for other in (blocks, floats):
+        np.testing.assert_array_equal(other.image, whole.image)
+        assert (other.n_colors, other.n_clipped, other.n_fallbacks) == (
+            whole.n_colors, whole.n_clipped, whole.n_fallbacks,
+        )  # fmt: skip
+    eight_bit = map_image(run.result, stored, pixel_chunk=7, dtype=np.uint8)
+    assert eight_bit.image.dtype == np.uint8
+    np.testing.assert_array_equal(eight_bit.image, np.round(whole.image * 255).astype(np.uint8))
+
+
+def test_compact_transfer_keeps_integers_and_matches_the_float_one():
+    source, target = warm_image(), cool_image()
+    floats = transfer_colors(source, target, backend="exact", n_samples=150, rng=0, inverse=True)
+    compact = transfer_colors(
+        source, target, backend="exact", n_samples=150, rng=0, inverse=True, compact=True
+    )
+    assert compact.source.dtype == compact.image.dtype == compact.inverse_image.dtype == np.uint8
+    expected = np.round(floats.image * 255).astype(np.uint8)
+    np.testing.assert_array_equal(compact.image, expected)
+
+
+def test_map_image_refuses_an_output_that_does_not_fit_in_memory(monkeypatch):
+    run = transfer_colors(warm_image(), cool_image(), backend="exact", n_samples=100, rng=0)
+    monkeypatch.setattr(images, "available_memory", lambda: 1000)  # bytes
+    with pytest.raises(MemoryError, match=r"the mapped source \(432 pixels\) needs about"):
+        map_image(run.result, warm_image(), name="source")
 
 
 def test_inverse_map_recolours_the_target_with_the_source_palette():

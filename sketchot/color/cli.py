@@ -1,20 +1,20 @@
-"""Shared pieces of the colour-transfer command-line programs (examples/ and benchmarks/).
+"""Pieces shared by the colour-transfer command-line programs (examples/ and benchmarks/).
 
 Every bad input must end as ONE line ``error: ...`` on stderr and exit code 2, without a
-traceback, and before any output file is touched.
+traceback, and before any output file is touched; the output files themselves are planned,
+checked and written with :class:`~sketchot.color.outputs.OutputSet`.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
-from matplotlib.backend_bases import FigureCanvasBase
-from PIL import Image
+from .outputs import OutputPathError, OutputSet
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -46,27 +46,17 @@ def positive_int(text: str) -> int:
     return value
 
 
-def check_output(parser: argparse.ArgumentParser, path: Path, option: str, kind: str) -> None:
-    """Refuse, before any work, an output whose folder is missing or whose format is unknown.
-
-    ``kind`` is ``"image"`` (formats Pillow writes), ``"figure"`` (formats matplotlib writes)
-    or ``"json"``.
-    """
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        parser.error(f"{option}: output folder {str(folder)!r} does not exist")
-    if path.is_dir():
-        parser.error(f"{option}: {str(path)!r} is a folder, not a file name")
-    suffix = path.suffix.lower()
-    if kind == "image" and suffix not in Image.registered_extensions():
-        parser.error(f"{option}: cannot tell the image format from the extension of {str(path)!r}")
-    if kind == "figure":
-        formats = FigureCanvasBase.get_supported_filetypes()
-        if suffix.lstrip(".") not in formats:
-            parser.error(
-                f"{option}: matplotlib cannot write {suffix or 'files without an extension'}; "
-                f"use one of {', '.join('.' + name for name in sorted(formats))}"
-            )
+def check_outputs(
+    parser: argparse.ArgumentParser,
+    outputs: OutputSet,
+    inputs: Iterable[tuple[str, str | os.PathLike]] = (),
+) -> None:
+    """:meth:`OutputSet.check` before any work; a refused path ends the program as
+    ``error: ...`` with exit code 2."""
+    try:
+        outputs.check(inputs)
+    except OutputPathError as exc:
+        parser.error(str(exc))
 
 
 def one_line_warning(message, category, filename, lineno, line=None) -> str:
