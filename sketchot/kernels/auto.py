@@ -96,6 +96,42 @@ def low_rank_ladder(n: int, m: int) -> list[int]:
     return ranks
 
 
+def adaptive_rank(
+    geometry: GibbsGeometry,
+    backend: str,
+    *,
+    accuracy: float = 1e-3,
+    rng: Any = None,
+    dtype: Any = np.float64,
+    **params: Any,
+) -> KernelOperator:
+    """A low-rank backend at the smallest doubling rank (64, 128, ...) whose sampled kernel
+    error (:func:`kernel_error`) meets ``accuracy``; stops at :func:`max_useful_rank` or when
+    doubling no longer halves the error, and returns the last kernel built, with
+    ``info.reason`` saying which case it was. The reference is adaptive Nystrom with a
+    doubling trick (Altschuler, Bach, Rudi, Niles-Weed 2019), whose rank comes from an
+    effective-dimension bound; here it is measured.
+    """
+    generator = check_rng(rng)
+    n, m = geometry.shape
+    previous = np.inf
+    kernel = None
+    for rank in low_rank_ladder(n, m):
+        kernel = build_kernel(geometry, backend, rng=generator, dtype=dtype, rank=rank, **params)
+        error = kernel_error(kernel, generator)
+        if error <= accuracy:
+            kernel.info.reason = f"rank {rank}: sampled kernel error {error:.2g} <= {accuracy:g}"
+            return kernel
+        if previous / error < STALL_FACTOR:
+            break
+        previous = error
+    kernel.info.reason = (
+        f"rank {kernel.info.rank}: sampled kernel error {error:.2g} > {accuracy:g}, and a larger "
+        "rank would not pay (stalled, or costlier than the exact kernel)"
+    )
+    return kernel
+
+
 def choose_kernel(
     geometry: GibbsGeometry,
     *,

@@ -253,10 +253,13 @@ def make_kernel(
         Randomness of the approximation (``numpy.random.default_rng`` semantics).
     dtype : numpy.float64 or numpy.float32
         Precision of the stored kernel or factors.
-    rank : int, optional
+    rank : int or 'auto', optional
         Number of features, for every low-rank backend (it sets the backend's own rank
         parameter: ``n_features``, ``n_landmarks``, ...); not with an explicit value of that
-        parameter.
+        parameter. ``'auto'`` doubles it from 64 until a sampled relative error of ``K~ v``
+        against the true kernel meets ``accuracy`` (keyword, default 1e-3), or until an
+        iteration would cost more than the exact kernel's
+        (:func:`sketchot.kernels.auto.adaptive_rank`).
     **params
         Backend parameters (see ``sketchot.get_backend(name).defaults``).
 
@@ -269,20 +272,21 @@ def make_kernel(
     Y = check_matrix(Y, "Y", n_features=X.shape[1], feature_name="X")
     reg = check_float(reg, "reg", positive=True)
     geometry = GibbsGeometry(X, Y, reg)
+    accuracy = check_float(params.pop("accuracy", 1e-3), "accuracy", positive=True)
     if backend == "auto":
         from .auto import choose_kernel  # the ladder builds through this module
 
-        accuracy = params.pop("accuracy", 1e-3)
         if params or rank is not None:
             raise TypeError(
                 "backend='auto' chooses its own parameters; it accepts only accuracy= "
                 f"(got {', '.join(sorted(params)) or 'rank'})"
             )
-        accuracy = check_float(accuracy, "accuracy", positive=True)
         kernel, reason, _ = choose_kernel(geometry, accuracy=accuracy, rng=rng, dtype=dtype)
         kernel.info.reason = reason
         return kernel
-    return build_kernel(geometry, backend, rng=rng, dtype=dtype, rank=rank, **params)
+    return build_kernel(
+        geometry, backend, rng=rng, dtype=dtype, rank=rank, accuracy=accuracy, **params
+    )
 
 
 def build_kernel(
@@ -291,10 +295,12 @@ def build_kernel(
     *,
     rng: Any = None,
     dtype: Any = np.float64,
-    rank: int | None = None,
+    rank: int | str | None = None,
+    accuracy: float = 1e-3,
     **params: Any,
 ):
-    """:func:`make_kernel` on an already validated geometry."""
+    """:func:`make_kernel` on an already validated geometry (``accuracy`` is the target of
+    ``rank='auto'``)."""
     dtype = check_dtype(dtype)
     record = get_backend(backend)
     unknown = sorted(set(params) - set(record.defaults))
@@ -307,6 +313,17 @@ def build_kernel(
     if rank is not None:
         if record.params_for_rank is None:
             raise TypeError(f"backend {backend!r} has no rank; do not pass rank=")
+        if isinstance(rank, str) and rank == "auto":
+            from .auto import adaptive_rank  # the ladder builds through this function
+
+            if record.rank_parameter in params:
+                raise TypeError(
+                    f"pass either rank= or {record.rank_parameter}= to backend {backend!r}, "
+                    "not both"
+                )
+            return adaptive_rank(
+                geometry, backend, accuracy=accuracy, rng=rng, dtype=dtype, **params
+            )
         rank = check_int(rank, "rank", minimum=1)
         if record.rank_parameter in params:
             raise TypeError(

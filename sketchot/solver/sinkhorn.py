@@ -120,7 +120,8 @@ def sinkhorn(
         return solve_auto(
             a, b, geometry, options, rng=rng, notes=notes, solve=solve, **backend_params
         )
-    kernel = build_kernel(geometry, backend, rng=rng, **backend_params)
+    accuracy = options.accuracy if options.accuracy is not None else 1e-3
+    kernel = build_kernel(geometry, backend, rng=rng, accuracy=accuracy, **backend_params)
     if options.verbose:
         print(f"sketchot.sinkhorn: built {kernel!r} in {kernel.info.build_time:.3f} s")
     return solve(a, b, kernel, options, rng=rng, notes=notes)

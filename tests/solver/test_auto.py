@@ -1,0 +1,77 @@
+"""backend='auto' and rank='auto': the cheapest representation that meets the accuracy."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+
+import sketchot
+from sketchot.kernels import available_backends, get_backend
+
+solver_auto = importlib.import_module("sketchot.solver.auto")
+kernels_auto = importlib.import_module("sketchot.kernels.auto")
+
+
+@pytest.fixture(scope="module")
+def clouds():
+    rng = np.random.default_rng(11)
+    return rng.random((700, 3)), rng.beta(2, 5, size=(600, 3))
+
+
+def test_a_problem_that_fits_is_solved_exactly(clouds):
+    X, Y = clouds
+    res = sketchot.sinkhorn(None, None, X, Y, reg=0.1)
+    assert res.backend == "exact" and "fits the dense budget" in res.reason
+    assert res.accuracy_met and res.true_kernel.exhaustive
+
+
+def test_large_reg_takes_a_low_rank_kernel(clouds, monkeypatch, capsys):
+    X, Y = clouds
+    monkeypatch.setattr(solver_auto, "dense_budget_bytes", lambda: 0)  # as if n x m were huge
+    res = sketchot.sinkhorn(None, None, X, Y, reg=1.0, rng=0, verbose=True)
+    assert res.backend == "nystrom" and res.accuracy_met
+    assert res.attempts and res.attempts[-1].accepted
+    assert "sketchot auto: chose nystrom" in capsys.readouterr().out
+
+
+def test_small_reg_escalates_to_the_exact_kernel(clouds, monkeypatch):
+    """At reg = 0.003 on the unit cube no global low rank is accurate (the notes' sharp
+    boundary): the ladder stops when doubling stops paying and the exact kernel is used."""
+    X, Y = clouds
+    monkeypatch.setattr(solver_auto, "dense_budget_bytes", lambda: 0)
+    res = sketchot.sinkhorn(None, None, X, Y, reg=0.003, rng=0)
+    assert res.backend == "exact" and "streamed" in res.reason
+    assert res.accuracy_met
+    assert res.attempts and not any(a.accepted for a in res.attempts)
+    assert len(res.attempts) < len(kernels_auto.low_rank_ladder(700, 600))  # stopped early
+
+
+def test_make_kernel_auto(clouds, monkeypatch):
+    X, Y = clouds
+    assert sketchot.make_kernel(X, Y, 0.5).info.backend == "exact"
+    monkeypatch.setattr(kernels_auto, "dense_budget_bytes", lambda: 0)
+    kernel = sketchot.make_kernel(X, Y, 1.0, rng=0)
+    assert kernel.info.backend == "nystrom" and "sampled kernel error" in kernel.info.reason
+    assert kernels_auto.kernel_error(kernel, rng=1) <= 1e-3 * 10  # another sample, same order
+    with pytest.raises(TypeError, match="accepts only accuracy"):
+        sketchot.make_kernel(X, Y, 1.0, "auto", n_landmarks=5)
+
+
+@pytest.mark.parametrize(
+    "backend", [name for name in available_backends() if get_backend(name).rank_parameter]
+)
+def test_rank_auto_for_every_low_rank_backend(clouds, backend):
+    X, Y = clouds
+    kernel = sketchot.make_kernel(X, Y, 2.0, backend, rank="auto", accuracy=0.05, rng=0)
+    assert kernel.info.reason.startswith("rank ")
+    # either the target is met or the reason says why the rank stopped growing
+    met = "<= 0.05" in kernel.info.reason
+    assert met or "would not pay" in kernel.info.reason
+
+
+def test_auto_rejects_backend_parameters(clouds):
+    X, Y = clouds
+    with pytest.raises(TypeError, match="backend='auto' chooses its own parameters"):
+        sketchot.sinkhorn(None, None, X, Y, 1.0, n_landmarks=5)
