@@ -63,6 +63,11 @@ def solve_auto(
         if options.verbose:
             print(f"sketchot auto: {text}")
 
+    def record(rank: int, error: float, start: float, accepted: bool, note: str) -> None:
+        seconds = time.perf_counter() - start
+        attempts.append(Attempt(LOW_RANK_BACKEND, {"rank": rank}, error, seconds, accepted, note))
+        say(str(attempts[-1]))
+
     def finish(result: SinkhornResult, reason: str) -> SinkhornResult:
         result.reason = reason
         result.attempts = attempts
@@ -84,19 +89,8 @@ def solve_auto(
         start = time.perf_counter()
         kernel = build_kernel(geometry, LOW_RANK_BACKEND, rng=generator, dtype=dtype, rank=rank)
         error = kernel_error(kernel, generator)
-        params = {"rank": rank}
         if error > HOPELESS_FACTOR * target:
-            attempts.append(
-                Attempt(
-                    LOW_RANK_BACKEND,
-                    params,
-                    error,
-                    time.perf_counter() - start,
-                    False,
-                    "sampled kernel error too large to solve",
-                )
-            )
-            say(str(attempts[-1]))
+            record(rank, error, start, False, "sampled kernel error too large to solve")
             if previous / error < STALL_FACTOR:
                 break
             previous = error
@@ -107,17 +101,7 @@ def solve_auto(
         check = result.true_kernel
         measured = check.bound if check is not None else np.inf
         accepted = bool(result.accuracy_met) and _possible(result)
-        attempts.append(
-            Attempt(
-                LOW_RANK_BACKEND,
-                params,
-                measured,
-                time.perf_counter() - start,
-                accepted,
-                "true-kernel marginal error of the solve",
-            )
-        )
-        say(str(attempts[-1]))
+        record(rank, measured, start, accepted, "true-kernel marginal error of the solve")
         if accepted:
             result.options = options.as_dict()
             reason = (

@@ -23,14 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import check_float, check_matrix, check_rng, check_weights, describe
+from .._validation import check_float, check_matrix, check_weights, describe
 from ..gibbs import GibbsGeometry
 from ..kernels import KernelOperator, build_kernel, get_backend
 from .advice import advise
 from .auto import solve_auto
 from .errors import AccuracyWarning, InvalidResultError, InvalidResultWarning
 from .options import SolverOptions
-from .plans import TrueKernelCheck, plan_summary, sample_indices, true_kernel_check
+from .plans import TrueKernelCheck, plan_summary
 from .result import SinkhornResult
 from .safeguard import Safeguard
 
@@ -330,15 +330,7 @@ def _check_true_kernel(result: SinkhornResult, options: SolverOptions, rng: Any)
     samples = options.true_kernel_samples
     if samples == "auto":
         samples = max(n, m) if n * m <= EXHAUSTIVE_CHECK_ENTRIES else SAMPLED_CHECK_SIZE
-    generator = check_rng(rng)
-    return true_kernel_check(
-        result.kernel,
-        result.a,
-        result.b,
-        *result.potentials,
-        sample_indices(n, samples, generator),
-        sample_indices(m, samples, generator),
-    )
+    return result.check_true_kernel(samples, rng)
 
 
 def _refuse_impossible(result: SinkhornResult, options: SolverOptions) -> None:
@@ -403,18 +395,14 @@ def _multiplicative(kernel, a, b, options, tol, guard, printer, *, stop_on_bad):
             if error < tol:
                 converged = True
                 break
-        v_next, y = cols.ratios, cols.projection
-        if cols.n_bad:
-            if stop_on_bad:
-                return None
-            v_next, y = guard.apply("cols", cols, b, u)
-        v = v_next
-        rows = kernel.fused_pass("rows", y, a)
-        u, z = rows.ratios, rows.projection
-        if rows.n_bad:
-            if stop_on_bad:
-                return None
-            u, z = guard.apply("rows", rows, a, v)
+        step = _repaired(cols, "cols", b, u, guard, stop_on_bad)
+        if step is None:
+            return None
+        v, y = step
+        step = _repaired(kernel.fused_pass("rows", y, a), "rows", a, v, guard, stop_on_bad)
+        if step is None:
+            return None
+        u, z = step
         n_iter = iteration
         if guard.repaired:
             # Repaired denominators mix the exact and the approximate kernel, so mass is no
@@ -425,6 +413,16 @@ def _multiplicative(kernel, a, b, options, tol, guard, printer, *, stop_on_bad):
                 u, z, v = u / balance, z / balance, v * balance
     with np.errstate(divide="ignore"):
         return np.log(u), np.log(v), n_iter, converged, history
+
+
+def _repaired(result, side, numerator, other, guard, stop_on_bad):
+    """``(ratios, projection)`` of a pass, after the safeguard handled its bad entries
+    (``None`` when ``stop_on_bad`` and there are some)."""
+    if not result.n_bad:
+        return result.ratios, result.projection
+    if stop_on_bad:
+        return None
+    return guard.apply(side, result, numerator, other)
 
 
 def _log_domain(kernel, a, b, options, tol, printer):
