@@ -721,28 +721,15 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
                     ns, means, yerr=stds, fmt="o-", capsize=3, color=COLORS[backend], label=label
                 )
         title = f"reg={reg:g}, {'paper ranks' if setting == 'paper' else 'rank 241'}"
-        ax_row[0].set(
-            xscale="log",
-            yscale="log",
-            xlabel="n",
-            ylabel="speedup per iteration",
-            title=f"(a) {title}",
-        )
-        ax_row[1].set(
-            xscale="log",
-            xlabel="n",
-            ylabel="ratio to exact",
-            title=f"(b) <P,M> with true K, {title}",
-        )
-        ax_row[2].set(
-            xscale="log", xlabel="n", ylabel="ratio to exact", title=f"(c) dual (approx K), {title}"
-        )
-        for ax in ax_row[1:]:
-            ax.axhline(1.0, color="gray", lw=0.8, ls="--")
-            # Ratios of positive plans are positive: log scale; a lower bar below 0 (std larger
-            # than the mean) is clipped at the bottom of the axis.
-            ax.set_yscale("log", nonpositive="clip")
-        for ax in ax_row:
+        heads = ("(a)", "(b) <P,M> with true K,", "(c) dual (approx K),")
+        for index, (ax, head) in enumerate(zip(ax_row, heads, strict=True)):
+            ylabel = "ratio to exact" if index else "speedup per iteration"
+            ax.set(xscale="log", yscale="log", xlabel="n", ylabel=ylabel, title=f"{head} {title}")
+            if index:
+                ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+                # Ratios of positive plans are positive: log scale; a lower bar below 0 (std
+                # larger than the mean) is clipped at the bottom of the axis.
+                ax.set_yscale("log", nonpositive="clip")
             ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
             low, high = ax.get_ylim()
             # A log axis spanning less than two decades has at most two major ticks: label
@@ -754,7 +741,6 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
                 if high / low < 100
                 else ticker.NullFormatter()
             )
-        for ax in ax_row:
             ax.legend(fontsize=7)
             ax.grid(alpha=0.3, which="both")
     fig.suptitle(
@@ -870,29 +856,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwrote {figure.relative_to(ROOT)} and {markdown.relative_to(ROOT)}")
     if args.json:
         write_json(
-            args.json, _finite_or_null(data), default=_json_default, allow_nan=False, indent=None
+            args.json,
+            _finite_or_null(data),
+            default=lambda v: v.tolist(),
+            allow_nan=False,
+            indent=None,
         )
     return 0
 
 
 def limit_blas_threads(threads: int):
-    """A context limiting BLAS to ``threads`` threads (``0``: no limit).
+    """BLAS limited to ``threads`` threads (``0``: no limit). On a shared 2-core machine a
+    threaded BLAS call waits for a busy core: small products took 10-100x longer at random."""
+    from threadpoolctl import threadpool_limits
 
-    On a shared 2-core machine a multi-threaded BLAS call waits for a busy core: small
-    products then took 10-100x longer at random (measured: 16 ms instead of 0.3 ms for a
-    rank-60 product at n = 10^4). One thread for every backend, the exact baseline included,
-    gives reproducible ratios.
-    """
-    if threads == 0:
-        return contextlib.nullcontext()
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError as exc:  # pragma: no cover - threadpoolctl comes with scikit-learn
-        raise SystemExit(
-            "--threads needs threadpoolctl (pip install threadpoolctl); pass --threads 0 to "
-            "run with the BLAS default"
-        ) from exc
-    return threadpool_limits(limits=threads, user_api="blas")
+    return contextlib.nullcontext() if threads == 0 else threadpool_limits(threads, "blas")
 
 
 def _finite_or_null(value: Any) -> Any:
@@ -904,14 +882,6 @@ def _finite_or_null(value: Any) -> Any:
     if isinstance(value, float | np.floating):
         return float(value) if np.isfinite(value) else None
     return value
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"not JSON serialisable: {type(value)}")
 
 
 if __name__ == "__main__":
