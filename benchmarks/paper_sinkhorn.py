@@ -6,70 +6,56 @@ Nystrom), and reports (a) the speedup per iteration over the exact computation a
 ratio of the approximate objective to the exact one, averaged over 3 image pairs and 10 trials.
 This script adds a fourth line, Nystrom with sketchot's default k-center landmarks. The paper
 leaves open the values of ``n``, the pixel scaling, which objective, the start of the
-iteration, the handling of non-positive ``K~ v`` and the timing method. This script fixes each
-of them as follows (and the README repeats the list):
+iteration, the handling of non-positive ``K~ v`` and the timing method; this script fixes them
+(the README repeats the list):
 
 Data
-    Three image pairs (``images/{default,pair2,pair3}_{source,target}.png``), read with Pillow,
-    RGB in ``[0, 1]`` (``/ 255``). Per trial, ``n`` pixels are drawn WITHOUT replacement from
-    each image (fresh samples every trial); weights ``a = b = 1 / n``.
-Kernel
-    ``K = exp(-||x - y||^2 / reg)`` (POT's convention; the paper's ``gamma = 1 / reg``).
+    Three image pairs (``images/{default,pair2,pair3}_{source,target}.png``), read with
+    ``sketchot.load_image`` (RGB in ``[0, 1]``). Per trial, ``n`` pixels are drawn WITHOUT
+    replacement from each image (``sketchot.sample_pixels``, fresh samples every trial);
+    weights ``a = b = 1 / n``. Kernel ``K = exp(-||x - y||^2 / reg)`` (the paper's
+    ``gamma = 1 / reg``).
 Iteration (the protocol)
     Exactly the paper's update, from ``v = 1``: ``u = a / (K v)``, ``v = b / (K^T u)``, 10 times,
-    through the operator's public products ``op.matvec`` / ``op.rmatvec`` (two kernel
-    applications per iteration). No safeguard: a non-positive or non-finite denominator is
-    counted ("faults") and the iteration goes on, as the paper's RFF and Nystrom would.
-    A trial whose final ``u`` or ``v`` has a non-positive or non-finite entry is a FAILED trial:
-    its objectives are undefined (NaN) and it is counted, never dropped.
+    through the operator's public products ``matvec`` / ``rmatvec``. No safeguard: a
+    non-positive or non-finite denominator is counted ("faults") and the iteration goes on, as
+    the paper's RFF and Nystrom would. A trial whose final ``u`` or ``v`` has a non-positive or
+    non-finite entry FAILED: its objectives are NaN and it is counted, never dropped.
+    (``sketchot.sinkhorn_kernel(..., safeguard='none')`` runs POT's order from ``u = 1 / n``
+    and zeroes bad scalings instead of propagating them: not the paper's iteration.)
 Library variant
     The same operator through ``sketchot.sinkhorn_kernel(a, b, op, max_iter=10, tol=1e-300,
-    safeguard='exact', warn=False)``: sketchot's own solver (POT's order, ``u = 1 / n`` first,
-    fused sweeps, exact-kernel repair of bad denominators). Its exact reference is the same
-    iteration in the same order on the exact operator (checked against ``sinkhorn_kernel`` on
-    the exact operator once per ``(reg, n)``; the largest relative difference is reported).
-    Run for ``n <= 5000`` only (``--library-max-n``): at ``reg = 0.1`` its exact-kernel repairs
-    cost about 45 s per trial at ``n = 10^4``, more than the exact solver.
+    safeguard='exact', accuracy=None, errors='warn', warn=False)``: POT's order, fused passes,
+    exact-kernel repair of bad denominators. Its exact reference is the same iteration in the
+    same order on the exact operator (checked against ``sinkhorn_kernel`` on the exact
+    operator once per ``(reg, n)``). Run for ``n <= --library-max-n`` (5000) only.
 Objectives after 10 iterations (ratio = approximate / exact, same samples, same iterations)
-    * ``cost (true K)``: ``<P, M>`` with ``P = diag(u) K diag(v)``, ``K`` the EXACT kernel:
-      what the approximate scalings really achieve (the primary measure);
-    * ``cost (approx K)``: the same with the approximate kernel (what ``sinkhorn2`` reports);
-    * ``dual (approx K)``: ``reg (<a, log u> + <b, log v>) - reg (u^T K~ v - 1)``, what the
-      method itself would report as its entropic objective;
-    * ``dual (true K)``: the same with ``u^T K v``.
+    ``cost (true K)``: ``<P, M>`` of ``P = diag(u) K diag(v)`` with the EXACT kernel (the
+    primary measure); ``cost (approx K)``: the same with the approximate kernel;
+    ``dual (approx K)``: ``reg (<a, log u> + <b, log v>) - reg (u^T K~ v - 1)``; ``dual (true
+    K)``: the same with ``u^T K v``. Plans are summarised by ``sketchot.solver.plan_summary``.
     With uniform weights the dual is dominated by the entropy term (about ``-2 reg log n``),
-    so its ratio stays near 1 even when the plan is poor; the cost ratios are the
-    discriminating measures.
+    so its ratio stays near 1 even when the plan is poor.
 Timing
-    Each iteration (two products and two divisions) is timed with ``time.perf_counter``; the
-    per-iteration time of a trial is the MEDIAN of its 10 iterations (robust to interference on
-    a shared machine). Speedup per iteration = exact median / approximate median in the same
-    trial; speedup including the build = (exact build + 10 exact iterations) / (approximate
-    build + 10 approximate iterations). The exact build is the dense ``n x n`` kernel. BLAS
-    runs on one thread for every backend (``--threads``): on a shared 2-core machine threaded
-    BLAS calls made small products 10-100x slower at random.
-Settings
-    ``paper``: polyts ``m = 20, r = 3, k = 10`` (rank 61), RFF ``D = m r = 60``, Nystrom
-    ``s = ceil(max(sqrt(r m), r)) = 8`` (the paper's comparable BUILD cost);
-    ``rank 241``: polyts ``m = 80, r = 3`` (rank ``1 + r m = 241``), RFF ``D = 241``, Nystrom
-    ``s = 241`` landmarks: equal rank, hence equal per-iteration cost ``O(n rank)``.
-    Both at ``reg = 1`` (the paper's ``gamma = 1``) and ``reg = 0.1`` (POT's colour-transfer
-    demo). polyts uses sketchot's defaults (coreset coefficients, the reference code's
-    'shifted' ridge weights, clouds centred at their common mean). Nystrom runs twice: with
-    landmarks drawn uniformly, half from each cloud (``nystrom``: the paper's and POT's
-    method), and with sketchot's default greedy k-center landmarks (``nystrom_kc``). Nystrom
-    drops eigenvalues of ``K(Z, Z)`` below ``1e-12`` times the largest, so its rank can be
-    lower than ``s`` (the tables give the rank used).
+    Each iteration is timed with ``time.perf_counter``; a trial's per-iteration time is the
+    MEDIAN of its 10. Speedup per iteration = exact median / approximate median in the same
+    trial; including the build = (build + 10 iterations) ratio, the exact build being the dense
+    ``n x n`` kernel. BLAS runs on one thread (``--threads``).
+Settings (from the backend records of ``sketchot``)
+    ``paper``: ``sketchot.comparable_parameters()`` (polyts ``m = 20, r = 3``, RFF ``D = m r``,
+    Nystrom ``s = ceil(max(sqrt(r m), r))``: the paper's comparable BUILD cost); ``rank241``:
+    each record's ``params_for_rank(241)`` (equal per-iteration cost ``O(n rank)``). Both at
+    ``reg = 1`` and ``reg = 0.1``. Nystrom runs with uniformly drawn landmarks (``nystrom``: the
+    paper's and POT's method) and sketchot's default k-center landmarks (``nystrom_kc``).
 Seeds
-    One base seed; ``numpy.random.SeedSequence(base).spawn`` per pair, per ``n``, per trial,
-    and per trial one child for the pixel samples and one per (setting, backend) for the sketch.
-    Every spawn key is in the JSON. ``--quick`` uses the same seeds for the points it runs.
+    ``numpy.random.SeedSequence(base).spawn`` per pair, per ``n``, per trial, and per trial one
+    child for the pixel samples and one per (reg, setting, backend). Every spawn key is in the
+    JSON. ``--quick`` uses the same seeds for the points it runs.
 
-Run ``python benchmarks/paper_sinkhorn.py`` (the full sweep: 3 pairs x 4 values of n x 10
-trials x 2 reg x 2 rank settings; 12 minutes on 2 shared cores) or ``--quick`` (one pair,
-n in {1000, 2000}, 3 trials, both reg: about 15 seconds). ``--json PATH`` writes every raw
+Run ``python benchmarks/paper_sinkhorn.py`` (3 pairs x 4 values of n x 10 trials x 2 reg x 2
+settings) or ``--quick`` (one pair, n in {1000, 2000}, 3 trials). ``--json PATH`` writes every raw
 number (failed values as ``null``); ``--replot PATH`` rebuilds tables and figure from such a
-file without running. The figure goes to ``images/paper_sinkhorn.png`` and the tables to
+file. The figure goes to ``images/paper_sinkhorn.png`` and the tables to
 ``benchmarks/results/paper_sinkhorn.md`` (``--quick``: ``benchmarks/results/
 paper_sinkhorn_quick.{png,md}``).
 """
@@ -93,6 +79,8 @@ import numpy as np
 from _results import write_json
 
 import sketchot
+from sketchot.color import image_pixels
+from sketchot.solver import plan_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES_DIR = ROOT / "images"
@@ -103,16 +91,16 @@ N_VALUES = (1000, 2000, 5000, 10000)
 REGS = (1.0, 0.1)
 N_TRIALS = 10
 N_ITER = 10
-# The methods compared: the paper's three (Nystrom with uniformly drawn landmarks, as the paper
-# and POT's kernel_nystroem do) and sketchot's default Nystrom (greedy k-center landmarks).
+# The paper's three methods (Nystrom with uniform landmarks, as the paper and POT's
+# kernel_nystroem) and sketchot's default Nystrom (greedy k-center landmarks).
 BACKENDS = ("polyts", "rff", "nystrom", "nystrom_kc")
 BACKEND_OF = {"polyts": "polyts", "rff": "rff", "nystrom": "nystrom", "nystrom_kc": "nystrom"}
+LANDMARKS = {"nystrom": {"landmarks": "uniform"}, "nystrom_kc": {"landmarks": "kcenter"}}
 LABELS = {
     "polyts": "Coreset-TS (polyts)",
     "rff": "RFF",
     "nystrom": "Nystrom, uniform landmarks (paper)",
     "nystrom_kc": "Nystrom, k-center landmarks",
-    "exact": "exact",
 }
 COLORS = {
     "polyts": "tab:red",
@@ -121,39 +109,40 @@ COLORS = {
     "nystrom_kc": "tab:purple",
 }
 
-# Equal-rank setting: rank 1 + r m = 241 for polyts (m = 80, r = 3), the same rank for RFF and
-# Nystrom, so that one iteration costs the same O(n * 241) for every backend.
-LARGE_RANK = 241
-_PAPER = sketchot.comparable_parameters(sketch_dim=20, degree=3)
-RANK_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
-    "paper": {
-        "polyts": _PAPER["polyts"],
-        "rff": _PAPER["rff"],
-        "nystrom": {**_PAPER["nystrom"], "landmarks": "uniform"},
-        "nystrom_kc": {**_PAPER["nystrom"], "landmarks": "kcenter"},
-    },
-    "rank241": {
-        "polyts": {"sketch_dim": 80, "degree": 3},
-        "rff": {"n_features": LARGE_RANK},
-        "nystrom": {"n_landmarks": LARGE_RANK, "landmarks": "uniform"},
-        "nystrom_kc": {"n_landmarks": LARGE_RANK, "landmarks": "kcenter"},
-    },
-}
-RANK_LABELS = {
-    "paper": "paper ranks (polyts m=20 r=3, RFF D=60, Nystrom s=8)",
-    "rank241": "equal rank 241 (polyts m=80 r=3, RFF D=241, Nystrom s=241)",
-}
+# The paper's comparable-cost setting, from the backend records. The paper's polyts algorithm
+# is PAPER["polyts"]: its one place here (the equal-rank polyts setting starts from it too).
+PAPER = sketchot.comparable_parameters()
+LARGE_RANK = 241  # equal rank: one iteration costs O(n * 241) for every backend
 
-# The fixed order of every (reg, rank setting, backend) triple: trial t gives the method at
-# position i the child i + 1 of its seed sequence (child 0 draws the pixels), in quick and in
-# full runs alike.
-METHOD_ORDER = tuple(
-    (reg, setting, backend) for reg in REGS for setting in RANK_SETTINGS for backend in BACKENDS
-)
 
+def _setting(rank: int | None) -> dict[str, dict[str, Any]]:
+    """Parameters of every method: the paper's comparable cost (``None``) or equal ``rank``."""
+    out = {}
+    for method in BACKENDS:
+        backend = BACKEND_OF[method]
+        params = {**PAPER[backend]} if rank is None or backend == "polyts" else {}
+        if rank is not None:
+            params.update(sketchot.get_backend(backend).params_for_rank(rank))
+        out[method] = {**params, **LANDMARKS.get(method, {})}
+    return out
+
+
+RANK_SETTINGS = {"paper": _setting(None), f"rank{LARGE_RANK}": _setting(LARGE_RANK)}
+
+
+def _rank_label(setting: str) -> str:
+    p = RANK_SETTINGS[setting]
+    head = "paper ranks" if setting == "paper" else f"equal rank {LARGE_RANK}"
+    return (
+        f"{head} (polyts m={p['polyts']['sketch_dim']} r={p['polyts']['degree']}, RFF "
+        f"D={p['rff']['n_features']}, Nystrom s={p['nystrom']['n_landmarks']})"
+    )
+
+
+# Trial t gives the method at position i of this order the child i + 1 of its seed sequence
+# (child 0 draws the pixels), in quick and in full runs alike.
+METHOD_ORDER = tuple((reg, s, b) for reg in REGS for s in RANK_SETTINGS for b in BACKENDS)
 BASE_SEED = 0
-
-# Measures of accuracy, in the order of the tables.
 MEASURES = ("cost_true", "cost_approx", "dual_approx", "dual_true")
 MEASURE_LABELS = {
     "cost_true": "cost (true K)",
@@ -164,17 +153,8 @@ MEASURE_LABELS = {
 
 
 # --------------------------------------------------------------------------------------- data
-def load_rgb(path: Path) -> np.ndarray:
-    """All pixels of an image as an ``(H * W, 3)`` float array in ``[0, 1]``."""
-    from PIL import Image
-
-    with Image.open(path) as image:
-        pixels = np.asarray(image.convert("RGB"), dtype=np.float64)
-    return pixels.reshape(-1, 3) / 255.0
-
-
-def load_pairs(names: tuple[str, ...], synthetic: bool) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """``{pair: (source pixels, target pixels)}``; ``synthetic`` builds stand-ins instead."""
+def load_pairs(names: tuple[str, ...], synthetic: bool) -> dict[str, tuple[np.ndarray, ...]]:
+    """``{pair: (source image, target image)}``; ``synthetic`` builds stand-ins instead."""
     if synthetic:
         return {name: synthetic_pair(index) for index, name in enumerate(names)}
     pairs = {}
@@ -186,39 +166,29 @@ def load_pairs(names: tuple[str, ...], synthetic: bool) -> dict[str, tuple[np.nd
                 f"missing image(s) {', '.join(missing)}: run images/make_images.py first, or "
                 "pass --synthetic for synthetic stand-in colour clouds (development only)"
             )
-        pairs[name] = (load_rgb(paths[0]), load_rgb(paths[1]))
+        pairs[name] = tuple(sketchot.load_image(path) for path in paths)
     return pairs
 
 
 def synthetic_pair(index: int, n_pixels: int = 40_000) -> tuple[np.ndarray, np.ndarray]:
-    """Two clustered colour clouds in ``[0, 1]^3`` with different palettes (development only)."""
+    """Two clustered colour clouds as ``(n_pixels, 1, 3)`` images (development only)."""
     rng = np.random.default_rng(np.random.SeedSequence(BASE_SEED, spawn_key=(999, index)))
     clouds = []
     for _ in range(2):
         centres = rng.random((5, 3))
         labels = rng.integers(0, 5, size=n_pixels)
         points = centres[labels] + 0.08 * rng.standard_normal((n_pixels, 3))
-        clouds.append(np.clip(points, 0.0, 1.0))
+        clouds.append(np.clip(points, 0.0, 1.0)[:, None, :])
     return clouds[0], clouds[1]
 
 
-def sample_pixels(pixels: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
-    """``n`` distinct pixels of an image (rows drawn without replacement)."""
-    if pixels.shape[0] < n:
-        raise SystemExit(f"an image has {pixels.shape[0]} pixels, fewer than n = {n}")
-    return pixels[rng.choice(pixels.shape[0], size=n, replace=False)]
-
-
-def data_spread(pairs: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, dict[str, float]]:
-    """Scale of each pair relative to ``reg``, computed on ALL pixels (no sampling).
-
-    ``mean_sq_distance``: ``E ||x - y||^2`` over independent source and target pixels
-    (``= tr Cov x + tr Cov y + ||E x - E y||^2``); ``half_width``: ``max ||x - c|| max ||y - c||``
-    with ``c`` the mean of both images, the interval half-width ``a`` on which polyts fits
-    ``exp(2 t)`` is this divided by ``reg``.
-    """
+def data_spread(pairs: dict[str, tuple[np.ndarray, ...]]) -> dict[str, dict[str, float]]:
+    """Scale of each pair on ALL pixels: ``E ||x - y||^2`` over independent source and target
+    pixels, and ``max ||x - c|| max ||y - c||`` (``c`` the mean of both images), which over
+    ``reg`` is the half-width of the interval on which polyts fits ``exp(2 t)``."""
     out = {}
-    for name, (source, target) in pairs.items():
+    for name, images in pairs.items():
+        source, target = (image_pixels(image) for image in images)
         mean_x, mean_y = source.mean(axis=0), target.mean(axis=0)
         center = (source.sum(axis=0) + target.sum(axis=0)) / (len(source) + len(target))
         out[name] = {
@@ -262,124 +232,79 @@ class Run:
     @property
     def valid(self) -> bool:
         """Objectives are defined only for finite, positive scalings."""
-        return bool(
-            np.all(np.isfinite(self.u))
-            and np.all(np.isfinite(self.v))
-            and np.all(self.u > 0)
-            and np.all(self.v > 0)
-        )
+        return all(np.all(np.isfinite(s) & (s > 0)) for s in (self.u, self.v))
 
 
-def count_faults(denominators: np.ndarray) -> int:
-    """Entries that are not finite and positive (``NaN`` counts)."""
-    return int(np.count_nonzero(~(np.isfinite(denominators) & (denominators > 0))))
+def iterate(op, a: np.ndarray, b: np.ndarray, paper_order: bool = True) -> Run:
+    """The plain iteration, each iteration timed, faults counted outside the timed region.
 
-
-def protocol_iterations(op, a: np.ndarray, b: np.ndarray, n_iter: int = N_ITER) -> Run:
-    """The paper's update from ``v = 1``: ``u = a / (K v)``, ``v = b / (K^T u)``.
-
-    No safeguard: a bad denominator propagates, as in the paper's baselines. Every numpy warning
-    raised on the way is recorded (``warnings='always'``), and the faults are counted outside
-    the timed region.
+    ``paper_order``: the paper's ``u = a / (K v)``, ``v = b / (K^T u)`` from ``v = 1``;
+    otherwise sketchot's (POT's) ``v = b / (K^T u)``, ``u = a / (K v)`` from ``u = 1 / n`` (the
+    exact reference of the library variant). No safeguard: a bad denominator propagates.
     """
-    u, v, times, faults, caught = _alternate(
-        op.matvec, a, op.rmatvec, b, np.ones(op.shape[1]), n_iter
-    )
-    return Run(u, v, times, faults, caught)
-
-
-def library_order_iterations(op, a: np.ndarray, b: np.ndarray, n_iter: int = N_ITER) -> Run:
-    """sketchot's (POT's) order from ``u = 1 / n``: ``v = b / (K^T u)``, ``u = a / (K v)``.
-
-    Used on the exact operator as the reference of the library variant.
-    """
-    start = np.full(op.shape[0], 1.0 / op.shape[0])
-    v, u, times, faults, caught = _alternate(op.rmatvec, b, op.matvec, a, start, n_iter)
-    return Run(u, v, times, faults, caught)
-
-
-def _alternate(first, first_numerator, second, second_numerator, start, n_iter):
-    """``x = first_numerator / first(y)``, ``y = second_numerator / second(x)`` from
-    ``y = start``, ``n_iter`` times; returns ``(x, y, times, faults, warnings)``, each
-    iteration timed, faults counted outside the timed region."""
-    y = start
+    first, num_1, second, num_2 = (op.matvec, a, op.rmatvec, b)
+    y = np.ones(op.shape[1])
+    if not paper_order:
+        first, num_1, second, num_2 = (op.rmatvec, b, op.matvec, a)
+        y = np.full(op.shape[0], 1.0 / op.shape[0])
     times, faults = [], 0
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for _ in range(n_iter):
+        for _ in range(N_ITER):
             begin = time.perf_counter()
             first_den = first(y)
-            x = first_numerator / first_den
+            x = num_1 / first_den
             second_den = second(x)
-            y = second_numerator / second_den
+            y = num_2 / second_den
             times.append(time.perf_counter() - begin)
-            faults += count_faults(first_den) + count_faults(second_den)
-    return x, y, times, faults, [str(w.message) for w in caught]
+            for den in (first_den, second_den):
+                faults += int(np.count_nonzero(~(np.isfinite(den) & (den > 0))))
+    u, v = (x, y) if paper_order else (y, x)
+    return Run(u, v, times, faults, [str(w.message) for w in caught])
 
 
-def library_iterations(op, a: np.ndarray, b: np.ndarray) -> tuple[Run, dict[str, Any]]:
+def library_solve(op, a: np.ndarray, b: np.ndarray):
     """``sketchot.sinkhorn_kernel`` for 10 iterations with the exact-kernel safeguard."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = sketchot.sinkhorn_kernel(
-            a, b, op, max_iter=N_ITER, tol=1e-300, safeguard="exact", warn=False
-        )
+            a, b, op, max_iter=N_ITER, tol=1e-300, safeguard="exact", accuracy=None,
+            errors="warn", warn=False,
+        )  # fmt: skip
+    return result, [str(w.message) for w in caught]
+
+
+def library_iterations(op, a: np.ndarray, b: np.ndarray) -> tuple[Run, dict[str, Any]]:
+    result, caught = library_solve(op, a, b)
     with np.errstate(over="ignore"):
         u, v = np.exp(result.potentials[0]), np.exp(result.potentials[1])
-    repairs = result.safeguard["rows_repaired"] + result.safeguard["cols_repaired"]
-    run = Run(u, v, [result.timings["per_iteration"]], repairs, [str(w.message) for w in caught])
-    return run, {
-        "n_iter": result.n_iter,
-        "repairs": repairs,
-        "clipped": result.safeguard["clipped"],
-        "per_iteration": result.timings["per_iteration"],
-    }
+    guard = result.safeguard
+    repairs = guard["rows_repaired"] + guard["cols_repaired"]
+    run = Run(u, v, [result.timings["per_iteration"]], repairs, caught)
+    info = {"n_iter": result.n_iter, "repairs": repairs, "clipped": guard["clipped"]}
+    return run, {**info, "per_iteration": result.timings["per_iteration"]}
 
 
 # --------------------------------------------------------------------------------- objectives
-def plan_costs(op, Xc: np.ndarray, Yc: np.ndarray, runs: list[Run]) -> list[tuple[float, float]]:
-    """``(<P, M>, 1^T P 1)`` of ``P = diag(u) K diag(v)`` for several scaling pairs at once.
-
-    ``||x - y||^2 = ||x||^2 + ||y||^2 - 2 x.y`` in centred coordinates, so one ``matmat`` with
-    ``4`` columns per run (``v`` and ``v * Y``) and one ``rmatmat`` with one column per run
-    (``u``) give everything: a single pass over the dense exact kernel for all methods of a
-    trial, and ``O(n rank)`` for a low-rank operator. Only called on valid (positive) runs.
-    """
-    if not runs:
-        return []
-    d = Yc.shape[1]
-    right = np.hstack([np.column_stack([r.v, r.v[:, None] * Yc]) for r in runs])
-    left = np.column_stack([r.u for r in runs])
-    K_right = op.matmat(right)
-    Kt_left = op.rmatmat(left)
-    x_sq, y_sq = np.einsum("ij,ij->i", Xc, Xc), np.einsum("ij,ij->i", Yc, Yc)
-    out = []
-    for index, run in enumerate(runs):
-        block = K_right[:, index * (d + 1) : (index + 1) * (d + 1)]
-        row = run.u * block[:, 0]
-        col = run.v * Kt_left[:, index]
-        cross = np.einsum("i,ij,ij->", run.u, Xc, block[:, 1:])
-        out.append((float(row @ x_sq + col @ y_sq - 2.0 * cross), float(row.sum())))
-    return out
-
-
-def dual_value(run: Run, a: np.ndarray, b: np.ndarray, reg: float, mass: float) -> float:
-    """``reg (<a, log u> + <b, log v>) - reg (mass - sum a)``."""
-    return reg * (a @ np.log(run.u) + b @ np.log(run.v) - (mass - a.sum()))
-
-
-def objectives(
-    run: Run, exact_cost: tuple[float, float], approx_cost: tuple[float, float], a, b, reg
-) -> dict[str, float]:
+def objectives(run: Run, exact, op, a: np.ndarray, b: np.ndarray, reg: float) -> dict[str, float]:
+    """The four measures of a valid run: plans with the exact kernel and with ``op``."""
+    log_u, log_v = np.log(run.u), np.log(run.v)
+    true = plan_summary(exact, log_u, log_v)
+    approx = true if op is exact else plan_summary(op, log_u, log_v)
+    entropic = a @ log_u + b @ log_v
     return {
-        "cost_true": exact_cost[0],
-        "cost_approx": approx_cost[0],
-        "dual_approx": dual_value(run, a, b, reg, approx_cost[1]),
-        "dual_true": dual_value(run, a, b, reg, exact_cost[1]),
+        "cost_true": true.cost,
+        "cost_approx": approx.cost,
+        "dual_approx": reg * (entropic - (approx.mass - a.sum())),
+        "dual_true": reg * (entropic - (true.mass - a.sum())),
     }
 
 
 NAN_OBJECTIVES = dict.fromkeys(MEASURES, math.nan)
+
+
+def ratios(values: dict[str, float], reference: dict[str, float]) -> dict[str, float]:
+    return {k: values[k] / reference[k] for k in MEASURES}
 
 
 # -------------------------------------------------------------------------------------- trial
@@ -387,67 +312,31 @@ def seed_record(seq: np.random.SeedSequence) -> dict[str, Any]:
     return {"entropy": seq.entropy, "spawn_key": list(seq.spawn_key)}
 
 
-def run_trial(
-    X: np.ndarray,
-    Y: np.ndarray,
-    regs: tuple[float, ...],
-    settings: tuple[str, ...],
-    method_seeds: dict[tuple[float, str, str], np.random.SeedSequence],
-    check_library_exact: bool,
-    run_library: bool = True,
-) -> list[dict[str, Any]]:
+def run_trial(X, Y, method_seeds, check_library_exact: bool, run_library: bool) -> list[dict]:
     """Every method of one trial (one sample of ``X``, ``Y``): a list of flat records."""
     n = X.shape[0]
-    a = np.full(n, 1.0 / n)
-    b = np.full(n, 1.0 / n)
+    a = b = np.full(n, 1.0 / n)
     records = []
-    for reg in regs:
+    for reg in REGS:
         exact = sketchot.make_kernel(X, Y, reg, "exact")
-        Xc, Yc = X - exact.center, Y - exact.center
-        exact_run = protocol_iterations(exact, a, b)
-        exact_lib = library_order_iterations(exact, a, b) if run_library else None
-        lib_check = None
-        if check_library_exact and run_library:
-            lib_check = check_against_library(exact, a, b, exact_lib, Xc, Yc)
-
-        approx: list[tuple[str, str, Any, Run, Run, dict[str, Any]]] = []
-        for setting in settings:
-            for backend in BACKENDS:
-                params = RANK_SETTINGS[setting][backend]
-                rng = np.random.default_rng(method_seeds[(reg, setting, backend)])
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    op = sketchot.make_kernel(X, Y, reg, BACKEND_OF[backend], rng=rng, **params)
-                build_warnings = [str(w.message) for w in caught]
-                run = protocol_iterations(op, a, b)
-                run.warnings = build_warnings + run.warnings
-                lib_run, lib_info = library_iterations(op, a, b) if run_library else (None, None)
-                approx.append((setting, backend, op, run, lib_run, lib_info))
-
-        # One pass over the dense exact kernel for every valid run of this (trial, reg).
-        candidates = [exact_run, exact_lib] + [r for *_, run, lib, _ in approx for r in (run, lib)]
-        valid_runs = [r for r in candidates if r is not None and r.valid]
-        true_costs = dict(
-            zip(map(id, valid_runs), plan_costs(exact, Xc, Yc, valid_runs), strict=True)
-        )
-        exact_obj = objectives(
-            exact_run, true_costs[id(exact_run)], true_costs[id(exact_run)], a, b, reg
-        )
-        exact_lib_obj = None
-        if run_library:
-            exact_lib_obj = objectives(
-                exact_lib, true_costs[id(exact_lib)], true_costs[id(exact_lib)], a, b, reg
-            )
+        exact_run = iterate(exact, a, b)
+        exact_obj = objectives(exact_run, exact, exact, a, b, reg)
         exact_median = float(np.median(exact_run.iteration_times))
-        exact_total = exact.build_time + float(np.sum(exact_run.iteration_times))
-        for setting in settings:
+        exact_total = exact.info.build_time + float(np.sum(exact_run.iteration_times))
+        exact_lib = lib_check = exact_lib_obj = None
+        if run_library:
+            exact_lib = iterate(exact, a, b, paper_order=False)
+            exact_lib_obj = objectives(exact_lib, exact, exact, a, b, reg)
+            if check_library_exact:
+                lib_check = check_against_library(exact, a, b, exact_lib, exact_lib_obj)
+        for setting in RANK_SETTINGS:
             records.append(
                 {
                     "reg": reg,
                     "setting": setting,
                     "backend": "exact",
                     "rank": None,
-                    "build_time": exact.build_time,
+                    "build_time": exact.info.build_time,
                     "iter_time": exact_median,
                     "iteration_times": exact_run.iteration_times,
                     "faults": exact_run.faults,
@@ -459,77 +348,64 @@ def run_trial(
                     "library_check": lib_check,
                 }
             )
-        for setting, backend, op, run, lib_run, lib_info in approx:
-            values = NAN_OBJECTIVES
-            if run.valid:
-                values = objectives(
-                    run, true_costs[id(run)], plan_costs(op, Xc, Yc, [run])[0], a, b, reg
-                )
-            lib_values = NAN_OBJECTIVES
-            if lib_run is not None and lib_run.valid:
-                lib_values = objectives(
-                    lib_run,
-                    true_costs[id(lib_run)],
-                    plan_costs(op, Xc, Yc, [lib_run])[0],
-                    a,
-                    b,
-                    reg,
-                )
-            median = float(np.median(run.iteration_times))
-            records.append(
-                {
+        for setting in RANK_SETTINGS:
+            for backend in BACKENDS:
+                params = RANK_SETTINGS[setting][backend]
+                rng = np.random.default_rng(method_seeds[(reg, setting, backend)])
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    op = sketchot.make_kernel(X, Y, reg, BACKEND_OF[backend], rng=rng, **params)
+                run = iterate(op, a, b)
+                run.warnings = [str(w.message) for w in caught] + run.warnings
+                values = objectives(run, exact, op, a, b, reg) if run.valid else NAN_OBJECTIVES
+                median = float(np.median(run.iteration_times))
+                build = op.info.build_time
+                record = {
                     "reg": reg,
                     "setting": setting,
                     "backend": backend,
-                    "params": RANK_SETTINGS[setting][backend],
-                    "rank": int(op.rank),
-                    "build_time": op.build_time,
+                    "params": params,
+                    "rank": int(op.info.rank),
+                    "build_time": build,
                     "iter_time": median,
                     "iteration_times": run.iteration_times,
                     "speedup_iter": exact_median / median,
-                    "speedup_total": exact_total
-                    / (op.build_time + float(np.sum(run.iteration_times))),
+                    "speedup_total": exact_total / (build + float(np.sum(run.iteration_times))),
                     "faults": run.faults,
                     "warnings": run.warnings,
                     "failed": not run.valid,
                     "values": values,
                     "ratios": ratios(values, exact_obj),
-                    "library": run_library
-                    and {
+                    "library": False,
+                }
+                if run_library:
+                    lib_run, lib_info = library_iterations(op, a, b)
+                    lib_values = NAN_OBJECTIVES
+                    if lib_run.valid:
+                        lib_values = objectives(lib_run, exact, op, a, b, reg)
+                    record["library"] = {
                         **lib_info,
                         "failed": not lib_run.valid,
                         "warnings": lib_run.warnings,
                         "values": lib_values,
                         "ratios": ratios(lib_values, exact_lib_obj),
-                    },
-                }
-            )
-        del exact, approx
+                    }
+                records.append(record)
     return records
 
 
-def ratios(values: dict[str, float], reference: dict[str, float]) -> dict[str, float]:
-    return {k: values[k] / reference[k] for k in MEASURES}
-
-
-def check_against_library(exact, a, b, exact_lib: Run, Xc, Yc) -> dict[str, float]:
-    """``sinkhorn_kernel`` on the exact operator vs the library-order loop (same iteration).
-
-    Also times sketchot's fused exact iteration (one pass over ``K`` per iteration).
-    """
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = sketchot.sinkhorn_kernel(
-            a, b, exact, max_iter=N_ITER, tol=1e-300, safeguard="exact", warn=False
-        )
-    mine = plan_costs(exact, Xc, Yc, [exact_lib])[0][0]
+def check_against_library(exact, a, b, exact_lib: Run, exact_lib_obj) -> dict[str, Any]:
+    """``sinkhorn_kernel`` on the exact operator vs the same iteration run here; also times
+    sketchot's fused exact iteration (one pass over ``K`` per iteration)."""
+    result, caught = library_solve(exact, a, b)
+    mine = exact_lib_obj["cost_true"]
     return {
         "relative_cost_difference": abs(result.value_linear - mine) / abs(mine),
         "max_abs_log_u_difference": float(
             np.max(np.abs(result.potentials[0] - np.log(exact_lib.u)))
         ),
         "fused_per_iteration": result.timings["per_iteration"],
-        "warnings": [str(w.message) for w in caught],
+        "warnings": caught,
     }
 
 
@@ -538,49 +414,42 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
     pair_names = PAIRS[:1] if args.quick else PAIRS
     n_values = N_VALUES[:2] if args.quick else N_VALUES
     n_trials = 3 if args.quick else N_TRIALS
-    regs = REGS
-    settings = tuple(RANK_SETTINGS)
     pairs = load_pairs(pair_names, args.synthetic)
     spread = data_spread(pairs)
-
-    base = np.random.SeedSequence(args.seed)
-    pair_seqs = base.spawn(len(PAIRS))
+    pair_seqs = np.random.SeedSequence(args.seed).spawn(len(PAIRS))
     records: list[dict[str, Any]] = []
     trials_meta = []
     started = time.perf_counter()
     for pair in pair_names:
-        source, target = pairs[pair]
         n_seqs = pair_seqs[PAIRS.index(pair)].spawn(len(N_VALUES))
         for n in n_values:
             trial_seqs = n_seqs[N_VALUES.index(n)].spawn(N_TRIALS)
             for trial in range(n_trials):
                 children = trial_seqs[trial].spawn(1 + len(METHOD_ORDER))
                 sample_rng = np.random.default_rng(children[0])
-                X = sample_pixels(source, n, sample_rng)
-                Y = sample_pixels(target, n, sample_rng)
+                X, Y = (sketchot.sample_pixels(im, n, rng=sample_rng).colors for im in pairs[pair])
                 method_seeds = {m: children[1 + i] for i, m in enumerate(METHOD_ORDER)}
                 check = trial == 0 and pair == pair_names[0]
                 t0 = time.perf_counter()
-                trial_records = run_trial(
-                    X, Y, regs, settings, method_seeds, check, n <= args.library_max_n
-                )
+                trial_records = run_trial(X, Y, method_seeds, check, n <= args.library_max_n)
                 for record in trial_records:
                     record.update({"pair": pair, "n": n, "trial": trial})
                     key = (record["reg"], record["setting"], record["backend"])
                     if key in method_seeds:
                         record["seed"] = seed_record(method_seeds[key])
                 records.extend(trial_records)
+                seconds = time.perf_counter() - t0
                 trials_meta.append(
                     {
                         "pair": pair,
                         "n": n,
                         "trial": trial,
                         "sample_seed": seed_record(children[0]),
-                        "seconds": time.perf_counter() - t0,
+                        "seconds": seconds,
                     }
                 )
                 print(
-                    f"  {pair:8s} n={n:6d} trial {trial}: {time.perf_counter() - t0:6.1f} s "
+                    f"  {pair:8s} n={n:6d} trial {trial}: {seconds:6.1f} s "
                     f"(elapsed {time.perf_counter() - started:7.1f} s)",
                     flush=True,
                 )
@@ -593,7 +462,7 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
             "n_values": list(n_values),
             "n_trials": n_trials,
             "n_iter": N_ITER,
-            "regs": list(regs),
+            "regs": list(REGS),
             "library_max_n": args.library_max_n,
             "rank_settings": RANK_SETTINGS,
             "python": platform.python_version(),
@@ -704,7 +573,7 @@ def markdown_tables(rows: list[dict[str, Any]], title_suffix: str = "") -> str:
             block = [r for r in rows if r["reg"] == reg and r["setting"] == setting]
             if not block:
                 continue
-            out.append(f"### reg = {reg:g}, {RANK_LABELS[setting]}{title_suffix}\n")
+            out.append(f"### reg = {reg:g}, {_rank_label(setting)}{title_suffix}\n")
             out.append(
                 "Speed (median per-iteration time of a trial; mean over trials) and robustness "
                 "of the 10-iteration protocol (no safeguard).\n"
@@ -852,28 +721,15 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
                     ns, means, yerr=stds, fmt="o-", capsize=3, color=COLORS[backend], label=label
                 )
         title = f"reg={reg:g}, {'paper ranks' if setting == 'paper' else 'rank 241'}"
-        ax_row[0].set(
-            xscale="log",
-            yscale="log",
-            xlabel="n",
-            ylabel="speedup per iteration",
-            title=f"(a) {title}",
-        )
-        ax_row[1].set(
-            xscale="log",
-            xlabel="n",
-            ylabel="ratio to exact",
-            title=f"(b) <P,M> with true K, {title}",
-        )
-        ax_row[2].set(
-            xscale="log", xlabel="n", ylabel="ratio to exact", title=f"(c) dual (approx K), {title}"
-        )
-        for ax in ax_row[1:]:
-            ax.axhline(1.0, color="gray", lw=0.8, ls="--")
-            # Ratios of positive plans are positive: log scale; a lower bar below 0 (std larger
-            # than the mean) is clipped at the bottom of the axis.
-            ax.set_yscale("log", nonpositive="clip")
-        for ax in ax_row:
+        heads = ("(a)", "(b) <P,M> with true K,", "(c) dual (approx K),")
+        for index, (ax, head) in enumerate(zip(ax_row, heads, strict=True)):
+            ylabel = "ratio to exact" if index else "speedup per iteration"
+            ax.set(xscale="log", yscale="log", xlabel="n", ylabel=ylabel, title=f"{head} {title}")
+            if index:
+                ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+                # Ratios of positive plans are positive: log scale; a lower bar below 0 (std
+                # larger than the mean) is clipped at the bottom of the axis.
+                ax.set_yscale("log", nonpositive="clip")
             ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
             low, high = ax.get_ylim()
             # A log axis spanning less than two decades has at most two major ticks: label
@@ -885,7 +741,6 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
                 if high / low < 100
                 else ticker.NullFormatter()
             )
-        for ax in ax_row:
             ax.legend(fontsize=7)
             ax.grid(alpha=0.3, which="both")
     fig.suptitle(
@@ -1001,29 +856,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwrote {figure.relative_to(ROOT)} and {markdown.relative_to(ROOT)}")
     if args.json:
         write_json(
-            args.json, _finite_or_null(data), default=_json_default, allow_nan=False, indent=None
+            args.json,
+            _finite_or_null(data),
+            default=lambda v: v.tolist(),
+            allow_nan=False,
+            indent=None,
         )
     return 0
 
 
 def limit_blas_threads(threads: int):
-    """A context limiting BLAS to ``threads`` threads (``0``: no limit).
+    """BLAS limited to ``threads`` threads (``0``: no limit). On a shared 2-core machine a
+    threaded BLAS call waits for a busy core: small products took 10-100x longer at random."""
+    from threadpoolctl import threadpool_limits
 
-    On a shared 2-core machine a multi-threaded BLAS call waits for a busy core: small
-    products then took 10-100x longer at random (measured: 16 ms instead of 0.3 ms for a
-    rank-60 product at n = 10^4). One thread for every backend, the exact baseline included,
-    gives reproducible ratios.
-    """
-    if threads == 0:
-        return contextlib.nullcontext()
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError as exc:  # pragma: no cover - threadpoolctl comes with scikit-learn
-        raise SystemExit(
-            "--threads needs threadpoolctl (pip install threadpoolctl); pass --threads 0 to "
-            "run with the BLAS default"
-        ) from exc
-    return threadpool_limits(limits=threads, user_api="blas")
+    return contextlib.nullcontext() if threads == 0 else threadpool_limits(threads, "blas")
 
 
 def _finite_or_null(value: Any) -> Any:
@@ -1035,14 +882,6 @@ def _finite_or_null(value: Any) -> Any:
     if isinstance(value, float | np.floating):
         return float(value) if np.isfinite(value) else None
     return value
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"not JSON serialisable: {type(value)}")
 
 
 if __name__ == "__main__":

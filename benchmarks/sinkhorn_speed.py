@@ -9,8 +9,8 @@ reports
 * the child's peak RSS (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) and its increase over
   the child's baseline after imports, a small warm-up and data generation;
 * the L1 marginal errors of the returned scalings against the EXACT kernel, estimated on
-  sampled rows and columns (``SinkhornResult.check_true_kernel`` for sketchot; the same
-  sampling, through sketchot's exact-kernel row products, for POT's scalings).
+  sampled rows and columns (``sketchot.solver.true_kernel_check``, the same draw for every
+  method: ``SinkhornResult.check_true_kernel``'s).
 
 Methods:
 
@@ -26,12 +26,12 @@ Methods:
     ``random_state`` seeds POT's own NumpyBackend generator (not numpy's global one).
 ``exact``, ``rff``, ``nystrom``, ``polyts``
     ``sketchot.sinkhorn(None, None, X, Y, reg, backend, max_iter, tol=1e-300,
-    check_every=max_iter, safeguard=...)``; ``check_every=max_iter`` so that float32's
-    tolerance floor cannot stop the run early. Low-rank backends at equal rank: ``polyts``
-    ``m = 20, r = 3`` (rank 61) and ``m = 66, r = 3`` (rank 199); ``rff`` and ``nystrom`` with
-    as many features / landmarks. Default safeguard ``'clip'``: ``'exact'`` recomputes each
-    non-positive entry with an ``O(n d)`` exact row, which would dominate the timings of
-    RFF at ``reg = 0.1``; the number of repairs is reported.
+    check_every=max_iter, safeguard=..., accuracy=None, errors='warn')``; ``check_every=max_iter``
+    so that float32's tolerance floor cannot stop the run early. Low-rank backends at equal
+    rank 61 and 199, each with its record's ``params_for_rank`` (polyts ``m = 20`` and ``66``,
+    ``r = 3``; ``rff`` and ``nystrom`` with as many features / landmarks). Default safeguard
+    ``'clip'``: ``'exact'`` recomputes each non-positive entry with an ``O(n d)`` exact row,
+    which would dominate the timings of RFF at ``reg = 0.1``; the number of repairs is reported.
 
 Targets printed (computed, not asserted): polyts, ``n = 10^6``, ``reg = 1``, 100 iterations,
 build included, at most 15 s and 2 GB peak RSS in float64 and float32; low-rank backends at
@@ -61,27 +61,25 @@ from typing import Any
 import numpy as np
 from _results import write_json
 
+import sketchot
+from sketchot.solver import true_kernel_check
+from sketchot.solver.plans import sample_indices
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 RESULT_MARKER = "RESULT_JSON:"
 
 SKETCHOT_BACKENDS = ("exact", "nystrom", "rff", "polyts")
 LOW_RANK = ("nystrom", "rff", "polyts")
 
-# Equal-rank settings. polyts rank = 1 + r m.
-RANKS: dict[str, dict[str, dict[str, int]]] = {
-    "61": {
-        "polyts": {"sketch_dim": 20, "degree": 3},
-        "rff": {"n_features": 61},
-        "nystrom": {"n_landmarks": 61},
-        "pot-nystrom": {"anchors": 62},
-    },
-    "199": {
-        "polyts": {"sketch_dim": 66, "degree": 3},
-        "rff": {"n_features": 199},
-        "nystrom": {"n_landmarks": 199},
-        "pot-nystrom": {"anchors": 200},
-    },
-}
+
+def equal_rank_settings(rank: int) -> dict[str, dict[str, int]]:
+    """Every low-rank backend at about ``rank`` features (its record's ``params_for_rank``);
+    POT draws ``anchors // 2`` landmarks per cloud, so it gets the even number at or above."""
+    settings = {b: sketchot.get_backend(b).params_for_rank(rank) for b in LOW_RANK}
+    return {**settings, "pot-nystrom": {"anchors": rank + rank % 2}}
+
+
+RANKS = {label: equal_rank_settings(int(label)) for label in ("61", "199")}
 
 # Largest n per side for POT's dense solver: ~5 n x n float64 arrays at peak (4 GB at 10^4).
 POT_DENSE_MAX_N = 10_000
@@ -108,45 +106,15 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def sample_indices(size: int, n_samples: int, rng: np.random.Generator) -> np.ndarray:
-    """Rows to check: all of them if few, else a sorted uniform sample without replacement
-    (the same draw ``SinkhornResult.check_true_kernel`` makes)."""
-    if n_samples >= size:
-        return np.arange(size)
-    return np.sort(rng.choice(size, size=n_samples, replace=False))
-
-
-def true_kernel_errors(
-    X: np.ndarray,
-    Y: np.ndarray,
-    reg: float,
-    u: np.ndarray,
-    v: np.ndarray,
-    n_samples: int,
-    seed: list[int],
-) -> dict[str, float]:
-    """Sampled L1 marginal errors of scalings ``u, v`` (uniform weights) with the exact kernel.
-
-    ``u_i (K v)_i`` on sampled rows and ``v_j (K^T u)_j`` on sampled columns, scaled to the
-    whole marginal; plain (signed) products so that negative scalings count as they are.
-    """
-    import sketchot
-
-    exact = sketchot.make_kernel(X, Y, reg, "exact", max_dense_bytes=0)  # streamed: no n x m
-    n, m = exact.shape
+def true_kernel_errors(kernel, a, b, log_u, log_v, n_samples: int, seed: list[int]) -> dict:
+    """Sampled L1 marginal errors of scalings against the EXACT kernel
+    (``sketchot.solver.true_kernel_check`` on ``n_samples`` rows and columns drawn as
+    ``SinkhornResult.check_true_kernel`` draws them)."""
     rng = np.random.default_rng(seed)
-    rows = sample_indices(n, n_samples, rng)
-    cols = sample_indices(m, n_samples, rng)
-    u = np.asarray(u, dtype=np.float64)
-    v = np.asarray(v, dtype=np.float64)
-    row_mass = u[rows] * exact.exact_rows_matmat(rows, v)
-    col_mass = v[cols] * exact.exact_cols_rmatmat(cols, u)
-    return {
-        "error_a": float(np.abs(row_mass - 1.0 / n).sum() * n / rows.size),
-        "error_b": float(np.abs(col_mass - 1.0 / m).sum() * m / cols.size),
-        "n_rows": int(rows.size),
-        "n_cols": int(cols.size),
-    }
+    rows, cols = (sample_indices(size, n_samples, rng) for size in kernel.shape)
+    check = true_kernel_check(kernel, a, b, log_u, log_v, rows, cols)
+    return {"error_a": check.error_a, "error_b": check.error_b, "n_rows": check.n_rows,
+            "n_cols": check.n_cols}  # fmt: skip
 
 
 def run_pot_dense(X, Y, reg, iterations):
@@ -216,8 +184,6 @@ def run_pot_nystrom(X, Y, reg, iterations, anchors, seed):
 
 
 def run_sketchot(X, Y, reg, backend, iterations, params, dtype, safeguard, seed):
-    import sketchot
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         start = time.perf_counter()
@@ -231,6 +197,8 @@ def run_sketchot(X, Y, reg, backend, iterations, params, dtype, safeguard, seed)
             max_iter=iterations,
             tol=1e-300,
             rng=np.random.default_rng(seed),
+            accuracy=None,
+            errors="warn",
             check_every=iterations,
             safeguard=safeguard,
             warn=False,
@@ -239,7 +207,7 @@ def run_sketchot(X, Y, reg, backend, iterations, params, dtype, safeguard, seed)
         )
         total_seconds = time.perf_counter() - start
     return {
-        "rank": result.kernel.rank,
+        "rank": result.kernel.info.rank,
         "n_iter": result.n_iter,
         "build_s": result.timings["build"],
         "iterations_s": result.timings["iterations"],
@@ -272,8 +240,6 @@ def run_single(config: dict[str, Any]) -> dict[str, Any]:
     """One configuration (in a fresh process): timings, peak memory, true-kernel errors."""
     import ot  # noqa: F401  (imported before the baseline so every child counts the same)
 
-    import sketchot  # noqa: F401
-
     warm_up(config)
     n, reg, method = config["n"], config["reg"], config["method"]
     data_rng = np.random.default_rng(config["data_seed"])
@@ -304,20 +270,17 @@ def run_single(config: dict[str, Any]) -> dict[str, Any]:
     # CPU seconds of all threads: next to the wall time it shows contention on a busy machine.
     record["cpu_s"] = time.process_time() - cpu_start
 
-    n_samples = config["check_samples"]
     start = time.perf_counter()
     if method in SKETCHOT_BACKENDS:
-        check = result.check_true_kernel(
-            n_samples=n_samples, rng=np.random.default_rng(config["check_seed"])
-        )
-        errors = {
-            "error_a": check.error_a,
-            "error_b": check.error_b,
-            "n_rows": check.n_rows,
-            "n_cols": check.n_cols,
-        }
-    else:
-        errors = true_kernel_errors(X, Y, reg, u, v, n_samples, config["check_seed"])
+        kernel, a, b, (log_u, log_v) = result.kernel, result.a, result.b, result.potentials
+    else:  # POT's scalings, against the exact kernel streamed (no n x n array)
+        kernel = sketchot.make_kernel(X, Y, reg, "exact", max_dense_bytes=0)
+        a = b = np.full(n, 1.0 / n)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_u, log_v = np.log(u), np.log(v)
+    errors = true_kernel_errors(
+        kernel, a, b, log_u, log_v, config["check_samples"], config["check_seed"]
+    )
     record.update(
         {
             "baseline_rss_bytes": baseline,
