@@ -45,7 +45,14 @@ import numpy as np
 
 from .._parallel import run_parts
 from .._validation import check_float, check_int, describe
-from ..gibbs import block_rows, gibbs_log_matvec, neg_cost_over_reg, row_slices, sq_norms
+from ..gibbs import (
+    BLOCK_BYTES,
+    block_rows,
+    gibbs_log_matvec,
+    neg_cost_over_reg,
+    row_slices,
+    sq_norms,
+)
 
 # Absorption thresholds on |log u~|, |log v~| (see stabilized_sinkhorn, Notes). An entry of K~
 # below the smallest normal number is clamped to it (never denormal: denormal operands make
@@ -59,6 +66,9 @@ LOG_FLOOR = {dtype: math.ceil(math.log(np.finfo(dtype).tiny)) + 1.0 for dtype in
 
 #: Default memory budget of a stored (absorbed) kernel: 1 GiB.
 DEFAULT_MAX_DENSE_BYTES = 1 << 30
+
+# Target bytes of one streamed block of K~ (computed in float64): BLAS-efficient, cache-sized.
+STREAM_BLOCK_BYTES = BLOCK_BYTES
 
 # Breakdowns (an underflowed or overflowed product) repaired by an exact log-sum-exp reset
 # before the stabilised path gives up. Each reset costs two log-domain passes.
@@ -488,7 +498,7 @@ def stabilized_sinkhorn(
         log_a, log_b = np.log(a), np.log(b)
 
     stored = n * m * dtype.itemsize <= max_dense_bytes
-    kernel = _AbsorbedKernel(Xc, Yc, reg, dtype, block_rows(m) if not stored else block_rows(m, 8))
+    kernel = _AbsorbedKernel(Xc, Yc, reg, dtype, block_rows(m, 8, STREAM_BLOCK_BYTES))
     history: History = []
     start = 1
     if log_u0 is not None and log_v0 is not None:
@@ -759,7 +769,7 @@ def exact_sinkhorn(
     factor : float, default=0.5
         Largest ratio between consecutive stages.
     stage_tol : float, optional
-        Intermediate stages' tolerance; default ``max(tol, 1e-3 ||b||_2)``.
+        Intermediate stages' tolerance; default ``max(tol, 1e-2 ||b||_2)``.
 
     Returns
     -------
@@ -787,9 +797,12 @@ def exact_sinkhorn(
         # Potentials carry over in cost units; the stage's scalings are exp(f / current).
         log_u0 = None if f is None else f / current
         log_v0 = None if g is None else g / current
+        # The check is free (it reuses K^T u), so intermediate stages check every iteration
+        # instead of overshooting their loose tolerance by up to check_every - 1 iterations.
+        every = options["check_every"] if current == reg else 1
         result = stabilized_sinkhorn(
             Xc, Yc, a, b, current, tol=stage_target, max_iter=budget, log_u0=log_u0,
-            log_v0=log_v0, **options,
+            log_v0=log_v0, **{**options, "check_every": every},
         )  # fmt: skip
         for key in info_total:
             info_total[key] += result.info[key]
@@ -804,5 +817,7 @@ def exact_sinkhorn(
     )
 
 
-# Default intermediate-stage tolerance of exact_sinkhorn, relative to ||b||_2.
-STAGE_RTOL = 1e-3
+# Default intermediate-stage tolerance of exact_sinkhorn, relative to ||b||_2. Measured on
+# n = 1000 colours at reg 0.003 (factor 0.5): 1063 iterations in all with 1e-2, 1081 with 1e-3,
+# 1125 with 1e-1, 1251 without epsilon-scaling; the last stage dominates whatever the choice.
+STAGE_RTOL = 1e-2
