@@ -47,7 +47,7 @@ class ExactKernel(KernelOperator):
     Attributes
     ----------
     is_dense : bool
-        Whether ``K`` is stored.
+        Whether ``K`` is stored (computed on the first product that needs it).
     """
 
     def __init__(
@@ -66,13 +66,20 @@ class ExactKernel(KernelOperator):
         n, m = self.shape
         self._rows_per_block = block_rows(m, self.dtype.itemsize)
         self.is_dense = n * m * self.dtype.itemsize <= max_dense_bytes
-        self._dense = None
+        self._stored = None
         if not self.is_dense:
             self.info.seconds_per_pass = self._time_one_pass()
-        if self.is_dense:
-            self._dense = np.empty((n, m), dtype=self.dtype)
+
+    @property
+    def _dense(self) -> np.ndarray | None:
+        """The stored kernel, computed on first use (a solver with its own exact path, such
+        as the absorption-stabilised one, never needs it)."""
+        if self.is_dense and self._stored is None:
+            n, m = self.shape
+            self._stored = np.empty((n, m), dtype=self.dtype)
             for rows in row_slices(n, self._rows_per_block):
-                self._dense[rows] = self._computed_block(rows)
+                self._stored[rows] = self._computed_block(rows)
+        return self._stored
 
     def _time_one_pass(self) -> float:
         """Seconds of one streamed pass, extrapolated from one block (computed, then used)."""

@@ -35,8 +35,16 @@ class SolverOptions:
         floor, raise :class:`~sketchot.NonPositiveKernelError`, or nothing (their scalings
         are set to 0; the paper's plain iteration, for benchmarks).
     log_domain : {'auto', True, False}, default='auto'
-        Log-stable iterations, for kernels that declare the ``'exact'`` capability. ``'auto'``
-        uses them when ``max M / reg`` exceeds 500 or the multiplicative iteration underflows.
+        For kernels that declare the ``'exact'`` capability: ``'auto'`` and ``True`` run the
+        log-stable absorption path (Schmitzer 2019; multiplicative iterations on
+        ``exp((f_i + g_j - C_ij) / reg)``, re-absorbing the scalings when they grow:
+        :mod:`sketchot.solver.exact_paths`), finite for any ``reg`` and as fast as the plain
+        iteration where that one works; ``False`` the plain iteration through the kernel's
+        fused passes (it can underflow at small ``reg``). ``True`` is rejected for other
+        kernels.
+    epsilon_scaling : bool, default=False
+        For kernels with the ``'exact'`` capability: solve with ``reg`` decreasing
+        geometrically from the squared diameter, warm-starting each stage (annealing).
     accuracy : float or None, default=1e-3
         The contract: relative L1 marginal error of the returned scalings against the TRUE
         kernel, ``max(||u * (K v) - a||_1, ||v * (K^T u) - b||_1) / sum(a)``, estimated on
@@ -59,6 +67,7 @@ class SolverOptions:
     check_every: int = 10
     safeguard: str = "exact"
     log_domain: bool | str = "auto"
+    epsilon_scaling: bool = False
     accuracy: float | None = DEFAULT_ACCURACY
     true_kernel_samples: int | str = "auto"
     errors: str = "raise"
@@ -80,6 +89,7 @@ class SolverOptions:
                 raise TypeError(
                     f"log_domain must be 'auto', True or False; got {describe(self.log_domain)}"
                 ) from None
+        set_(self, "epsilon_scaling", check_bool(self.epsilon_scaling, "epsilon_scaling"))
         if self.accuracy is not None:
             set_(self, "accuracy", check_float(self.accuracy, "accuracy", positive=True))
         if self.true_kernel_samples != "auto":

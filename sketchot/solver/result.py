@@ -51,7 +51,7 @@ class SinkhornResult:
         Dual objective ``reg (<a, log u> + <b, log v>) - reg (1^T P 1 - sum a)``; equal to
         ``value`` at convergence.
     log_domain : bool
-        Whether the stabilised (log-sum-exp) iteration was used.
+        Whether the exact kernel's log-stable (absorption) path was used.
     safeguard : dict
         Counts of repaired denominators (``rows_repaired``, ``cols_repaired``, ``clipped``)
         and the policy.

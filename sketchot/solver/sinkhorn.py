@@ -29,14 +29,11 @@ from ..kernels import KernelOperator, build_kernel, get_backend
 from .advice import advise
 from .auto import solve_auto
 from .errors import AccuracyWarning, InvalidResultError, InvalidResultWarning
+from .exact_paths import exact_sinkhorn
 from .options import SolverOptions
 from .plans import TrueKernelCheck, plan_summary
 from .result import SinkhornResult
 from .safeguard import Safeguard
-
-# With an exact kernel, the multiplicative iteration is used while the largest cost over reg
-# stays below this (kernel entries and scalings then stay within float64 range, e^+-500).
-LOG_DOMAIN_THRESHOLD = 500.0
 
 # float32 products carry relative errors ~1e-7 per entry: a column-marginal error below this
 # fraction of ||b||_2 is unreachable.
@@ -233,33 +230,19 @@ def solve(
             tol = floor
     printer = _Printer(options.verbose)
     geometry = kernel.geometry
-    use_log = exact and (
-        options.log_domain is True
-        or (
-            options.log_domain == "auto"
-            and geometry.max_cost() / geometry.reg > LOG_DOMAIN_THRESHOLD
+    if options.epsilon_scaling and not exact:
+        raise ValueError(
+            "epsilon_scaling=True needs a kernel with the 'exact' capability (the kernel must "
+            f"represent every intermediate reg); backend {kernel.info.backend!r} does not"
         )
-    )
     _announce_long_run(kernel, options, printer)
     guard = Safeguard(kernel, options.safeguard)
     start = time.perf_counter()
-    state = None
-    if not use_log:
-        state = _multiplicative(
-            kernel,
-            a,
-            b,
-            options,
-            tol,
-            guard,
-            printer,
-            stop_on_bad=exact and options.log_domain == "auto",
-        )
-        if state is None:
-            printer.say("the exact kernel underflowed: restarting in the log domain")
-            use_log = True
+    use_log = exact and options.log_domain is not False
     if use_log:
-        state = _log_domain(kernel, a, b, options, tol, printer)
+        state = _stabilized(kernel, a, b, options, tol, printer)
+    else:
+        state = _multiplicative(kernel, a, b, options, tol, guard, printer)
     elapsed = time.perf_counter() - start
 
     log_u, log_v, n_iter, converged, history = state
@@ -369,12 +352,9 @@ def _warn_accuracy(result: SinkhornResult, options: SolverOptions) -> None:
     )
 
 
-def _multiplicative(kernel, a, b, options, tol, guard, printer, *, stop_on_bad):
-    """Kernel-space iterations in POT's order, one fused pass per half-step.
-
-    Returns ``None`` when ``stop_on_bad`` and a pass reports bad denominators (an exact
-    kernel underflowed: the caller switches to the log domain).
-    """
+def _multiplicative(kernel, a, b, options, tol, guard, printer):
+    """Kernel-space iterations in POT's order, one fused pass per half-step; bad
+    denominators go to the safeguard."""
     n, m = kernel.shape
     u = np.full(n, 1.0 / n)
     v = np.full(m, 1.0 / m)
@@ -395,14 +375,8 @@ def _multiplicative(kernel, a, b, options, tol, guard, printer, *, stop_on_bad):
             if error < tol:
                 converged = True
                 break
-        step = _repaired(cols, "cols", b, u, guard, stop_on_bad)
-        if step is None:
-            return None
-        v, y = step
-        step = _repaired(kernel.fused_pass("rows", y, a), "rows", a, v, guard, stop_on_bad)
-        if step is None:
-            return None
-        u, z = step
+        v, y = _repaired(cols, "cols", b, u, guard)
+        u, z = _repaired(kernel.fused_pass("rows", y, a), "rows", a, v, guard)
         n_iter = iteration
         if guard.repaired:
             # Repaired denominators mix the exact and the approximate kernel, so mass is no
@@ -415,42 +389,28 @@ def _multiplicative(kernel, a, b, options, tol, guard, printer, *, stop_on_bad):
         return np.log(u), np.log(v), n_iter, converged, history
 
 
-def _repaired(result, side, numerator, other, guard, stop_on_bad):
-    """``(ratios, projection)`` of a pass, after the safeguard handled its bad entries
-    (``None`` when ``stop_on_bad`` and there are some)."""
+def _repaired(result, side, numerator, other, guard):
+    """``(ratios, projection)`` of a pass, after the safeguard handled its bad entries."""
     if not result.n_bad:
         return result.ratios, result.projection
-    if stop_on_bad:
-        return None
     return guard.apply(side, result, numerator, other)
 
 
-def _log_domain(kernel, a, b, options, tol, printer):
-    """The same iteration on log-scalings with log-sum-exp on the TRUE kernel (geometry)."""
+def _stabilized(kernel, a, b, options, tol, printer):
+    """The exact kernel's log-stable path (absorption, optional epsilon-scaling) on its
+    geometry: :func:`~sketchot.solver.exact_paths.exact_sinkhorn`."""
     g = kernel.geometry
-    n, m = g.shape
-    everything_n, everything_m = slice(None), slice(None)
-    with np.errstate(divide="ignore"):
-        log_a, log_b = np.log(a), np.log(b)
-    log_u = np.full(n, -np.log(n))
-    log_v = np.full(m, -np.log(m))
-    log_Ktu = g.log_matvec(everything_m, log_u, transpose=True)
-    history: list[tuple[int, float]] = []
-    converged = False
-    n_iter = 0
-    for iteration in range(1, options.max_iter + 1):
-        if iteration > 1 and (iteration - 2) % options.check_every == 0:
-            error = _norm(np.exp(log_v + log_Ktu) - b) / float(b.sum())
-            history.append((iteration - 1, error))
-            printer.iteration(iteration - 1, error)
-            if error < tol:
-                converged = True
-                break
-        log_v = np.where(b > 0, log_b - log_Ktu, -np.inf)
-        log_u = np.where(a > 0, log_a - g.log_matvec(everything_n, log_v), -np.inf)
-        log_Ktu = g.log_matvec(everything_m, log_u, transpose=True)
-        n_iter = iteration
-    return log_u, log_v, n_iter, converged, history
+    mass = float(b.sum())
+    path = exact_sinkhorn(
+        g.Xc, g.Yc, a, b, g.reg,
+        tol=tol * mass, max_iter=options.max_iter, check_every=options.check_every,
+        dtype=kernel.dtype, max_dense_bytes=kernel.info.params.get("max_dense_bytes", 1 << 30),
+        epsilon_scaling=options.epsilon_scaling,
+    )  # fmt: skip
+    history = [(iteration, error / mass) for iteration, error in path.history]
+    for iteration, error in history:
+        printer.iteration(iteration, error)
+    return path.log_u, path.log_v, path.n_iter, path.converged, history
 
 
 #: A run estimated to take longer than this warns before it starts.
