@@ -59,6 +59,7 @@ from scipy.spatial import cKDTree
 
 from .._parallel import THREADS, run_parts
 from .._validation import check_float, check_int, check_matrix, check_rng
+from ..gibbs import block_rows, neg_cost_over_reg, row_slices, sq_norms
 from .coefficients import chebyshev_to_monomial
 
 EPS = np.finfo(np.float64).eps
@@ -101,6 +102,10 @@ class LocalGaussianExpansion:
     max_feature_bytes : int, default=2**31
         The features of both clouds are stored when they fit in this many bytes, and
         recomputed block by block in every product otherwise (memory ``O((n + m) d)``).
+    exact_below : int, default=8
+        Clusters with fewer points use exact kernel entries instead of the ``R`` features
+        (an isolated colour would otherwise cost a full rank-``R`` term against every point
+        of the other side). ``0`` expands every cluster.
     rng : None, int, Generator, ...
         Draws the sample on which the farthest-point clustering runs.
 
@@ -121,6 +126,8 @@ class LocalGaussianExpansion:
         ``(k_X, k_Y)``.
     n_features_ : int
         ``R = C(degree_ + d, d)``.
+    n_exact_points_ : tuple of int
+        Points of each side in clusters below ``exact_below`` (handled with exact entries).
     cluster_radius_ : tuple of float
         Largest distance from a point to its cluster centre on each side (``<= rho_``).
     center_ : ndarray, shape (d,)
@@ -137,6 +144,7 @@ class LocalGaussianExpansion:
         rtol: float = 1e-9,
         max_features: int = 1000,
         max_feature_bytes: int = 1 << 31,
+        exact_below: int = 8,
         rng: Any = None,
     ) -> None:
         self.reg = reg
@@ -145,6 +153,7 @@ class LocalGaussianExpansion:
         self.rtol = rtol
         self.max_features = max_features
         self.max_feature_bytes = max_feature_bytes
+        self.exact_below = exact_below
         self.rng = rng
 
     # ------------------------------------------------------------------ fitting
@@ -173,6 +182,7 @@ class LocalGaussianExpansion:
             )
         max_features = check_int(self.max_features, "max_features", minimum=1)
         check_int(self.max_feature_bytes, "max_feature_bytes", minimum=0)
+        self._exact_below = check_int(self.exact_below, "exact_below", minimum=0)
         X = check_matrix(X, "X")
         Y = X if Y is None else check_matrix(Y, "Y", n_features=X.shape[1], feature_name="X")
         d = X.shape[1]
@@ -209,6 +219,7 @@ class LocalGaussianExpansion:
         self._y = self._side(Y, generator, store)
         self.n_clusters_ = (self._x.n_clusters, self._y.n_clusters)
         self.cluster_radius_ = (self._x.radius, self._y.radius)
+        self.n_exact_points_ = (self._x.small_rows, self._y.small_rows)
 
         # Rounding: the feature sum has sum |terms| <= e^tau while its value is >= e^-tau, and
         # each monomial carries ~r roundings; exponents of size E carry ~8 eps E.
@@ -285,7 +296,9 @@ class LocalGaussianExpansion:
     def _side(self, points: np.ndarray, generator: np.random.Generator, store: bool) -> _Side:
         centred = points - self.center_
         labels, centers = _cover(centred, self.rho_, generator)
-        return _Side.build(centred, labels, centers, self._monomials, self.reg, store)
+        return _Side.build(
+            centred, labels, centers, self._monomials, self.reg, store, self._exact_below
+        )
 
     def _new_side(self, X_new: Any) -> _Side:
         self._check_fitted()
@@ -294,8 +307,9 @@ class LocalGaussianExpansion:
         )
         centred = X_new - self.center_
         labels, centers = _cover(centred, self.rho_, check_rng(0), self._x.centers)
+        store = self._x.features is not None
         return _Side.build(
-            centred, labels, centers, self._monomials, self.reg, self._x.features is not None
+            centred, labels, centers, self._monomials, self.reg, store, self._exact_below
         )
 
     def _linear(self, out: _Side, inn: _Side, V: Any, name: str) -> np.ndarray:
@@ -496,6 +510,41 @@ def _cover(
 
 # ---------------------------------------------------------------------- one side
 @dataclass
+class _Batch:
+    """Clusters ``first:stop`` of one side, padded to a common size for batched products.
+
+    ``index`` (clusters x padded size) holds sorted row indices, padding repeating each
+    cluster's first row, and ``valid`` marks the real rows; both are ``None`` for a single
+    cluster, read as the contiguous ``rows``.
+    """
+
+    first: int
+    stop: int
+    rows: slice
+    index: np.ndarray | None
+    valid: np.ndarray | None
+
+    @classmethod
+    def make(cls, first: int, stop: int, offsets: np.ndarray, sizes: np.ndarray) -> _Batch:
+        rows = slice(int(offsets[first]), int(offsets[stop]))
+        if stop - first == 1:
+            return cls(first, stop, rows, None, None)
+        width = int(sizes[first:stop].max())
+        steps = np.arange(width)
+        valid = steps[None, :] < sizes[first:stop, None]
+        index = np.where(
+            valid, offsets[first:stop, None] + steps[None, :], offsets[first:stop, None]
+        )
+        return cls(first, stop, rows, index, valid)
+
+    def gather(self, values: np.ndarray) -> np.ndarray:
+        """``values`` of the batch's rows, shape ``(clusters, padded size, ...)``."""
+        if self.index is None:
+            return values[self.rows][None]
+        return values[self.index]
+
+
+@dataclass
 class _Side:
     """One cloud sorted by cluster, with what every product needs.
 
@@ -513,11 +562,19 @@ class _Side:
     radius: float
     plan: _MonomialPlan
     reg: float
+    points: np.ndarray
+    n_small: int
 
     @classmethod
-    def build(cls, centred, labels, centers, plan, reg, store) -> _Side:
-        order = np.argsort(labels, kind="stable")
+    def build(cls, centred, labels, centers, plan, reg, store, exact_below) -> _Side:
+        # Clusters numbered by increasing size, so that a range of clusters has similar sizes
+        # and can be padded into one batched product.
         counts = np.bincount(labels, minlength=centers.shape[0])
+        by_size = np.argsort(counts, kind="stable")
+        rank = np.empty_like(by_size)
+        rank[by_size] = np.arange(by_size.size)
+        labels, centers, counts = rank[labels], centers[by_size], counts[by_size]
+        order = np.argsort(labels, kind="stable")
         offsets = np.concatenate([[0], np.cumsum(counts)])
         local = centred[order] - centers[labels[order]]
         base = (
@@ -528,7 +585,11 @@ class _Side:
             / reg
         )
         radius = float(np.sqrt(np.einsum("ij,ij->i", local, local).max()))
-        side = cls(order, offsets, centers, local, base, None, radius, plan, reg)
+        # Sorted by size, the clusters handled exactly are a prefix.
+        n_small = int(np.searchsorted(counts, exact_below))
+        side = cls(
+            order, offsets, centers, local, base, None, radius, plan, reg, centred[order], n_small
+        )
         if store:
             side.features = side.block_features(slice(0, local.shape[0]))
         return side
@@ -538,11 +599,51 @@ class _Side:
         return self.local.shape[0]
 
     @property
+    def small_rows(self) -> int:
+        """Rows ``0:small_rows`` (sorted order) belong to the exactly handled clusters."""
+        return int(self.offsets[self.n_small])
+
+    @property
     def n_clusters(self) -> int:
         return self.centers.shape[0]
 
     def rows(self, cluster: int) -> slice:
         return slice(int(self.offsets[cluster]), int(self.offsets[cluster + 1]))
+
+    def batches(self, first: int, stop: int, max_clusters: int) -> list[_Batch]:
+        """Clusters ``first:stop`` in batches of similar sizes, each padded to one size.
+
+        A batch has at most ``max_clusters`` clusters and about ``_ROW_BLOCK`` padded rows;
+        sizes within a batch differ by at most a factor 5/4 (plus 4 rows), so padding wastes
+        little. A cluster above ``_ROW_BLOCK`` rows is a batch of its own (unpadded).
+        """
+        sizes = np.diff(self.offsets)
+        out: list[_Batch] = []
+        c0 = first
+        while c0 < stop:
+            c1 = c0 + 1
+            while (
+                c1 < stop
+                and c1 - c0 < max_clusters
+                and sizes[c1] <= 1.25 * sizes[c0] + 4
+                and (c1 - c0 + 1) * sizes[c1] <= _ROW_BLOCK
+            ):
+                c1 += 1
+            out.append(_Batch.make(c0, c1, self.offsets, sizes))
+            c0 = c1
+        return out
+
+    def batch_features(self, batch: _Batch) -> np.ndarray:
+        """Features of a batch, shape ``(clusters, padded size, R)`` (a view when unpadded)."""
+        if batch.index is None:
+            return self.block_features(batch.rows)[None]
+        if self.features is not None:
+            return self.features[batch.index]
+        flat = self.block_features_of(batch.index.ravel())
+        return flat.reshape(*batch.index.shape, -1)
+
+    def block_features_of(self, index: np.ndarray) -> np.ndarray:
+        return _local_monomials(self.local[index] * np.sqrt(2.0 / self.reg), self.plan)
 
     def block_features(self, rows: slice) -> np.ndarray:
         if self.features is not None:
@@ -616,65 +717,182 @@ def _apply(
         + np.einsum("ij,ij->i", inn.centers, inn.centers)[None, :]
         - 2.0 * out.centers @ inn.centers.T
     )
-    pair_const = -np.maximum(pair_sq, 0.0) / reg  # (k_out, k_in)
-    in_coupling = (2.0 / reg) * inn.centers.T  # (d, k_in)
-    scale = np.empty(out.n_points)
-    Z = np.empty((out.n_points, n_values))
-    per_cluster = plan.n_features * inn.n_clusters * n_values * 8
+    # Only the expanded (large) input clusters kb: take part in the pairs.
+    kb = inn.n_small
+    k_in = inn.n_clusters - kb
+    pair_const = -np.maximum(pair_sq[:, kb:], 0.0) / reg  # (k_out, k_in)
+    in_coupling = (2.0 / reg) * inn.centers[kb:].T  # (d, k_in)
+    scale = np.full(out.n_points, -np.inf)
+    Z = np.zeros((out.n_points, n_values))
+    per_cluster = plan.n_features * max(k_in, 1) * n_values * 8
     group = max(1, min(out.n_clusters, _MOMENT_BYTES // per_cluster))
+    in_batches = inn.batches(kb, inn.n_clusters, inn.n_clusters)
 
     def one_group(g0: int, g1: int, parallel: bool) -> None:
         """Steps 1 and 2 for the output clusters ``g0:g1``."""
         R = plan.n_features
+        n_group = g1 - g0
         out_coupling = (2.0 / reg) * out.centers[g0:g1].T  # (d, n_group)
         # -inf marks a pair whose input block has only zero weights: it stays out of row maxima.
-        shifts = np.empty((g1 - g0, inn.n_clusters))
-        moments = np.empty((g1 - g0, R, inn.n_clusters, n_values))
+        shifts = np.empty((k_in, n_group))
+        moments = np.empty((n_group, R, k_in, n_values))
 
-        def input_clusters(clusters) -> None:
-            for b in clusters:
-                rows = inn.rows(b)
+        def exponents(batch: _Batch, rows: slice | None = None) -> np.ndarray:
+            if rows is not None:  # a slice of one large cluster
                 E = inn.local[rows] @ out_coupling
                 E += (inn.base[rows] + w_sorted[rows])[:, None]
-                top = E.max(axis=0)
-                shifts[:, b] = top
-                E -= np.where(np.isfinite(top), top, 0.0)
-                np.exp(E, out=E)
-                if v_sorted is not None:
-                    E = (E[:, :, None] * v_sorted[rows][:, None, :]).reshape(E.shape[0], -1)
-                block = inn.block_features(rows).T @ E  # (R, n_group * k)
-                moments[:, :, b, :] = block.reshape(R, g1 - g0, n_values).transpose(1, 0, 2)
+                return E[None]
+            E = batch.gather(inn.local) @ out_coupling  # (clusters, size, n_group)
+            E += batch.gather(inn.base)[:, :, None] + batch.gather(w_sorted)[:, :, None]
+            if batch.valid is not None:
+                E[~batch.valid] = -np.inf
+            return E
 
-        def output_clusters(clusters) -> None:
-            for a in clusters:
-                span = out.rows(a)
-                G = moments[a - g0].reshape(R, -1)
-                for start in range(span.start, span.stop, _ROW_BLOCK):
-                    rows = slice(start, min(start + _ROW_BLOCK, span.stop))
-                    T = out.local[rows] @ in_coupling
-                    T += out.base[rows][:, None]
-                    T += totals[a - g0][None, :]
-                    top = T.max(axis=1)
-                    safe = np.where(np.isfinite(top), top, 0.0)
-                    T -= safe[:, None]
-                    np.exp(T, out=T)
-                    M = (out.block_features(rows) @ G).reshape(-1, inn.n_clusters, n_values)
-                    Z[rows] = np.einsum("ib,ibk->ik", T, M)
-                    scale[rows] = safe
+        def weighted_moments(E: np.ndarray, batch: _Batch, rows, top) -> np.ndarray:
+            E -= np.where(np.isfinite(top), top, 0.0)[:, None, :]
+            np.exp(E, out=E)
+            if v_sorted is not None:
+                V = v_sorted[rows][None] if rows is not None else batch.gather(v_sorted)
+                E = (E[..., None] * V[:, :, None, :]).reshape(*E.shape[:2], -1)
+            F = inn.batch_features(batch) if rows is None else inn.block_features(rows)[None]
+            return np.matmul(F.transpose(0, 2, 1), E)  # (clusters, R, n_group * k)
+
+        def input_batches(batches) -> None:
+            for batch in batches:
+                if batch.index is None and batch.rows.stop - batch.rows.start > _ROW_BLOCK:
+                    # One large cluster: its maximum first, then the moments block by block.
+                    pieces = [
+                        slice(start, min(start + _ROW_BLOCK, batch.rows.stop))
+                        for start in range(batch.rows.start, batch.rows.stop, _ROW_BLOCK)
+                    ]
+                    top = np.max([exponents(batch, rows)[0].max(axis=0) for rows in pieces], 0)
+                    block = sum(
+                        weighted_moments(exponents(batch, rows), batch, rows, top[None])
+                        for rows in pieces
+                    )
+                    top = top[None]
+                else:
+                    E = exponents(batch)
+                    top = E.max(axis=1)  # (clusters, n_group)
+                    block = weighted_moments(E, batch, None, top)
+                shifts[batch.first - kb : batch.stop - kb] = top
+                moments[:, :, batch.first - kb : batch.stop - kb, :] = block.reshape(
+                    -1, R, n_group, n_values
+                ).transpose(2, 1, 0, 3)
+
+        def output_rows(G, totals_rows, local, base, F):
+            """``(scale, Z)`` of padded rows ``(clusters, size)`` against all input clusters."""
+            T = local @ in_coupling  # (clusters, size, k_in)
+            T += base[:, :, None]
+            T += totals_rows[:, None, :]
+            top = T.max(axis=2)
+            safe = np.where(np.isfinite(top), top, 0.0)
+            T -= safe[:, :, None]
+            np.exp(T, out=T)
+            M = np.matmul(F, G).reshape(*T.shape, n_values)
+            return safe, np.einsum("csb,csbk->csk", T, M)
+
+        def output_batches(batches) -> None:
+            for batch in batches:
+                G = moments[batch.first - g0 : batch.stop - g0].reshape(
+                    batch.stop - batch.first, R, -1
+                )
+                tot = totals[batch.first - g0 : batch.stop - g0]
+                if batch.index is None:
+                    for start in range(batch.rows.start, batch.rows.stop, _ROW_BLOCK):
+                        rows = slice(start, min(start + _ROW_BLOCK, batch.rows.stop))
+                        safe, z = output_rows(
+                            G,
+                            tot,
+                            out.local[rows][None],
+                            out.base[rows][None],
+                            out.block_features(rows)[None],
+                        )
+                        scale[rows], Z[rows] = safe[0], z[0]
+                    continue
+                safe, z = output_rows(
+                    G,
+                    tot,
+                    batch.gather(out.local),
+                    batch.gather(out.base),
+                    out.batch_features(batch),
+                )
+                rows = batch.index[batch.valid]
+                scale[rows] = safe[batch.valid]
+                Z[rows] = z[batch.valid]
 
         with np.errstate(under="ignore", invalid="ignore"):
-            run_parts(input_clusters, list(range(inn.n_clusters)), parallel)
-            totals = pair_const[g0:g1] + shifts
-            run_parts(output_clusters, list(range(g0, g1)), parallel)
+            run_parts(input_batches, in_batches, parallel)
+            totals = pair_const[g0:g1] + shifts.T
+            out_batches = out.batches(g0, g1, g1 - g0)
+            run_parts(output_batches, out_batches, parallel)
 
     with _pool_without_blas_threads() as parallel:
-        for g0 in range(0, out.n_clusters, group):
-            one_group(g0, min(g0 + group, out.n_clusters), parallel)
+        if k_in:
+            for g0 in range(out.n_small, out.n_clusters, group):
+                one_group(g0, min(g0 + group, out.n_clusters), parallel)
+        # Exact entries: small output clusters against every input point, and the other
+        # output points against the small input clusters.
+        small_out, small_in = out.small_rows, inn.small_rows
+        if small_out:
+            scale[:small_out], Z[:small_out] = _exact_scaled(
+                out.points[:small_out], inn.points, w_sorted, v_sorted, reg, parallel
+            )
+        if small_in and small_out < out.n_points:
+            rest = slice(small_out, out.n_points)
+            scale[rest], Z[rest] = _combine(
+                scale[rest],
+                Z[rest],
+                *_exact_scaled(
+                    out.points[rest],
+                    inn.points[:small_in],
+                    w_sorted[:small_in],
+                    None if v_sorted is None else v_sorted[:small_in],
+                    reg,
+                    parallel,
+                ),
+            )
     result_scale = np.empty_like(scale)
     result_Z = np.empty_like(Z)
     result_scale[out.order] = scale
     result_Z[out.order] = Z
     return result_scale, result_Z
+
+
+def _exact_scaled(
+    points: np.ndarray,
+    others: np.ndarray,
+    log_w: np.ndarray,
+    values: np.ndarray | None,
+    reg: float,
+    parallel: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact ``sum_j exp(log_w_j) K_ij values_j`` as ``(scale, Z)``, row blocks on the pool."""
+    scale = np.empty(points.shape[0])
+    Z = np.empty((points.shape[0], 1 if values is None else values.shape[1]))
+    others_sq = sq_norms(others)
+
+    def blocks(part) -> None:
+        for rows in part:
+            logits = neg_cost_over_reg(points[rows], others, reg, y_sq=others_sq)
+            logits += log_w[None, :]
+            top = logits.max(axis=1)
+            safe = np.where(np.isfinite(top), top, 0.0)
+            logits -= safe[:, None]
+            np.exp(logits, out=logits)
+            Z[rows] = logits.sum(axis=1, keepdims=True) if values is None else logits @ values
+            scale[rows] = safe
+
+    slices = list(row_slices(points.shape[0], block_rows(others.shape[0])))
+    run_parts(blocks, slices, parallel)
+    return scale, Z
+
+
+def _combine(s1: np.ndarray, Z1: np.ndarray, s2: np.ndarray, Z2: np.ndarray):
+    """``exp(s) Z = exp(s1) Z1 + exp(s2) Z2`` with ``s = max(s1, s2)`` (``-inf`` allowed)."""
+    top = np.maximum(s1, s2)
+    safe = np.where(np.isfinite(top), top, 0.0)
+    return safe, Z1 * np.exp(s1 - safe)[:, None] + Z2 * np.exp(s2 - safe)[:, None]
 
 
 def _log_of_scaled(scale: np.ndarray, Z: np.ndarray) -> np.ndarray:

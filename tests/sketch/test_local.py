@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from sketchot.color import load_image, sample_pixels
 from sketchot.gibbs import gibbs_block, gibbs_log_matvec, gibbs_matmat, gibbs_softmax_average
+from sketchot.sketch import local
 from sketchot.sketch.local import (
     LocalGaussianExpansion,
     _cover,
@@ -43,11 +44,12 @@ def clouds(kind: str, n: int, m: int, seed: int) -> tuple[np.ndarray, np.ndarray
     return rng.random((n, 3)), rng.random((m, 3))
 
 
+@pytest.mark.parametrize("exact_below", [0, 8])
 @pytest.mark.parametrize("kind", ["photo", "uniform"])
 @pytest.mark.parametrize("reg", REGS)
-def test_every_entry_within_reported_bound(kind, reg):
+def test_every_entry_within_reported_bound(kind, reg, exact_below):
     X, Y = clouds(kind, 120, 140, seed=3)
-    kernel = LocalGaussianExpansion(reg, rng=0).fit(X, Y)
+    kernel = LocalGaussianExpansion(reg, exact_below=exact_below, rng=0).fit(X, Y)
     approx = kernel.matmat(np.eye(Y.shape[0]))
     exact = gibbs_block(X, Y, reg)
     # Entries below ~1e-250 are at the edge of float64 in the exact kernel too.
@@ -202,6 +204,20 @@ def test_features_recomputed_when_over_budget_give_the_same_products():
     streamed = LocalGaussianExpansion(0.01, max_feature_bytes=0, rng=0).fit(X, Y)
     assert streamed._x.features is None
     assert np.allclose(stored.log_matvec(log_v), streamed.log_matvec(log_v), rtol=0, atol=1e-13)
+
+
+def test_large_clusters_in_row_blocks_give_the_same_products(monkeypatch):
+    """Clusters above the row block are streamed (two passes for the input side's shift)."""
+    X, Y = clouds("photo", 3000, 2500, seed=47)
+    rng = np.random.default_rng(3)
+    log_v, V = 30 * rng.normal(size=2500), rng.random((2500, 2))
+    kernel = LocalGaussianExpansion(0.03, rng=0).fit(X, Y)
+    expected_log, expected = kernel.log_matvec(log_v), kernel.matmat(V)
+    monkeypatch.setattr(local, "_ROW_BLOCK", 64)
+    assert np.allclose(kernel.log_matvec(log_v), expected_log, rtol=0, atol=1e-12)
+    assert np.allclose(kernel.matmat(V), expected, rtol=1e-12, atol=0)
+    exact = gibbs_log_matvec(X[:200], Y, 0.03, log_v)
+    assert np.max(np.abs(kernel.log_matvec(log_v)[:200] - exact)) <= 1e-9
 
 
 def test_log_domain_sinkhorn_reaches_true_kernel_marginals():
