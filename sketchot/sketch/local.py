@@ -33,7 +33,10 @@ log weights), so log-domain products are finite for any spread of the scalings (
 Cost of one product: ``O((n k_Y + m k_X) R)`` flops plus ``O(n k_Y + m k_X)`` exponentials,
 with ``k_X, k_Y`` the cluster counts (which grow like ``rho^-(2..3)``); memory
 ``O((n + m) R)`` for the stored features (or recomputed per block above a budget) plus
-chunked temporaries.
+chunked temporaries. Clusters of fewer than ``exact_below`` points (isolated colours) use
+exact entries instead, ``O(n m_small + n_small m)``, cheaper than ``R`` features each. When
+nearly every cluster is that small (data filling 3-D at small ``reg``) the method degrades
+to the exact kernel: it is a method for low-dimensional, clustered data.
 
 References
 ----------
@@ -696,18 +699,21 @@ def _apply(
 ) -> tuple[np.ndarray, np.ndarray]:
     """``sum_j exp(log_w_j) K_ij values_j`` as ``exp(scale_i) Z_i``, in the caller's order.
 
-    For each group of output clusters ``A`` (sized so the moments fit ``_MOMENT_BYTES``):
+    For each group of expanded output clusters ``A`` (sized so that the moments fit
+    ``_MOMENT_BYTES``):
 
-    1. per input cluster ``B`` (threads): exponents
+    1. per batch of expanded input clusters ``B`` of similar sizes (threads): exponents
        ``E_jA = base_j + log_w_j + 2 c_A . q_j / reg`` (``|B| x |group|``), shift
        ``s_AB = max_j E_jA``, weights ``exp(E - s) <= 1`` and moments
-       ``G_AB = Psi_B^T (weights * values)`` (``R x k`` per pair);
-    2. per output cluster ``A`` (threads): ``T_iB = base_i + 2 c_B . p_i / reg
+       ``G_AB = Psi_B^T (weights * values)`` (``R x k`` per pair), one batched matrix product
+       per batch;
+    2. per batch of output clusters (threads): ``T_iB = base_i + 2 c_B . p_i / reg
        - ||c_A - c_B||^2 / reg + s_AB``, ``M = Phi_A G_A`` and
        ``Z_i = sum_B exp(T_iB - max_B T_iB) M_iB``, ``scale_i = max_B T_iB``.
 
-    ``values=None`` means a single column of ones (log-domain products), for which
-    ``Z_i >= e^-tau`` so ``log Z`` is safe.
+    Clusters below ``exact_below`` points use exact entries (:func:`_exact_scaled`), merged
+    with :func:`_combine`. ``values=None`` means a single column of ones (log-domain
+    products), for which ``Z_i >= e^-tau`` whenever a weight is non-zero, so ``log Z`` is safe.
     """
     n_values = 1 if values is None else values.shape[1]
     w_sorted = log_w[inn.order]
