@@ -443,7 +443,7 @@ class _MonomialPlan:
         self.n_features = alpha.shape[0]
 
 
-def _local_monomials(U: np.ndarray, plan: _MonomialPlan) -> np.ndarray:
+def _local_monomials(U: np.ndarray, plan: _MonomialPlan, parallel: bool = True) -> np.ndarray:
     """Scaled monomial features ``phi(u)`` of each row, shape ``(n, R)``.
 
     ``phi(u) . phi(w) = sum_j c_j (u . w)^j`` exactly (up to rounding). One gather-multiply
@@ -459,7 +459,8 @@ def _local_monomials(U: np.ndarray, plan: _MonomialPlan) -> np.ndarray:
         for cols in part:
             _monomials_into(U[cols].T, plan, out[:, cols])
 
-    run_parts(fill, blocks, parallel=n >= 4 * _FEATURE_BLOCK)
+    # Never parallel inside a product: its blocks already run on the pool (no nested waits).
+    run_parts(fill, blocks, parallel and n >= 4 * _FEATURE_BLOCK)
     return out.T
 
 
@@ -611,7 +612,7 @@ class _Side:
             order, offsets, centers, local, base, None, radius, plan, reg, centred[order], n_small
         )
         if store:
-            side.features = side.block_features(slice(0, local.shape[0]))
+            side.features = _local_monomials(local * np.sqrt(2.0 / reg), plan)
         return side
 
     @property
@@ -663,12 +664,12 @@ class _Side:
         return flat.reshape(*batch.index.shape, -1)
 
     def block_features_of(self, index: np.ndarray) -> np.ndarray:
-        return _local_monomials(self.local[index] * np.sqrt(2.0 / self.reg), self.plan)
+        return _local_monomials(self.local[index] * np.sqrt(2.0 / self.reg), self.plan, False)
 
     def block_features(self, rows: slice) -> np.ndarray:
         if self.features is not None:
             return self.features[rows]
-        return _local_monomials(self.local[rows] * np.sqrt(2.0 / self.reg), self.plan)
+        return _local_monomials(self.local[rows] * np.sqrt(2.0 / self.reg), self.plan, False)
 
     def points_centred(self) -> np.ndarray:
         """The centred points in the caller's (unsorted) order."""
