@@ -30,6 +30,7 @@ writes every number; the markdown table goes to ``benchmarks/results/local_kerne
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import time
 import tracemalloc
@@ -211,6 +212,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     sizes = args.n or ([2000, 10000] if args.quick else [10**4, 2 * 10**4, 10**5, 10**6])
 
+    load_start = os.getloadavg()[0]  # the machine is shared: say how busy it was
     rows = []
     for kind in args.data:
         for n in sizes:
@@ -230,7 +232,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "run at n = 1e6). `*`: timed on the first rows and extrapolated linearly to n rows "
         "(the exact product is O(n m)). Dense K@v: a stored exact K (built untimed) where n^2 "
         f"doubles fit {args.dense_bytes / 1e9:.1f} GB. Peak MB: tracemalloc of fit plus one "
-        "product.",
+        "product. Phase times in brackets are means over the timed runs and the total is the "
+        "best run, so they need not add up. Load average (1 min) at the start and the end: "
+        f"{load_start:.1f}, {os.getloadavg()[0]:.1f}.",
         "",
         *table(rows),
         "",
