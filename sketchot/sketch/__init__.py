@@ -16,6 +16,7 @@ from .countsketch import CountSketch
 from .functions import CallableFunction, ElementwiseFunction, Exponential, Sigmoid, as_function
 from .gaussian import GaussianPolySketch
 from .kcenter import KCenterResult, greedy_k_center
+from .local import LocalGaussianExpansion
 from .poly import PolyTensorSketch
 from .tensorsketch import TensorSketch, convolve_count_sketches
 
@@ -29,6 +30,7 @@ __all__ = [
     "Exponential",
     "GaussianPolySketch",
     "KCenterResult",
+    "LocalGaussianExpansion",
     "PolyTensorSketch",
     "Sigmoid",
     "TensorSketch",

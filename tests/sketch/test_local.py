@@ -1,0 +1,248 @@
+"""LocalGaussianExpansion: every kernel entry to a small relative error, in every product form.
+
+Tolerances: the expansion promises ``|K~_ij / K_ij - 1| <= entry_error_bound_`` (about 5.5e-10
+with the defaults: the polynomial's relative error on [-tau, tau] plus rounding). A product
+with non-negative weights inherits the same relative bound (a positive combination of entries
+each off by at most that factor); the exact reference (``sketchot.gibbs``) adds its own
+rounding of ``||x||^2 + ||y||^2 - 2 x.y``, a few eps times ``max ||x - y||^2 / reg``, which the
+small ``ROUNDING`` slack covers. Signed weights are compared relative to ``|K| |V|``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sketchot.color import load_image, sample_pixels
+from sketchot.gibbs import gibbs_block, gibbs_log_matvec, gibbs_matmat, gibbs_softmax_average
+from sketchot.sketch import local
+from sketchot.sketch.local import (
+    LocalGaussianExpansion,
+    _cover,
+    _local_monomials,
+    _MonomialPlan,
+)
+
+IMAGES = Path(__file__).resolve().parents[2] / "images"
+REGS = (0.1, 0.03, 0.01, 0.003)
+# Slack for the exact reference's own rounding (exponents up to ~3 / 0.003 = 1000).
+ROUNDING = 1e-12
+
+
+def colours(n: int, seed: int, name: str = "default_source.png") -> np.ndarray:
+    return sample_pixels(load_image(IMAGES / name), n, rng=seed, replace=True).colors
+
+
+def clouds(kind: str, n: int, m: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    if kind == "photo":
+        return colours(n, seed), colours(m, seed + 1, "default_target.png")
+    rng = np.random.default_rng(seed)
+    return rng.random((n, 3)), rng.random((m, 3))
+
+
+@pytest.mark.parametrize("exact_below", [0, 8])
+@pytest.mark.parametrize("kind", ["photo", "uniform"])
+@pytest.mark.parametrize("reg", REGS)
+def test_every_entry_within_reported_bound(kind, reg, exact_below):
+    X, Y = clouds(kind, 120, 140, seed=3)
+    kernel = LocalGaussianExpansion(reg, exact_below=exact_below, rng=0).fit(X, Y)
+    approx = kernel.matmat(np.eye(Y.shape[0]))
+    exact = gibbs_block(X, Y, reg)
+    # Entries below ~1e-250 are at the edge of float64 in the exact kernel too.
+    live = exact > 1e-250
+    assert np.all(approx[live] > 0)
+    rel = np.abs(approx[live] / exact[live] - 1)
+    assert rel.max() <= kernel.entry_error_bound_ + ROUNDING
+    assert kernel.entry_error_bound_ < 1e-9
+
+
+@pytest.mark.parametrize("reg", REGS)
+def test_linear_products_match_exact(reg):
+    rng = np.random.default_rng(5)
+    X, Y = clouds("photo", 300, 250, seed=7)
+    kernel = LocalGaussianExpansion(reg, rng=1).fit(X, Y)
+    bound = kernel.entry_error_bound_ + ROUNDING
+    v = rng.random(250)
+    exact = gibbs_matmat(X, Y, reg, v)
+    assert np.max(np.abs(kernel.matmat(v) / exact - 1)) <= bound
+    V = rng.normal(size=(250, 3))
+    scale = gibbs_matmat(X, Y, reg, np.abs(V))  # |K| |V|: the scale of a signed product
+    assert np.max(np.abs(kernel.matmat(V) - gibbs_matmat(X, Y, reg, V)) / scale) <= bound
+    U = rng.normal(size=(300, 2))
+    scale = gibbs_matmat(Y, X, reg, np.abs(U))
+    assert np.max(np.abs(kernel.rmatmat(U) - gibbs_matmat(Y, X, reg, U)) / scale) <= bound
+    assert kernel.rmatmat(U[:, 0]).shape == (250,)
+
+
+@pytest.mark.parametrize("reg", REGS)
+def test_log_products_with_scalings_spanning_hundreds_of_orders(reg):
+    rng = np.random.default_rng(11)
+    X, Y = clouds("photo", 400, 350, seed=13)
+    kernel = LocalGaussianExpansion(reg, rng=2).fit(X, Y)
+    # log relative error = log(1 + delta): within the entry bound (plus exponent rounding,
+    # a few eps times |log values| ~ 1000).
+    tol = kernel.entry_error_bound_ + 1e-11
+    log_v = 300 * rng.normal(size=350)
+    log_u = 300 * rng.normal(size=400)
+    assert np.max(np.abs(kernel.log_matvec(log_v) - gibbs_log_matvec(X, Y, reg, log_v))) <= tol
+    assert np.max(np.abs(kernel.log_rmatvec(log_u) - gibbs_log_matvec(Y, X, reg, log_u))) <= tol
+
+
+def test_zero_weights_in_log_domain():
+    X, Y = clouds("photo", 200, 220, seed=17)
+    kernel = LocalGaussianExpansion(0.01, rng=0).fit(X, Y)
+    log_v = np.zeros(220)
+    log_v[::3] = -np.inf
+    keep = np.isfinite(log_v)
+    expected = gibbs_log_matvec(X, Y[keep], 0.01, log_v[keep])
+    assert np.max(np.abs(kernel.log_matvec(log_v) - expected)) <= 1e-9
+    assert np.all(kernel.log_matvec(np.full(220, -np.inf)) == -np.inf)
+
+
+def test_out_of_sample_points_and_barycentric_map():
+    rng = np.random.default_rng(19)
+    X, Y = clouds("photo", 500, 400, seed=21)
+    reg = 0.01
+    kernel = LocalGaussianExpansion(reg, rng=3).fit(X, Y)
+    # New pixels from the same image (mostly in fitted clusters) and uniform points (many
+    # outside every fitted cluster: they get clusters of their own).
+    X_new = np.concatenate([colours(300, 23), rng.random((100, 3))])
+    log_v = 50 * rng.normal(size=400)
+    exact = gibbs_log_matvec(X_new, Y, reg, log_v)
+    assert np.max(np.abs(kernel.log_matvec_new(X_new, log_v) - exact)) <= 1e-9
+    mapped = kernel.barycentric_map(X_new, log_v)
+    expected = gibbs_softmax_average(X_new, Y, reg, log_v, Y)
+    # Signed values [1, y - c]: the average's error is relative to the spread of Y (< 1).
+    assert np.max(np.abs(mapped - expected)) <= 1e-8
+
+
+def test_dimension_limit_is_refused_with_a_clear_error():
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match=r"d = 5 .* d <= 4"):
+        LocalGaussianExpansion(0.1).fit(rng.random((50, 5)))
+    kernel = LocalGaussianExpansion(0.5, rng=0).fit(rng.random((60, 4)))
+    assert kernel.n_features_ == 715  # C(9 + 4, 4)
+    exact = gibbs_block(kernel._x.points_centred(), kernel._x.points_centred(), 0.5)
+    assert np.allclose(kernel.matmat(np.ones(60)), exact.sum(axis=1), rtol=1e-9, atol=0)
+    # A larger feature budget is an explicit choice.
+    LocalGaussianExpansion(0.1, max_features=3000, rng=0).fit(rng.random((20, 5)))
+
+
+@pytest.mark.parametrize("kind", ["photo", "uniform"])
+def test_clusters_cover_within_radius(kind):
+    X, Y = clouds(kind, 3000, 2000, seed=29)
+    kernel = LocalGaussianExpansion(0.01, rng=4).fit(X, Y)
+    assert max(kernel.cluster_radius_) <= kernel.rho_
+    labels, centers = _cover(X, 0.05, np.random.default_rng(0))
+    assert np.linalg.norm(X - centers[labels], axis=1).max() <= 0.05
+    assert np.all(np.bincount(labels) > 0)  # no empty cluster
+    # Sampled first pass, then the leftovers: every point still covered.
+    labels, centers = _cover(X, 0.05, np.random.default_rng(0), centers=centers[:3])
+    assert np.linalg.norm(X - centers[labels], axis=1).max() <= 0.05
+
+
+def test_local_monomials_expand_the_polynomial_exactly():
+    rng = np.random.default_rng(31)
+    coef = rng.random(7) + 0.1
+    plan = _MonomialPlan(3, 6, coef)
+    assert plan.n_features == 84  # C(6 + 3, 3)
+    U, W = rng.normal(size=(40, 3)), rng.normal(size=(30, 3))
+    gram = _local_monomials(U, plan) @ _local_monomials(W, plan).T
+    expected = np.polynomial.polynomial.polyval(U @ W.T, coef)
+    assert np.allclose(gram, expected, rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    log_reg=st.floats(np.log(0.002), np.log(1.0)),
+    tau=st.sampled_from([0.5, 1.0, 2.0]),
+    spread=st.floats(0.1, 3.0),
+)
+def test_relative_error_of_positive_products_within_bound(seed, log_reg, tau, spread):
+    """Invariant: for positive v, |(K~ v) / (K v) - 1| <= entry_error_bound_ on any cloud."""
+    rng = np.random.default_rng(seed)
+    reg = float(np.exp(log_reg))
+    X = spread * rng.random((int(rng.integers(1, 80)), 3))
+    Y = spread * rng.normal(size=(int(rng.integers(1, 80)), 3))
+    kernel = LocalGaussianExpansion(reg, tau=tau, rng=rng).fit(X, Y)
+    log_v = 20 * rng.normal(size=Y.shape[0])
+    error = np.abs(kernel.log_matvec(log_v) - gibbs_log_matvec(X, Y, reg, log_v))
+    # Exponents reach spread^2 / reg ~ 4500: the reference's rounding grows with them.
+    assert error.max() <= kernel.entry_error_bound_ + 1e-15 * (1 + 9 * spread**2 / reg)
+
+
+def test_invalid_arguments():
+    X = np.random.default_rng(0).random((10, 3))
+    with pytest.raises(RuntimeError, match="not fitted"):
+        LocalGaussianExpansion(0.1).log_matvec(np.zeros(10))
+    with pytest.raises(ValueError, match="reg must be > 0"):
+        LocalGaussianExpansion(0.0).fit(X)
+    with pytest.raises(ValueError, match="tau must be <= 4"):
+        LocalGaussianExpansion(0.1, tau=5.0).fit(X)
+    with pytest.raises(ValueError, match="rtol"):
+        LocalGaussianExpansion(0.1, rtol=1e-20).fit(X)
+    kernel = LocalGaussianExpansion(0.1, rng=0).fit(X)
+    with pytest.raises(ValueError, match=r"log_v must have shape \(10,\)"):
+        kernel.log_matvec(np.zeros(9))
+    with pytest.raises(ValueError, match="NaN"):
+        kernel.log_matvec(np.full(10, np.nan))
+    with pytest.raises(ValueError, match="V must have shape"):
+        kernel.matmat(np.zeros((3, 10)))
+    with pytest.raises(ValueError, match="X_new must have 3 columns"):
+        kernel.log_matvec_new(np.zeros((4, 2)), np.zeros(10))
+
+
+def test_features_recomputed_when_over_budget_give_the_same_products():
+    X, Y = clouds("photo", 300, 200, seed=37)
+    log_v = np.random.default_rng(1).normal(size=200)
+    stored = LocalGaussianExpansion(0.01, rng=0).fit(X, Y)
+    streamed = LocalGaussianExpansion(0.01, max_feature_bytes=0, rng=0).fit(X, Y)
+    assert streamed._x.features is None
+    assert np.allclose(stored.log_matvec(log_v), streamed.log_matvec(log_v), rtol=0, atol=1e-13)
+
+
+def test_large_clusters_in_row_blocks_give_the_same_products(monkeypatch):
+    """Clusters above the row block are streamed (two passes for the input side's shift)."""
+    X, Y = clouds("photo", 3000, 2500, seed=47)
+    rng = np.random.default_rng(3)
+    log_v, V = 30 * rng.normal(size=2500), rng.random((2500, 2))
+    kernel = LocalGaussianExpansion(0.03, rng=0).fit(X, Y)
+    expected_log, expected = kernel.log_matvec(log_v), kernel.matmat(V)
+    monkeypatch.setattr(local, "_ROW_BLOCK", 64)
+    assert np.allclose(kernel.log_matvec(log_v), expected_log, rtol=0, atol=1e-12)
+    assert np.allclose(kernel.matmat(V), expected, rtol=1e-12, atol=0)
+    exact = gibbs_log_matvec(X[:200], Y, 0.03, log_v)
+    assert np.max(np.abs(kernel.log_matvec(log_v)[:200] - exact)) <= 1e-9
+
+
+def test_log_domain_sinkhorn_reaches_true_kernel_marginals():
+    """A minimal log-domain Sinkhorn on the expansion (tests only: the solver lives elsewhere).
+
+    At reg 0.01 on 2000 photo colours the scalings span about twenty orders of magnitude; with
+    entries exact to ~5e-10 the true-kernel marginal error of the returned scalings reaches
+    1e-6 (the approximate fixed point is within ~entry error of the true one).
+    """
+    reg = 0.01
+    X = colours(2000, 41)
+    Y = colours(2000, 43, "default_target.png")
+    kernel = LocalGaussianExpansion(reg, rng=0).fit(X, Y)
+    log_a = np.full(2000, -np.log(2000))
+    log_b = log_a.copy()
+    log_v = np.zeros(2000)
+    for iteration in range(2000):
+        log_u = log_a - kernel.log_matvec(log_v)
+        log_v = log_b - kernel.log_rmatvec(log_u)
+        if iteration % 20 == 19:
+            rows = np.exp(log_u + kernel.log_matvec(log_v))
+            if np.abs(rows - np.exp(log_a)).sum() < 1e-8:
+                break
+    assert np.ptp(log_v) > 40  # scalings spanning > 1e17: absolute-error kernels fail here
+    rows = np.exp(log_u + gibbs_log_matvec(X, Y, reg, log_v))
+    cols = np.exp(log_v + gibbs_log_matvec(Y, X, reg, log_u))
+    error = np.abs(rows - np.exp(log_a)).sum() + np.abs(cols - np.exp(log_b)).sum()
+    assert error <= 1e-6
