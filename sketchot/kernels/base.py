@@ -40,8 +40,9 @@ from ..gibbs import GibbsGeometry
 #: Capabilities an operator may declare in ``info.capabilities``:
 #: ``'exact'`` (its products are the true kernel), ``'factors'`` (it has ``factors = (A, B)``
 #: with ``K = A B^T``), ``'out_of_sample'`` (``apply_new`` works), ``'nonnegative'`` (its
-#: entries are never negative).
-CAPABILITIES = frozenset({"exact", "factors", "out_of_sample", "nonnegative"})
+#: entries are never negative), ``'log_products'`` (``fused_pass`` and ``project`` also run on
+#: logarithms, ``log=True``, for scalings beyond float64's range).
+CAPABILITIES = frozenset({"exact", "factors", "out_of_sample", "nonnegative", "log_products"})
 
 SIDES = ("rows", "cols")
 
@@ -208,13 +209,30 @@ class KernelOperator(ABC):
 
     # -------------------------------------------------------- fused passes
     @abstractmethod
-    def fused_pass(self, side: str, w: np.ndarray, numerator: np.ndarray) -> FusedPass:
-        """One pass over ``L`` (``side='rows'``) or ``R`` (``'cols'``); see the module notes."""
+    def fused_pass(
+        self, side: str, w: np.ndarray, numerator: np.ndarray, *, log: bool = False
+    ) -> FusedPass:
+        """One pass over ``L`` (``side='rows'``) or ``R`` (``'cols'``); see the module notes.
+
+        With ``log=True`` (``'log_products'`` capability) every input and output is a
+        logarithm: products ``log(L exp(w))``, ratios ``numerator - products`` and projection
+        ``log(L^T exp(ratios))``; bad entries are non-finite products of finite numerators.
+        """
 
     @abstractmethod
-    def project(self, side: str, values: np.ndarray, index: Any = None) -> np.ndarray:
+    def project(
+        self, side: str, values: np.ndarray, index: Any = None, *, log: bool = False
+    ) -> np.ndarray:
         """``L[index]^T values`` (``side='rows'``) or ``R[index]^T values`` (``'cols'``);
-        ``index=None`` means every row."""
+        ``index=None`` means every row; ``log=True``: ``log(L[index]^T exp(values))``."""
+
+
+def refuse_log(operator: KernelOperator, log: bool) -> None:
+    """Raise for ``log=True`` on an operator without the ``'log_products'`` capability."""
+    if log:
+        raise NotImplementedError(
+            f"backend {operator.info.backend!r} declares no log-domain products"
+        )
 
 
 def check_operand(value: Any, length: int, name: str, *, vector: bool) -> np.ndarray:

@@ -25,6 +25,7 @@ from .base import (
     check_operand,
     pass_slices,
     ratios_and_bad,
+    refuse_log,
 )
 from .registry import register_backend
 
@@ -132,7 +133,10 @@ class ExactKernel(KernelOperator):
         other = g.Xc if transpose else g.Yc
         return gibbs_matmat(points - g.center, other, g.reg, values)
 
-    def fused_pass(self, side: str, w: np.ndarray, numerator: np.ndarray) -> FusedPass:
+    def fused_pass(
+        self, side: str, w: np.ndarray, numerator: np.ndarray, *, log: bool = False
+    ) -> FusedPass:
+        refuse_log(self, log)
         if side == "cols":
             # R = I: the products are w itself (K^T u from the previous rows pass).
             products = np.array(w, dtype=np.float64)
@@ -141,7 +145,10 @@ class ExactKernel(KernelOperator):
         n, m = self.shape
         return blocked_fused_pass(self._block_slices(), self._block, n, m, w, numerator, self.dtype)
 
-    def project(self, side: str, values: np.ndarray, index: Any = None) -> np.ndarray:
+    def project(
+        self, side: str, values: np.ndarray, index: Any = None, *, log: bool = False
+    ) -> np.ndarray:
+        refuse_log(self, log)
         if side == "cols":
             out = np.zeros(self.shape[1])
             out[slice(None) if index is None else index] = values

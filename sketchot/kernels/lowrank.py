@@ -15,6 +15,7 @@ from .base import (
     blocked_fused_pass,
     check_operand,
     pass_slices,
+    refuse_log,
 )
 
 # Features of new points are built about 32 MB at a time.
@@ -104,14 +105,20 @@ class LowRankKernel(KernelOperator):
     def _factor(self, side: str) -> np.ndarray:
         return self.left if side == "rows" else self.right
 
-    def fused_pass(self, side: str, w: np.ndarray, numerator: np.ndarray) -> FusedPass:
+    def fused_pass(
+        self, side: str, w: np.ndarray, numerator: np.ndarray, *, log: bool = False
+    ) -> FusedPass:
+        refuse_log(self, log)
         factor = self._factor(side)
         slices = pass_slices(*factor.shape)
         return blocked_fused_pass(
             slices, factor.__getitem__, factor.shape[0], factor.shape[1], w, numerator, self.dtype
         )
 
-    def project(self, side: str, values: np.ndarray, index: Any = None) -> np.ndarray:
+    def project(
+        self, side: str, values: np.ndarray, index: Any = None, *, log: bool = False
+    ) -> np.ndarray:
+        refuse_log(self, log)
         factor = self._factor(side)
         if index is not None:
             factor = factor[index]

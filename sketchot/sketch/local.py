@@ -60,7 +60,7 @@ import numpy as np
 from numpy.polynomial import chebyshev as C
 from scipy.spatial import cKDTree
 
-from .._parallel import THREADS, run_parts
+from .._parallel import get_num_threads, run_parts
 from .._validation import check_float, check_int, check_matrix, check_rng
 from ..gibbs import block_rows, neg_cost_over_reg, row_slices, sq_norms
 from .coefficients import chebyshev_to_monomial
@@ -516,7 +516,7 @@ def _cover(
     limit = radius * 0.999
     while True:
         if centers.shape[0]:
-            dist, nearest = cKDTree(centers).query(points[todo], workers=THREADS)
+            dist, nearest = cKDTree(centers).query(points[todo], workers=get_num_threads())
             covered = dist <= limit
             labels[todo[covered]] = nearest[covered]
             todo = todo[~covered]
@@ -700,7 +700,7 @@ def _pool_without_blas_threads() -> Iterator[bool]:
             _BLAS_CONTROLLER = False
         else:
             _BLAS_CONTROLLER = ThreadpoolController()
-    if _BLAS_CONTROLLER is False or THREADS == 1:
+    if _BLAS_CONTROLLER is False or get_num_threads() == 1:
         yield False
         return
     with _BLAS_CONTROLLER.limit(limits=1, user_api="blas"):

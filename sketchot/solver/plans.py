@@ -42,6 +42,39 @@ def _log_form(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray) -> b
     return not (log_u.max() + log_v.max() < SAFE_LOG and log_u.min() > -SAFE_LOG)
 
 
+def _log_kernel(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray) -> bool:
+    """Whether plan products go through the operator's log-domain products."""
+    return "log_products" in kernel.info.capabilities and "exact" not in kernel.info.capabilities
+
+
+def _log_plan_product(
+    kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray, V: np.ndarray, transpose: bool
+) -> np.ndarray:
+    """``P V`` (or ``P^T V``) for ``V`` of any sign, through log-domain kernel products: the
+    positive and negative parts of each column separately, so no scaling is ever formed."""
+    left, right = (log_v, log_u) if transpose else (log_u, log_v)
+    n_right = right.size
+    if transpose:
+
+        def log_product(log_w):
+            return kernel.project("rows", log_w, log=True)
+    else:
+
+        def log_product(log_w):
+            # the products of a log pass; its projection is not needed here
+            return kernel.fused_pass("rows", log_w, np.zeros(n_right), log=True).products
+
+    columns = V.reshape(V.shape[0], -1)
+    out = np.zeros((left.size, columns.shape[1]))
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        for k, column in enumerate(columns.T):
+            for sign in (1.0, -1.0):
+                part = np.maximum(sign * column, 0.0)
+                if part.any():
+                    out[:, k] += sign * np.exp(left + log_product(right + np.log(part)))
+    return out[:, 0] if V.ndim == 1 else out
+
+
 def _log_blocks(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray):
     """Row blocks ``(rows, log P[rows, :], -M[rows, :] / reg)`` of the exact plan."""
     g = kernel.geometry
@@ -69,6 +102,17 @@ def plan_summary(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray) -
             col += plan.sum(axis=0)
             cost -= g.reg * float(np.sum(plan * neg_cost))
         return PlanSummary(row, col, cost, float(row.sum()))
+    if _log_kernel(kernel, log_u, log_v):
+        # shifted coordinates are positive, so each column is one log product
+        shift = g.Yc.min(axis=0) - 1.0
+        stacked = np.column_stack([np.ones(g.shape[1]), g.Yc - shift])
+        products = _log_plan_product(kernel, log_u, log_v, stacked, transpose=False)
+        row = products[:, 0]
+        P_y = products[:, 1:] + row[:, None] * shift
+        col = _log_plan_product(kernel, log_u, log_v, np.ones(g.shape[0]), transpose=True)
+        cross = float(np.einsum("ij,ij->", g.Xc, P_y))
+        cost = row @ sq_norms(g.Xc) + col @ sq_norms(g.Yc) - 2.0 * cross
+        return PlanSummary(row, col, float(cost), float(row.sum()))
     with np.errstate(over="ignore", invalid="ignore"):
         u, v = np.exp(log_u), np.exp(log_v)
         products = kernel.matmat(np.column_stack([v, v[:, None] * g.Yc]))
@@ -115,6 +159,8 @@ class LazyPlan:
                 else:
                     out[rows] = plan @ values
             return out
+        if _log_kernel(self.kernel, self._log_u, self._log_v):
+            return _log_plan_product(self.kernel, self._log_u, self._log_v, values, transpose)
         with np.errstate(over="ignore", invalid="ignore"):
             right = np.exp(log_right)
             scaled = right * values if values.ndim == 1 else right[:, None] * values
@@ -179,6 +225,16 @@ def barycentric(
     g = kernel.geometry
     if "exact" in kernel.info.capabilities:
         return g.softmax_average(points, log_w, values, transpose=transpose), 0
+    if points is None and "log_products" in kernel.info.capabilities:
+        # the fitted points: the plan's own barycentric projection, in log form
+        n, m = kernel.shape
+        zeros_left = np.zeros(m if transpose else n)
+        stacked = np.column_stack([values, np.ones(values.shape[0])])
+        if transpose:
+            products = _log_plan_product(kernel, log_w, zeros_left, stacked, transpose=True)
+        else:
+            products = _log_plan_product(kernel, zeros_left, log_w, stacked, transpose=False)
+        return products[:, :-1] / products[:, -1:], 0
     # Scalings enter only through ratios: shift them so the largest weight is 1.
     finite = np.isfinite(log_w)
     weights = np.exp(log_w - log_w[finite].max())

@@ -211,10 +211,11 @@ def solve(
 ) -> SinkhornResult:
     """The solve on validated inputs: iterations, summary, checks."""
     exact = "exact" in kernel.info.capabilities
-    if options.log_domain is True and not exact:
+    log_products = "log_products" in kernel.info.capabilities
+    if options.log_domain is True and not (exact or log_products):
         raise ValueError(
-            f"log_domain=True needs a kernel with the 'exact' capability; backend "
-            f"{kernel.info.backend!r} only offers products with an approximate kernel"
+            f"log_domain=True needs a kernel with the 'exact' or 'log_products' capability; "
+            f"backend {kernel.info.backend!r} only offers linear products"
         )
     tol = options.tol
     if kernel.dtype == np.float32:
@@ -238,9 +239,11 @@ def solve(
     _announce_long_run(kernel, options, printer)
     guard = Safeguard(kernel, options.safeguard)
     start = time.perf_counter()
-    use_log = exact and options.log_domain is not False
-    if use_log:
+    use_log = (exact or log_products) and options.log_domain is not False
+    if use_log and exact:
         state = _stabilized(kernel, a, b, options, tol, printer)
+    elif use_log:
+        state = _log_iterations(kernel, a, b, options, tol, printer)
     else:
         state = _multiplicative(kernel, a, b, options, tol, guard, printer)
     elapsed = time.perf_counter() - start
@@ -394,6 +397,34 @@ def _repaired(result, side, numerator, other, guard):
     if not result.n_bad:
         return result.ratios, result.projection
     return guard.apply(side, result, numerator, other)
+
+
+def _log_iterations(kernel, a, b, options, tol, printer):
+    """Iterations on log-scalings with the operator's log-domain passes (``'log_products'``):
+    finite whatever the spread of the scalings. Starts from ``v = 1/m``."""
+    n, m = kernel.shape
+    mass = float(b.sum())
+    with np.errstate(divide="ignore"):
+        log_a, log_b = np.log(a), np.log(b)
+    log_v = np.full(m, -np.log(m))
+    history: list[tuple[int, float]] = []
+    converged = False
+    n_iter = 0
+    log_u = np.full(n, -np.log(n))
+    for iteration in range(1, options.max_iter + 1):
+        rows = kernel.fused_pass("rows", log_v, log_a, log=True)
+        log_u, log_Ktu = rows.ratios, rows.projection
+        n_iter = iteration
+        if (iteration - 1) % options.check_every == 0:
+            with np.errstate(over="ignore", invalid="ignore"):
+                error = _norm(np.exp(log_v + log_Ktu) - b) / mass
+            history.append((iteration, error))
+            printer.iteration(iteration, error)
+            if error < tol:
+                converged = True
+                break
+        log_v = np.where(b > 0, log_b - log_Ktu, -np.inf)
+    return log_u, log_v, n_iter, converged, history
 
 
 def _stabilized(kernel, a, b, options, tol, printer):
