@@ -53,7 +53,7 @@ def _log_plan_product(
     """``P V`` (or ``P^T V``) for ``V`` of any sign, through log-domain kernel products: the
     positive and negative parts of each column separately, so no scaling is ever formed."""
     left, right = (log_v, log_u) if transpose else (log_u, log_v)
-    n_right = right.size
+    n_left = left.size
     if transpose:
 
         def log_product(log_w):
@@ -62,7 +62,7 @@ def _log_plan_product(
 
         def log_product(log_w):
             # the products of a log pass; its projection is not needed here
-            return kernel.fused_pass("rows", log_w, np.zeros(n_right), log=True).products
+            return kernel.fused_pass("rows", log_w, np.zeros(n_left), log=True).products
 
     columns = V.reshape(V.shape[0], -1)
     out = np.zeros((left.size, columns.shape[1]))
