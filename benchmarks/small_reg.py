@@ -1,0 +1,154 @@
+"""Small reg: the block-local polynomial kernel against the exact paths, Nystrom and POT.
+
+Photo pixels of ``images/`` (the default pair) and uniform points in ``[0, 1]^3``; n points
+per side; reg relative to colours in ``[0, 1]``. Every cell solves to ``tol = 1e-9`` with
+``accuracy = 1e-6`` and reports: time (build + solve), iterations, the certified true-kernel
+error (upper bound of the relative L1 marginal error, 256 sampled rows and columns, or all of
+them), peak resident memory of the cell (each cell runs in a fresh process), and for the
+local kernel its clusters and features per point. Methods: ``polyts`` with
+``variant='local'``; ``exact`` (absorption-stabilised, stored when ``n x m`` fits 1 GiB,
+streamed otherwise) without and with epsilon-scaling; ``nystrom`` with ``rank='auto'``;
+POT's ``ot.sinkhorn(method='sinkhorn_stabilized')`` where the dense cost fits.
+
+    python benchmarks/small_reg.py --quick            # n = 10^4, photo pixels, two reg
+    python benchmarks/small_reg.py --json out.json    # n up to 10^6 (cells over --budget skip)
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ot
+from _results import write_json
+
+import sketchot
+from sketchot.color import load_image, sample_pixels
+
+ROOT = Path(__file__).resolve().parents[1]
+REGS = (0.1, 0.03, 0.01, 0.003)
+METHODS = {
+    "local": {"backend": "polyts", "variant": "local"},
+    "exact": {"backend": "exact"},
+    "exact + eps-scaling": {"backend": "exact", "epsilon_scaling": True},
+    "nystrom rank=auto": {"backend": "nystrom", "rank": "auto"},
+}
+
+
+def clouds(data: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    if data == "uniform":
+        return rng.random((n, 3)), rng.random((n, 3))
+    source = load_image(ROOT / "images" / "default_source.png")
+    target = load_image(ROOT / "images" / "default_target.png")
+    replace = n > 480_000  # the target has 640 x 960 pixels
+    return (
+        sample_pixels(source, n, rng=rng, replace=replace).colors,
+        sample_pixels(target, n, rng=rng, replace=replace).colors,
+    )
+
+
+def cell(data: str, n: int, reg: float, method: str, seed: int) -> dict[str, Any]:
+    """One solve (run in a fresh process, so that the peak memory is the cell's)."""
+    X, Y = clouds(data, n, seed)
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if method == "POT stabilised":
+            a = np.full(n, 1.0 / n)
+            plan = ot.sinkhorn(a, a, ot.dist(X, Y), reg, method="sinkhorn_stabilized",
+                               numItermax=5000, stopThr=1e-9)  # fmt: skip
+            seconds = time.perf_counter() - start
+            error = max(np.abs(plan.sum(1) - a).sum(), np.abs(plan.sum(0) - a).sum())
+            return {"seconds": seconds, "n_iter": None, "error": float(error),
+                    "peak_mib": peak_mib(), "detail": ""}  # fmt: skip
+        params = dict(METHODS[method])
+        backend = params.pop("backend")
+        res = sketchot.sinkhorn(
+            None, None, X, Y, reg, backend, rng=seed, max_iter=5000, accuracy=1e-6,
+            errors="warn", **params,
+        )  # fmt: skip
+    seconds = time.perf_counter() - start
+    info = res.kernel.info
+    detail = ""
+    if "clusters" in info.params:
+        detail = f"clusters {info.params['clusters']}, degree {info.params['degree']}"
+    elif info.rank:
+        detail = f"rank {info.rank}"
+    return {
+        "seconds": seconds,
+        "n_iter": res.n_iter,
+        "error": res.true_kernel.bound,
+        "converged": bool(res.converged),
+        "peak_mib": peak_mib(),
+        "detail": detail,
+    }
+
+
+def peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def estimated_seconds(method: str, n: int, reg: float) -> float:
+    """A rough cost model to skip cells: exact O(n^2) per iteration, iterations ~ 1 / reg."""
+    iterations = min(5000, 3.0 / reg)
+    if method.startswith("exact") or method.startswith("POT"):
+        return iterations * n * n * 2e-9 * (1 if n <= 11_000 else 10)
+    if method == "nystrom rank=auto":
+        return 30.0 if reg >= 0.1 else n * n * 5e-9
+    return iterations * n * 2e-5 / max(reg, 1e-3) ** 0.5
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--budget", type=float, default=900.0, help="skip slower cells (s)")
+    args = parser.parse_args()
+    if args.quick:
+        grid = [("photo", 10_000, reg) for reg in (0.1, 0.01)]
+    else:
+        grid = [
+            (data, n, reg)
+            for data in ("photo", "uniform")
+            for n in (10_000, 20_000, 100_000, 1_000_000)
+            for reg in REGS
+        ]
+    methods = [*METHODS, "POT stabilised"]
+    rows = []
+    print("| data | n | reg | method | time s | iterations | certified error | peak MiB | notes |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---|")
+    context = get_context("spawn")
+    for data, n, reg in grid:
+        for method in methods:
+            if method == "POT stabilised" and n > 10_000:
+                continue
+            if estimated_seconds(method, n, reg) > args.budget:
+                row = {"data": data, "n": n, "reg": reg, "method": method, "skipped": True}
+                rows.append(row)
+                print(f"| {data} | {n} | {reg:g} | {method} | skipped (estimated over "
+                      f"{args.budget:g} s) | | | | |", flush=True)  # fmt: skip
+                continue
+            with ProcessPoolExecutor(1, mp_context=context) as pool:
+                out = pool.submit(cell, data, n, reg, method, args.seed).result()
+            rows.append({"data": data, "n": n, "reg": reg, "method": method, **out})
+            print(
+                f"| {data} | {n} | {reg:g} | {method} | {out['seconds']:.2f} | "
+                f"{out['n_iter'] if out['n_iter'] is not None else '-'} | {out['error']:.2g} | "
+                f"{out['peak_mib']:.0f} | {out['detail']} |",
+                flush=True,
+            )
+    if args.json is not None:
+        write_json(args.json, {"seed": args.seed, "quick": args.quick, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
