@@ -14,7 +14,7 @@ import numpy as np
 from .._validation import check_int
 from ..sketch import GaussianPolySketch
 from .base import LowRankKernel
-from .registry import PAPER_DEGREE, PAPER_SKETCH_DIM, register_backend
+from .registry import register_backend
 
 #: The paper's coreset size (k = 10); clipped to the number of points when not given.
 DEFAULT_CORESET_SIZE = 10
@@ -28,23 +28,26 @@ def build_polyts(
     *,
     rng: Any = None,
     dtype: Any = np.float64,
-    sketch_dim: int = PAPER_SKETCH_DIM,
-    degree: int = PAPER_DEGREE,
+    sketch_dim: int | None = None,
+    degree: int | None = None,
     coreset_size: int | None = None,
     coefficients: str = "coreset",
     regularizer: str | None = "shifted",
     nonnegative: bool = False,
     taylor_center: float | str = 0.0,
-    center: Any = "mean",
+    center: Any = "auto",
+    variant: str = "improved",
+    rank: int | None = None,
 ) -> LowRankKernel:
-    """Poly-TensorSketch factors of rank ``1 + r m``.
+    """Poly-TensorSketch factors of rank ``rank`` (default ``1 + r m``).
 
     Parameters
     ----------
-    sketch_dim : int, default=20
-        TensorSketch dimension ``m``.
-    degree : int, default=3
-        Polynomial degree ``r``.
+    sketch_dim : int, optional
+        TensorSketch dimension ``m`` (default 20); exclusive with ``rank``.
+    degree : int, optional
+        Polynomial degree ``r`` (default 3) for ``variant='paper'``; the largest degree
+        searched (default 16) for ``'improved'``.
     coreset_size : int, optional
         k-center clusters ``k`` for ``coefficients='coreset'``; default ``min(10, n, m)``.
         An explicit value must satisfy ``1 <= k <= min(n, m)``.
@@ -53,8 +56,16 @@ def build_polyts(
     nonnegative : bool, default=False
     taylor_center : float or 'mean', default=0.0
         Expansion point of ``coefficients='taylor'``.
-    center : {'mean', 'bbox'}, None or array, default='mean'
-        Common translation of both clouds before sketching.
+    center : {'auto', 'mean', 'bbox'}, None or array, default='auto'
+        Common translation of both clouds before sketching (``'auto'``: ``'mean'`` for
+        ``'paper'``, ``'bbox'`` for ``'improved'``).
+    variant : {'improved', 'paper'}, default='improved'
+        ``'paper'``: Han et al.'s Coreset-TS unchanged. ``'improved'``: exact low degrees,
+        calibrated per-degree sketch sizes, relative-error fit
+        (:class:`~sketchot.sketch.PolyTensorSketch`).
+    rank : int, optional
+        Total number of features (the constant included): equal-rank comparisons with
+        ``nystrom`` (``n_landmarks``) and ``rff`` (``n_features``) take one argument.
 
     Notes
     -----
@@ -74,6 +85,8 @@ def build_polyts(
         nonnegative=nonnegative,
         taylor_center=taylor_center,
         center=center,
+        variant=variant,
+        rank=rank,
         rng=rng,
     ).fit(X, Y)
 
@@ -94,10 +107,12 @@ def build_polyts(
         backend="polyts",
         dtype=dtype,
         params={
-            "sketch_dim": sketch_dim,
-            "degree": degree,
+            "sketch_dim": sketch.sketch_.sketch_dim_,
+            "degree": sketch.sketch_.degree_,
             "coreset_size": coreset_size,
             "coefficients": coefficients,
+            "variant": variant,
+            "rank": sketch.n_features_out_,
         },
     )
     operator.sketch = sketch
