@@ -362,11 +362,16 @@ class PolyTensorSketch:
         start = 1
         if e > 0:
             dense = U.toarray() if sp.issparse(U) else U  # e > 0 only when d is small
-            block = stacked_monomial_features(dense, e, weights=weights[1 : e + 1], dtype=dtype)
-            if row_scale is not None:
-                block *= row_scale[:, None].astype(dtype)
-            out[:, start : start + block.shape[1]] = block
-            start += block.shape[1]
+            width = sum(monomial_count(self.input_dim_, j) for j in range(1, e + 1))
+            stacked_monomial_features(
+                dense,
+                e,
+                weights=weights[1 : e + 1],
+                row_scale=row_scale,
+                dtype=dtype,
+                out=out[:, start : start + width],
+            )
+            start += width
         if self.tensor_sketch_ is None:
             return out
         sizes = self.sketch_sizes_
