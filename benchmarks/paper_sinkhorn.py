@@ -127,13 +127,13 @@ LARGE_RANK = 241
 _PAPER = sketchot.comparable_parameters(sketch_dim=20, degree=3)
 RANK_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     "paper": {
-        "polyts": _PAPER["polyts"],
+        "polyts": {**_PAPER["polyts"], "variant": "paper"},
         "rff": _PAPER["rff"],
         "nystrom": {**_PAPER["nystrom"], "landmarks": "uniform"},
         "nystrom_kc": {**_PAPER["nystrom"], "landmarks": "kcenter"},
     },
     "rank241": {
-        "polyts": {"sketch_dim": 80, "degree": 3},
+        "polyts": {"sketch_dim": 80, "degree": 3, "variant": "paper"},
         "rff": {"n_features": LARGE_RANK},
         "nystrom": {"n_landmarks": LARGE_RANK, "landmarks": "uniform"},
         "nystrom_kc": {"n_landmarks": LARGE_RANK, "landmarks": "kcenter"},

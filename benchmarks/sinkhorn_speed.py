@@ -70,13 +70,13 @@ LOW_RANK = ("nystrom", "rff", "polyts")
 # Equal-rank settings. polyts rank = 1 + r m.
 RANKS: dict[str, dict[str, dict[str, int]]] = {
     "61": {
-        "polyts": {"sketch_dim": 20, "degree": 3},
+        "polyts": {"sketch_dim": 20, "degree": 3, "variant": "paper"},
         "rff": {"n_features": 61},
         "nystrom": {"n_landmarks": 61},
         "pot-nystrom": {"anchors": 62},
     },
     "199": {
-        "polyts": {"sketch_dim": 66, "degree": 3},
+        "polyts": {"sketch_dim": 66, "degree": 3, "variant": "paper"},
         "rff": {"n_features": 199},
         "nystrom": {"n_landmarks": 199},
         "pot-nystrom": {"anchors": 200},
