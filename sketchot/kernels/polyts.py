@@ -46,8 +46,9 @@ def build_polyts(
     sketch_dim : int, optional
         TensorSketch dimension ``m`` (default 20); exclusive with ``rank``.
     degree : int, optional
-        Polynomial degree ``r`` (default 3) for ``variant='paper'``; the largest degree
-        searched (default 16) for ``'improved'``.
+        Polynomial degree ``r`` (default 3) for ``variant='paper'``. For ``'improved'``
+        ``(degree, sketch_dim)`` size the rank ``1 + r m`` when ``rank`` is not given (the
+        degree is then searched up to 16); with ``rank``, ``degree`` caps the search.
     coreset_size : int, optional
         k-center clusters ``k`` for ``coefficients='coreset'``; default ``min(10, n, m)``.
         An explicit value must satisfy ``1 <= k <= min(n, m)``.

@@ -62,8 +62,10 @@ class PolyTensorSketch:
     function : {'exp', 'sigmoid'}, ElementwiseFunction or callable, default='exp'
         The element-wise function ``f``.
     degree : int, optional
-        ``'paper'``: the polynomial degree ``r >= 0`` (default 3). ``'improved'``: the largest
-        degree searched (default 16).
+        ``'paper'``: the polynomial degree ``r >= 0`` (default 3). ``'improved'``: with ``rank``,
+        the largest degree searched (default 16); without ``rank``, ``r`` and ``m`` only size
+        the budget ``1 + r m`` (so ``degree=3, sketch_dim=20`` is rank 61 in both variants)
+        and the degree is searched up to 16.
     sketch_dim : int, optional
         TensorSketch dimension ``m >= 1`` (default 20). ``'improved'`` only uses it to size the
         budget ``rank = 1 + r m`` when ``rank`` is not given.
@@ -243,7 +245,9 @@ class PolyTensorSketch:
                     f"must be 'coreset'; got {self.coefficients!r} (use variant='paper')"
                 )
             self.rank_ = 1 + degree * sketch_dim if self.rank is None else int(self.rank)
-            self.degree_ = MAX_AUTO_DEGREE if self.degree is None else degree
+            # without rank, (degree, sketch_dim) only size the budget, as 1 + r m does for 'paper'
+            capped = self.rank is not None and self.degree is not None
+            self.degree_ = degree if capped else MAX_AUTO_DEGREE
             self.sketch_dim_ = None
         regularizer = "none" if self.regularizer is None else self.regularizer
         self.regularizer_ = check_choice(regularizer, "regularizer", REGULARIZERS)
