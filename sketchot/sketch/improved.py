@@ -68,6 +68,9 @@ ALLOCATION_ROUNDS = 3
 # float64 where f underflows, far beyond any error a polynomial sketch can reach there.
 MAX_WEIGHT_RATIO = 1e200
 
+# Rows per step of the blocked QR of the design (see triangular_factor).
+QR_BLOCK_ROWS = 256
+
 
 @dataclass
 class ImprovedPlan:
@@ -170,6 +173,7 @@ def plan_improved(
     weights = np.repeat(entries.cluster_sizes * pool_weight, others.shape[0])
     weights = weights / np.maximum(magnitude, floor) ** 2
     weights /= weights.max()
+    weights[weights < 1e-100] = 0.0  # nothing at float64 precision next to the largest, 1
     t = t.ravel()
 
     # Weighted Chebyshev design on [-a, a] up to r_max, reduced by one QR: the QR of the
@@ -185,7 +189,7 @@ def plan_improved(
     augmented[: t.shape[0], :-1] = C.chebvander(np.clip(t / half_width, -1.0, 1.0), r_max)
     augmented[: t.shape[0], :-1] *= root[:, None]
     augmented[: t.shape[0], -1] = values * root
-    reduced = np.linalg.qr(augmented, mode="r")
+    reduced = triangular_factor(augmented)
     triangle, projection = reduced[: r_max + 1, : r_max + 1], reduced[: r_max + 1, -1]
     energy = float(augmented[:, -1] @ augmented[:, -1])
     outside = float(reduced[r_max + 1, -1] ** 2)  # beyond degree r_max
@@ -239,14 +243,31 @@ def plan_improved(
     return ImprovedPlan(r, e, sizes, fit)
 
 
+def triangular_factor(matrix: np.ndarray, block_rows: int = QR_BLOCK_ROWS) -> np.ndarray:
+    """``R`` of ``matrix = Q R`` (up to the signs of its rows), by QR of stacked row blocks.
+
+    Each step factors the previous ``R`` stacked on the next ``block_rows`` rows (TSQR), so
+    every LAPACK call is small: one QR of 41k x 18 took 1 s on a loaded 2-core machine, where
+    multi-threaded BLAS spun against other processes (measured; 10 ms unloaded). Row signs
+    do not matter to the least-squares problems built from ``R``. ``O(rows cols^2)`` time.
+    """
+    reduced = None
+    for start in range(0, matrix.shape[0], block_rows):
+        chunk = matrix[start : start + block_rows]
+        stacked = chunk if reduced is None else np.vstack([reduced, chunk])
+        reduced = np.linalg.qr(stacked, mode="r")
+    return reduced
+
+
 def _variance_sums(
     centers: np.ndarray, others: np.ndarray, t: np.ndarray, weights: np.ndarray, r_max: int
 ) -> np.ndarray:
     """``V_j = sum_e w_e ((||u_e||^2 ||v_e||^2)^j + t_e^(2j))`` for ``j = 0..r_max``.
 
     Both terms are powers of values ``x_e <= x_max``, summed as ``x_max^j sum w (x / x_max)^j``
-    with ratios below ``1e-19`` dropped: by degree 16 they would be subnormal, which made
-    every product about 100x slower (measured), and they weigh ``< 1e-19`` of the largest.
+    with ratios below ``1e-12`` dropped: with weights down to ``1e-100`` their products would
+    turn subnormal by degree 16, and subnormal arithmetic is about 100x slower; they weigh
+    ``< 1e-12`` of the largest.
     """
     norms = np.outer(np.einsum("ij,ij->i", centers, centers), np.einsum("ij,ij->i", others, others))
     sums = np.zeros(r_max + 1)
@@ -255,11 +276,12 @@ def _variance_sums(
         if top <= 0.0:
             continue
         ratio = values / top
-        ratio[ratio < 1e-19] = 0.0
+        ratio[ratio < 1e-12] = 0.0
         power = np.ones_like(ratio)
         for j in range(1, r_max + 1):
             power *= ratio
-            sums[j] += (weights @ power) * top**j
+            # an elementwise sum, not a BLAS dot: no threads to spin on a busy machine
+            sums[j] += float(np.sum(weights * power)) * top**j
     return sums
 
 
