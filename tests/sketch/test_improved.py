@@ -97,3 +97,15 @@ def test_relative_fit_beats_the_paper_at_equal_rank():
         errors[variant] = np.mean(((approx - K) / K) ** 2)
     assert errors["improved"] < 1e-9
     assert errors["improved"] < errors["paper"] / 1e4
+
+
+def test_blocked_qr_gives_the_triangular_factor():
+    """R^T R = A^T A and R is upper triangular: R up to the signs of its rows."""
+    from sketchot.sketch.improved import triangular_factor
+
+    A = np.random.default_rng(7).standard_normal((1000, 6))
+    R = triangular_factor(A, block_rows=64)
+    assert R.shape == (6, 6)
+    np.testing.assert_array_equal(np.tril(R, -1), 0.0)
+    # rounding of a 1000-row Gram matrix of unit-variance entries
+    np.testing.assert_allclose(R.T @ R, A.T @ A, rtol=1e-12, atol=1e-10)
