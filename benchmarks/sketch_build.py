@@ -63,6 +63,7 @@ def sketch_parameters(args: argparse.Namespace) -> dict[str, Any]:
         "degree": args.degree,
         "sketch_dim": args.sketch_dim,
         "coreset_size": args.coreset_size,
+        "variant": "paper",  # the paper's Coreset-TS, whose cost breakdown follows
     }
 
 

@@ -1,8 +1,18 @@
-"""Coreset-TS: the Poly-TensorSketch feature map of the Gibbs kernel (Han et al. 2020).
+"""The polyts family: polynomial expansions of the Gibbs kernel, global or block-local.
 
-``exp(-||x - y||^2 / reg)`` is the Gaussian kernel with ``gamma = 1 / reg``; the sketch core's
-:class:`~sketchot.sketch.GaussianPolySketch` centres both clouds, fits the polynomial of
-``exp(2 u.v)`` and returns thin factors of rank ``1 + r m``.
+``exp(-||x - y||^2 / reg)`` is the Gaussian kernel with ``gamma = 1 / reg``. Variants:
+
+* ``'paper'``: Coreset-TS, the Poly-TensorSketch of Han, Avron and Shin (2020), unchanged;
+* ``'improved'``: exact monomial features for the low degrees that fit the rank budget,
+  TensorSketches with calibrated per-degree sizes for the rest, coefficients fitted for
+  relative error (:class:`~sketchot.sketch.GaussianPolySketch`): thin factors of rank
+  ``rank``;
+* ``'local'``: the block-local expansion around cluster centres
+  (:class:`~sketchot.kernels.local.LocalPolyKernel`): every entry to a relative ``~1e-9`` at
+  any reg, in dimension ``d <= 4``;
+* ``'auto'`` (default): ``'improved'`` when its sampled product error meets ``accuracy``,
+  otherwise ``'local'`` where the dimension allows it, otherwise ``'improved'`` (the
+  solver's true-kernel check then reports the miss).
 """
 
 from __future__ import annotations
@@ -11,58 +21,74 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import check_int
+from .._validation import check_choice, check_float, check_int
 from ..gibbs import GibbsGeometry
 from ..sketch import GaussianPolySketch
-from .base import KernelInfo
+from .auto import kernel_error
+from .base import KernelInfo, KernelOperator
+from .local import build_local
 from .lowrank import LowRankKernel
 from .registry import PAPER_DEGREE, PAPER_SKETCH_DIM, register_backend
 
 #: The paper's coreset size (k = 10); clipped to the number of points when not given.
 DEFAULT_CORESET_SIZE = 10
 
+VARIANTS = ("auto", "improved", "paper", "local")
 
-def _params_for_rank(rank: int) -> dict[str, Any]:
-    """The paper's sketch with ``1 + m r`` features closest to ``rank`` at degree 3."""
-    return {"sketch_dim": max(1, (rank - 1) // PAPER_DEGREE), "degree": PAPER_DEGREE}
+#: Largest dimension of the block-local variant at its default degree (C(9 + d, d) <= 1000).
+LOCAL_MAX_DIMENSION = 4
+
+
+def _memory(n: int, m: int, d: int, params: dict[str, Any], itemsize: int) -> float:
+    """Factors of the global variants (the local one stores O((n + m) R) features, less)."""
+    rank = params.get("rank") or 1 + (params.get("sketch_dim") or PAPER_SKETCH_DIM) * (
+        params.get("degree") or PAPER_DEGREE
+    )
+    return (n + m) * rank * (8 + itemsize) * 2
 
 
 @register_backend(
     "polyts",
-    rank_parameter="sketch_dim",
-    params_for_rank=_params_for_rank,
-    paper_cost=lambda sketch_dim, degree: {"sketch_dim": sketch_dim, "degree": degree},
+    rank_parameter="rank",
+    paper_cost=lambda sketch_dim, degree: {
+        "sketch_dim": sketch_dim,
+        "degree": degree,
+        "variant": "paper",
+    },
     signed=True,
-    test_params={"sketch_dim": 8, "degree": 3},
-    memory=lambda n, m, d, params, itemsize: (
-        (n + m) * (1 + params["sketch_dim"] * params["degree"]) * (8 + itemsize) * 2
-    ),
-    advice="raise sketch_dim and degree only helps at large reg (>= the squared spread of "
-    "the data); below it prefer backend='nystrom' with more landmarks, or 'auto'",
-    summary="Coreset-TS: the Poly-TensorSketch of Han, Avron and Shin (ICML 2020)",
+    test_params={"sketch_dim": 8, "degree": 3, "variant": "improved"},
+    memory=_memory,
+    advice="its global variants only help at large reg (>= the squared spread of the data); "
+    "below it variant='local' (d <= 4) is accurate at any reg",
+    summary="polynomial expansions: the paper's Coreset-TS, an improved sketch, a block-local form",
 )
 def build_polyts(
     geometry: GibbsGeometry,
     *,
     rng: Any = None,
     dtype: Any = np.float64,
-    sketch_dim: int = PAPER_SKETCH_DIM,
-    degree: int = PAPER_DEGREE,
+    sketch_dim: int | None = None,
+    degree: int | None = None,
     coreset_size: int | None = None,
     coefficients: str = "coreset",
     regularizer: str | None = "shifted",
     nonnegative: bool = False,
     taylor_center: float | str = 0.0,
-    center: Any = "mean",
-) -> LowRankKernel:
-    """Poly-TensorSketch factors of rank ``1 + r m``.
+    center: Any = "auto",
+    variant: str = "auto",
+    rank: int | None = None,
+    accuracy: float = 1e-3,
+) -> KernelOperator:
+    """A polyts kernel (see the module notes for the variants).
 
     Parameters
     ----------
-    sketch_dim : int, default=20
-        TensorSketch dimension ``m``.
-    degree : int, default=3
-        Polynomial degree ``r``.
+    sketch_dim : int, optional
+        TensorSketch dimension ``m`` (default 20); exclusive with ``rank``.
+    degree : int, optional
+        Polynomial degree ``r`` (default 3) for ``variant='paper'``. For ``'improved'``
+        ``(degree, sketch_dim)`` size the rank ``1 + r m`` when ``rank`` is not given (the
+        degree is then searched up to 16); with ``rank``, ``degree`` caps the search.
     coreset_size : int, optional
         k-center clusters ``k`` for ``coefficients='coreset'``; default ``min(10, n, m)``.
         An explicit value must satisfy ``1 <= k <= min(n, m)``.
@@ -71,13 +97,49 @@ def build_polyts(
     nonnegative : bool, default=False
     taylor_center : float or 'mean', default=0.0
         Expansion point of ``coefficients='taylor'``.
-    center : {'mean', 'bbox'}, None or array, default='mean'
-        Common translation of both clouds before sketching.
+    center : {'auto', 'mean', 'bbox'}, None or array, default='auto'
+        Common translation of both clouds before sketching (``'auto'``: ``'mean'`` for
+        ``'paper'``, ``'bbox'`` for ``'improved'``).
+    variant : {'auto', 'improved', 'paper', 'local'}, default='auto'
+    rank : int, optional
+        Total number of features of a global variant (the constant included).
+    accuracy : float, default=1e-3
+        ``variant='auto'``: the sampled relative product error the global sketch must meet
+        (the solver passes its own ``accuracy``).
 
     Notes
     -----
-    Build ``O((n + m) r (d + m log m) + (n + m) k (d + r^2))``; memory ``O((n + m) r m)``.
+    Global variants: build ``O((n + m) r (d + m log m) + (n + m) k (d + r^2))``, memory
+    ``O((n + m) rank)``. Local: see :class:`~sketchot.kernels.local.LocalPolyKernel`.
     """
+    check_choice(variant, "variant", VARIANTS)
+    d = geometry.X.shape[1]
+    if variant == "local":
+        return build_local(geometry, rng=rng, dtype=dtype)
+    chosen = "improved" if variant == "auto" else variant
+    kernel = _build_global(
+        geometry, rng, dtype, sketch_dim, degree, coreset_size, coefficients, regularizer,
+        nonnegative, taylor_center, center, chosen, rank,
+    )  # fmt: skip
+    if variant != "auto":
+        return kernel
+    accuracy = check_float(accuracy, "accuracy", positive=True)
+    error = kernel_error(kernel, rng)
+    if error <= accuracy or d > LOCAL_MAX_DIMENSION:
+        kernel.info.reason = f"global improved sketch: sampled product error {error:.2g}"
+        return kernel
+    local = build_local(geometry, rng=rng, dtype=dtype)
+    local.info.reason = (
+        f"the global sketch's sampled product error {error:.2g} misses {accuracy:g}: "
+        "block-local expansion"
+    )
+    return local
+
+
+def _build_global(
+    geometry, rng, dtype, sketch_dim, degree, coreset_size, coefficients, regularizer,
+    nonnegative, taylor_center, center, variant, rank,
+) -> LowRankKernel:  # fmt: skip
     X, Y, reg = geometry.X, geometry.Y, geometry.reg
     if coreset_size is None:
         coreset_size = min(DEFAULT_CORESET_SIZE, X.shape[0], Y.shape[0])
@@ -93,6 +155,8 @@ def build_polyts(
         nonnegative=nonnegative,
         taylor_center=taylor_center,
         center=center,
+        variant=variant,
+        rank=rank,
         rng=rng,
     ).fit(X, Y)
 
@@ -105,20 +169,16 @@ def build_polyts(
     info = KernelInfo(
         "polyts",
         {
-            "sketch_dim": sketch_dim,
-            "degree": degree,
+            "sketch_dim": sketch.sketch_.sketch_dim_,
+            "degree": sketch.sketch_.degree_,
             "coreset_size": coreset_size,
             "coefficients": coefficients,
+            "variant": variant,
         },
     )
     operator = LowRankKernel(
-        geometry,
-        info,
-        left_map(X),
-        right_map(Y),
-        left_map=left_map,
-        right_map=right_map,
+        geometry, info, left_map(X), right_map(Y), left_map=left_map, right_map=right_map,
         dtype=dtype,
-    )
+    )  # fmt: skip
     operator.sketch = sketch
     return operator

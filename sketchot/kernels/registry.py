@@ -330,6 +330,8 @@ def build_kernel(
                 f"pass either rank= or {record.rank_parameter}= to backend {backend!r}, not both"
             )
         params = {**record.params_for_rank(rank), **params}
+    if "accuracy" in record.defaults and "accuracy" not in params:
+        params = {**params, "accuracy": accuracy}  # the builder adapts itself to the target
     if record.memory is not None:
         n, m = geometry.shape
         check_fits(

@@ -15,29 +15,39 @@ from .coefficients import (
 from .countsketch import CountSketch
 from .functions import CallableFunction, ElementwiseFunction, Exponential, Sigmoid, as_function
 from .gaussian import GaussianPolySketch
+from .improved import ImprovedPlan, allocate_sizes, plan_improved
 from .kcenter import KCenterResult, greedy_k_center
 from .local import LocalGaussianExpansion
-from .poly import PolyTensorSketch
+from .monomials import monomial_count, monomial_features, stacked_monomial_features
+from .poly import VARIANTS, PolyTensorSketch, fold_buckets
 from .tensorsketch import TensorSketch, convolve_count_sketches
 
 __all__ = [
     "COEFFICIENT_METHODS",
     "REGULARIZERS",
+    "VARIANTS",
     "CallableFunction",
     "CoefficientFit",
     "CountSketch",
     "ElementwiseFunction",
     "Exponential",
     "GaussianPolySketch",
+    "ImprovedPlan",
     "KCenterResult",
     "LocalGaussianExpansion",
     "PolyTensorSketch",
     "Sigmoid",
     "TensorSketch",
+    "allocate_sizes",
     "as_function",
     "chebyshev_to_monomial",
     "convolve_count_sketches",
+    "fold_buckets",
     "greedy_k_center",
+    "monomial_count",
+    "monomial_features",
+    "plan_improved",
     "ridge_diagonal",
     "solve_regression",
+    "stacked_monomial_features",
 ]

@@ -288,6 +288,60 @@ def coreset_coefficients(
     weighted by the size of cluster ``c`` (so the weights sum to ``n1 n2``), else on
     ``u_i . v_bar_c`` symmetrically. ``O((n1 + n2) k (d + r^2))`` time.
     """
+    entries = coreset_entries(U, V, coreset_size, rng)
+    t = entries.centers @ entries.others.T
+    gram, moment = chebyshev_normal_equations(
+        t, evaluate_finite(f, t), entries.cluster_sizes, degree, half_width
+    )
+    coef, cheb = solve_regression(gram, moment, ridge, half_width, nonnegative=nonnegative)
+    return CoefficientFit(coef, "coreset", chebyshev_coef=cheb, details=entries.details())
+
+
+@dataclass
+class CoresetEntries:
+    """The coreset of Algorithm 4: entries ``centers[c] . others[i]``, weight ``cluster_sizes[c]``.
+
+    Attributes
+    ----------
+    side : {'U', 'V'}
+        Which side's k-center centres were kept.
+    centers : ndarray, shape (k, d)
+        The centres (rows of ``side``).
+    others : ndarray, shape (n_other, d)
+        Every row of the other side.
+    cluster_sizes : ndarray of int, shape (k,)
+    center_indices : ndarray of int, shape (k,)
+    epsilon_u, epsilon_v : float
+        k-center costs of both sides.
+    """
+
+    side: str
+    centers: np.ndarray
+    others: np.ndarray
+    cluster_sizes: np.ndarray
+    center_indices: np.ndarray
+    epsilon_u: float
+    epsilon_v: float
+
+    def details(self) -> dict[str, Any]:
+        """Diagnostics of a coreset fit (:attr:`CoefficientFit.details`)."""
+        return {
+            "side": self.side,
+            "epsilon_U": self.epsilon_u,
+            "epsilon_V": self.epsilon_v,
+            "centers": self.center_indices,
+            "cluster_sizes": self.cluster_sizes,
+        }
+
+
+def coreset_entries(
+    U: np.ndarray, V: np.ndarray, coreset_size: int, rng: np.random.Generator
+) -> CoresetEntries:
+    """Greedy k-center on both sides and the choice of side of Algorithm 4.
+
+    The ``U`` coreset is used when ``eps_U * sum_i ||v_i|| < eps_V * sum_j ||u_j||``, else the
+    ``V`` one (the entries ``u . v`` are symmetric in the roles). ``O((n1 + n2) k d)`` time.
+    """
     coreset_size = check_int(
         coreset_size, "coreset_size", minimum=1, maximum=min(U.shape[0], V.shape[0])
     )
@@ -296,23 +350,18 @@ def coreset_coefficients(
     bound_u = clusters_u.cost * np.linalg.norm(V, axis=1).sum()
     bound_v = clusters_v.cost * np.linalg.norm(U, axis=1).sum()
     if bound_u < bound_v:
-        side, clusters = "U", clusters_u
-        t = U[clusters.centers] @ V.T  # (k, n2)
+        side, clusters, own, others = "U", clusters_u, U, V
     else:
-        side, clusters = "V", clusters_v
-        t = V[clusters.centers] @ U.T  # (k, n1): same entries, transposed roles
-    gram, moment = chebyshev_normal_equations(
-        t, evaluate_finite(f, t), clusters.cluster_sizes, degree, half_width
+        side, clusters, own, others = "V", clusters_v, V, U
+    return CoresetEntries(
+        side,
+        own[clusters.centers],
+        others,
+        clusters.cluster_sizes,
+        clusters.centers,
+        clusters_u.cost,
+        clusters_v.cost,
     )
-    coef, cheb = solve_regression(gram, moment, ridge, half_width, nonnegative=nonnegative)
-    details = {
-        "side": side,
-        "epsilon_U": clusters_u.cost,
-        "epsilon_V": clusters_v.cost,
-        "centers": clusters.centers,
-        "cluster_sizes": clusters.cluster_sizes,
-    }
-    return CoefficientFit(coef, "coreset", chebyshev_coef=cheb, details=details)
 
 
 def evaluate_finite(f: ElementwiseFunction, t: np.ndarray) -> np.ndarray:

@@ -38,9 +38,18 @@ class GaussianPolySketch:
         As in :class:`~sketchot.sketch.PolyTensorSketch` (defaults ``r = 3``, ``m = 20``,
         ``k = 10``, ``'coreset'``, ``'shifted'``). The Taylor expansion point refers to the
         entries ``u . v`` of the centred, scaled points.
-    center : {'mean', 'bbox'}, None or array of shape (d,), default='mean'
+    variant : {'improved', 'paper'}, default='improved'
+    rank : int, optional
+        As in :class:`~sketchot.sketch.PolyTensorSketch`: ``'paper'`` is Han et al.'s
+        algorithm unchanged; ``'improved'`` spends ``rank`` features (default ``1 + r m``) on
+        exact low degrees, calibrated sketch sizes and a relative-error fit. The relative error
+        of ``exp(2 u.v)`` is that of the kernel: the row scales cancel.
+    center : {'auto', 'mean', 'bbox'}, None or array of shape (d,), default='auto'
         Common translation ``c``: the mean of all points of ``X`` and ``Y``, the centre of
-        their bounding box, no translation, or a given point.
+        their bounding box, no translation, or a given point. ``'auto'`` is ``'mean'`` for
+        ``variant='paper'`` (as before) and ``'bbox'`` for ``'improved'``, whose relative fit
+        gains from the smaller ``a``: colours at reg 0.1, rank 241, true-kernel L1 marginal
+        error 0.078 with ``'bbox'`` vs 0.12 with ``'mean'`` (``a`` 5.96 vs 8.64).
     rng : None, int, Generator, ...
         Randomness of the sketch (``numpy.random.default_rng``).
 
@@ -52,21 +61,23 @@ class GaussianPolySketch:
     sketch_ : PolyTensorSketch
         Fitted on ``u, v`` with ``f(t) = exp(2 t - 2 a)``.
     n_features_out_ : int
-        ``1 + r m``.
+        ``1 + r m`` (``'paper'``), at most ``rank`` (``'improved'``).
     """
 
     def __init__(
         self,
         gamma: float = 1.0,
         *,
-        degree: int = 3,
-        sketch_dim: int = 20,
+        degree: int | None = None,
+        sketch_dim: int | None = None,
         coefficients: str = "coreset",
         coreset_size: int = 10,
         regularizer: str | None = "shifted",
         nonnegative: bool = False,
         taylor_center: float | str = 0.0,
-        center: Any = "mean",
+        center: Any = "auto",
+        variant: str = "improved",
+        rank: int | None = None,
         rng: Any = None,
     ) -> None:
         self.gamma = gamma
@@ -78,6 +89,8 @@ class GaussianPolySketch:
         self.nonnegative = nonnegative
         self.taylor_center = taylor_center
         self.center = center
+        self.variant = variant
+        self.rank = rank
         self.rng = rng
 
     def fit(self, X: Any, Y: Any = None) -> GaussianPolySketch:
@@ -110,18 +123,20 @@ class GaussianPolySketch:
             regularizer=self.regularizer,
             nonnegative=self.nonnegative,
             taylor_center=self.taylor_center,
+            variant=self.variant,
+            rank=self.rank,
             rng=self.rng,
         ).fit(U, V)
         self.n_features_out_ = self.sketch_.n_features_out_
         return self
 
     def transform_x(self, X: Any, *, dtype: Any = np.float64) -> np.ndarray:
-        """``phi_X`` of each row (coefficients folded in): shape ``(n, 1 + r m)``."""
+        """``phi_X`` of each row (coefficients folded in): shape ``(n, n_features_out_)``."""
         return self._transform(X, "X", self.sketch_.coef_, dtype)
 
     def transform_y(self, Y: Any, *, dtype: Any = np.float64) -> np.ndarray:
-        """``phi_Y`` of each row: shape ``(n, 1 + r m)``."""
-        return self._transform(Y, "Y", np.ones(self.degree + 1), dtype)
+        """``phi_Y`` of each row: shape ``(n, n_features_out_)``."""
+        return self._transform(Y, "Y", np.ones_like(self.sketch_.coef_), dtype)
 
     def fit_transform(self, X: Any, Y: Any = None, *, dtype: Any = np.float64):
         """Fit, then return ``(transform_x(X), transform_y(Y))``."""
@@ -152,13 +167,18 @@ class GaussianPolySketch:
         if self.center is None:
             return np.zeros(d)
         if isinstance(self.center, str):
-            if self.center == "mean":
+            center = self.center
+            if center == "auto":
+                center = "mean" if self.variant == "paper" else "bbox"
+            if center == "mean":
                 return (X.sum(axis=0) + Y.sum(axis=0)) / (X.shape[0] + Y.shape[0])
-            if self.center == "bbox":
+            if center == "bbox":
                 low = np.minimum(X.min(axis=0), Y.min(axis=0))
                 high = np.maximum(X.max(axis=0), Y.max(axis=0))
                 return (low + high) / 2
-            raise ValueError(f"center must be 'mean', 'bbox', None or a point; got {self.center!r}")
+            raise ValueError(
+                f"center must be 'auto', 'mean', 'bbox', None or a point; got {self.center!r}"
+            )
         center = np.asarray(self.center, dtype=np.float64)
         if center.shape != (d,) or not np.all(np.isfinite(center)):
             raise ValueError(

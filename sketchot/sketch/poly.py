@@ -7,6 +7,12 @@
 with ``F_U = [c_0, c_1 T_U^(1), ..., c_r T_U^(r)]`` and ``F_V = [1, T_V^(1), ..., T_V^(r)]``
 (``n x (1 + r m)`` each, the signed coefficients folded into the left factor). A product
 ``f(U V^T) x ~ F_U (F_V^T x)`` costs ``O((n1 + n2) r m)`` and never forms ``n1 x n2`` values.
+
+Two variants share this class. ``'paper'`` is the algorithm of the paper (one sketch size ``m``
+for every degree, the coefficients of eq. optc with the reference code's ridge weights).
+``'improved'`` (the default, :mod:`sketchot.sketch.improved`) spends a budget of ``rank``
+features on exact monomial features for the low degrees that fit, TensorSketches of
+per-degree sizes for the others, and a relative-error coefficient fit.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from .._validation import (
     check_choice,
@@ -36,7 +43,15 @@ from .coefficients import (
     taylor_coefficients,
 )
 from .functions import ElementwiseFunction, as_function
+from .improved import MAX_AUTO_DEGREE, plan_improved
+from .monomials import monomial_count, stacked_monomial_features
 from .tensorsketch import TensorSketch
+
+VARIANTS = ("improved", "paper")
+
+#: The paper's Sinkhorn setting (Section 4.3), the default size: ``r = 3``, ``m = 20``.
+DEFAULT_DEGREE = 3
+DEFAULT_SKETCH_DIM = 20
 
 
 class PolyTensorSketch:
@@ -46,21 +61,35 @@ class PolyTensorSketch:
     ----------
     function : {'exp', 'sigmoid'}, ElementwiseFunction or callable, default='exp'
         The element-wise function ``f``.
-    degree : int, default=3
-        Polynomial degree ``r >= 0``.
-    sketch_dim : int, default=20
-        TensorSketch dimension ``m >= 1``.
+    degree : int, optional
+        ``'paper'``: the polynomial degree ``r >= 0`` (default 3). ``'improved'``: with ``rank``,
+        the largest degree searched (default 16); without ``rank``, ``r`` and ``m`` only size
+        the budget ``1 + r m`` (so ``degree=3, sketch_dim=20`` is rank 61 in both variants)
+        and the degree is searched up to 16.
+    sketch_dim : int, optional
+        TensorSketch dimension ``m >= 1`` (default 20). ``'improved'`` only uses it to size the
+        budget ``rank = 1 + r m`` when ``rank`` is not given.
     coefficients : {'coreset', 'optimal', 'chebyshev', 'taylor'}, default='coreset'
         How the polynomial coefficients are chosen (see :mod:`sketchot.sketch.coefficients`).
+        ``'improved'`` supports ``'coreset'`` only (its relative-error coreset fit).
     coreset_size : int, default=10
         Number of k-center clusters ``k`` for ``'coreset'``; ``1 <= k <= min(n1, n2)``.
     regularizer : {'shifted', 'theorem', 'none'}, default='shifted'
-        Index convention of the ridge weights ``W`` for ``'coreset'`` and ``'optimal'``
-        (``'shifted'`` is the reference implementation's; ``'none'`` switches ``W`` off).
+        ``'paper'`` only: index convention of the ridge weights ``W`` for ``'coreset'`` and
+        ``'optimal'`` (``'shifted'`` is the reference implementation's; ``'none'`` switches
+        ``W`` off). ``'improved'`` always uses its calibrated variance model.
     nonnegative : bool, default=False
         Constrain ``c_j >= 0`` (NNLS), e.g. for positive-definite maps ``sqrt(c_j) T^(j)``.
     taylor_center : float or 'mean', default=0.0
         Expansion point for ``'taylor'``; ``'mean'`` is the mean entry of ``U V^T``.
+    variant : {'improved', 'paper'}, default='improved'
+        ``'paper'``: Han et al.'s algorithm exactly (same draws, same numbers as before this
+        option existed). ``'improved'``: see :mod:`sketchot.sketch.improved`.
+    rank : int, optional
+        Total number of features ``R`` (the constant included), the natural size to compare
+        with Nystrom landmarks or random features. Default ``1 + r m`` (61). ``'paper'`` uses
+        ``m = (R - 1) // r`` (``rank`` and ``sketch_dim`` are exclusive); ``'improved'`` spends
+        exactly ``R`` features unless every degree up to ``degree`` is exact with room to spare.
     rng : None, int, Generator, ...
         Randomness of the hashes, signs and k-center start (``numpy.random.default_rng``).
 
@@ -70,12 +99,21 @@ class PolyTensorSketch:
         Monomial coefficients ``c_j``.
     half_width_ : float
         ``a = max_i ||u_i|| max_j ||v_j||``; the polynomial is fitted on ``[-a, a]``.
-    tensor_sketch_ : TensorSketch
-        The ``r`` CountSketches shared by both sides and by every later transform.
+    degree_ : int
+        The degree ``r`` used.
+    exact_degree_ : int
+        Degrees ``1..e`` have exact monomial features (always 0 for ``'paper'``).
+    sketch_sizes_ : ndarray of int, shape (r - e,)
+        Sketch size of each sketched degree ``e + 1..r`` (all ``m`` for ``'paper'``).
+    tensor_sketch_ : TensorSketch or None
+        The ``r`` CountSketches shared by both sides and by every later transform (of size
+        ``max(sketch_sizes_)``; smaller degrees fold it, see :func:`fold_buckets`); ``None``
+        when every degree is exact.
     fit_info_ : CoefficientFit
         Diagnostics of the coefficient method.
     n_features_out_ : int
-        ``1 + r m``.
+        ``1 + r m`` (``'paper'``); ``1 + sum_{j<=e} C(d + j - 1, j) + sum_j m_j``
+        (``'improved'``).
 
     Notes
     -----
@@ -95,13 +133,15 @@ class PolyTensorSketch:
         self,
         function: Any = "exp",
         *,
-        degree: int = 3,
-        sketch_dim: int = 20,
+        degree: int | None = None,
+        sketch_dim: int | None = None,
         coefficients: str = "coreset",
         coreset_size: int = 10,
         regularizer: str | None = "shifted",
         nonnegative: bool = False,
         taylor_center: float | str = 0.0,
+        variant: str = "improved",
+        rank: int | None = None,
         rng: Any = None,
     ) -> None:
         self.function = function
@@ -112,6 +152,8 @@ class PolyTensorSketch:
         self.regularizer = regularizer
         self.nonnegative = nonnegative
         self.taylor_center = taylor_center
+        self.variant = variant
+        self.rank = rank
         self.rng = rng
 
     # ------------------------------------------------------------------ fitting
@@ -133,21 +175,80 @@ class PolyTensorSketch:
         evaluate_finite(f, half_width * np.cos(np.linspace(0.0, np.pi, 65)))
 
         generator = check_rng(self.rng)
-        self.tensor_sketch_ = TensorSketch(U.shape[1], self.degree, self.sketch_dim, generator)
-        self.fit_info_ = self._fit_coefficients(U, V, f, half_width, generator)
+        if self.variant == "paper":
+            self.tensor_sketch_ = TensorSketch(
+                U.shape[1], self.degree_, self.sketch_dim_, generator
+            )
+            self.fit_info_ = self._fit_coefficients(U, V, f, half_width, generator)
+            self.exact_degree_ = 0
+            self.sketch_sizes_ = np.full(self.degree_, self.sketch_dim_)
+        else:
+            plan = plan_improved(
+                U,
+                V,
+                f,
+                half_width,
+                self.rank_,
+                self.degree_,
+                self.coreset_size,
+                generator,
+                nonnegative=self.nonnegative,
+            )
+            self.degree_, self.exact_degree_ = plan.degree, plan.exact_degree
+            self.sketch_sizes_ = plan.sketch_sizes
+            self.fit_info_ = plan.fit
+            self.tensor_sketch_ = (
+                TensorSketch(U.shape[1], plan.degree, int(plan.sketch_sizes.max()), generator)
+                if plan.degree > plan.exact_degree
+                else None
+            )
         self.coef_ = self.fit_info_.coef
         if not np.all(np.isfinite(self.coef_)):
             raise ValueError(
                 f"the {self.coefficients!r} coefficients are not finite ({self.coef_}); "
                 "rescale the inputs or lower the degree"
             )
-        self.n_features_out_ = 1 + self.degree * self.sketch_dim
+        self.input_dim_ = U.shape[1]
+        exact = sum(monomial_count(U.shape[1], j) for j in range(1, self.exact_degree_ + 1))
+        self.n_features_out_ = 1 + exact + int(self.sketch_sizes_.sum())
         return self
 
     def _validate_parameters(self, n1: int, n2: int) -> None:
-        check_int(self.degree, "degree", minimum=0)
-        check_int(self.sketch_dim, "sketch_dim", minimum=1)
+        variant = check_choice(self.variant, "variant", VARIANTS)
         check_choice(self.coefficients, "coefficients", COEFFICIENT_METHODS)
+        if self.degree is not None:
+            check_int(self.degree, "degree", minimum=0)
+        if self.sketch_dim is not None:
+            check_int(self.sketch_dim, "sketch_dim", minimum=1)
+        if self.rank is not None:
+            check_int(self.rank, "rank", minimum=1)
+            if self.sketch_dim is not None:
+                raise ValueError(
+                    f"give rank or sketch_dim, not both; got rank={self.rank!r} and "
+                    f"sketch_dim={self.sketch_dim!r}"
+                )
+        degree = DEFAULT_DEGREE if self.degree is None else int(self.degree)
+        sketch_dim = DEFAULT_SKETCH_DIM if self.sketch_dim is None else int(self.sketch_dim)
+        if variant == "paper":
+            if self.rank is not None:
+                sketch_dim = (int(self.rank) - 1) // max(degree, 1)
+                if sketch_dim < 1:
+                    raise ValueError(
+                        f"rank must be >= {1 + max(degree, 1)} for variant='paper' "
+                        f"(1 + degree * sketch_dim, sketch_dim >= 1); got {self.rank!r}"
+                    )
+            self.degree_, self.sketch_dim_ = degree, sketch_dim
+        else:
+            if self.coefficients != "coreset":
+                raise ValueError(
+                    "variant='improved' fits its own coefficients on the coreset: coefficients "
+                    f"must be 'coreset'; got {self.coefficients!r} (use variant='paper')"
+                )
+            self.rank_ = 1 + degree * sketch_dim if self.rank is None else int(self.rank)
+            # without rank, (degree, sketch_dim) only size the budget, as 1 + r m does for 'paper'
+            capped = self.rank is not None and self.degree is not None
+            self.degree_ = degree if capped else MAX_AUTO_DEGREE
+            self.sketch_dim_ = None
         regularizer = "none" if self.regularizer is None else self.regularizer
         self.regularizer_ = check_choice(regularizer, "regularizer", REGULARIZERS)
         if not isinstance(self.nonnegative, bool | np.bool_):
@@ -165,7 +266,7 @@ class PolyTensorSketch:
         half_width: float,
         generator: np.random.Generator,
     ) -> CoefficientFit:
-        r = self.degree
+        r = self.degree_
         if self.coefficients == "taylor":
             center = self.taylor_center
             if center == "mean":
@@ -177,7 +278,7 @@ class PolyTensorSketch:
             np.einsum("ij,ij->i", U, U),
             np.einsum("ij,ij->i", V, V),
             r,
-            self.sketch_dim,
+            self.sketch_dim_,
             self.regularizer_,
         )
         if self.coefficients == "optimal":
@@ -203,17 +304,17 @@ class PolyTensorSketch:
 
     # --------------------------------------------------------------- features
     def left_features(self, U: Any, *, dtype: Any = np.float64) -> np.ndarray:
-        """``F_U = [c_0, c_1 T^(1)(U), ..., c_r T^(r)(U)]``, shape ``(n, 1 + r m)``."""
+        """``F_U = [c_0, c_1 phi_1(U), ..., c_r T^(r)(U)]``, shape ``(n, n_features_out_)``."""
         self._check_fitted()
         return self._features(U, "U", self.coef_, dtype)
 
     def right_features(self, V: Any, *, dtype: Any = np.float64) -> np.ndarray:
-        """``F_V = [1, T^(1)(V), ..., T^(r)(V)]``, shape ``(n, 1 + r m)``."""
+        """``F_V = [1, phi_1(V), ..., T^(r)(V)]``, shape ``(n, n_features_out_)``."""
         self._check_fitted()
-        return self._features(V, "V", np.ones(self.degree + 1), dtype)
+        return self._features(V, "V", np.ones_like(self.coef_), dtype)
 
     def symmetric_features(self, U: Any, *, dtype: Any = np.float64) -> np.ndarray:
-        """``[sqrt(c_0), sqrt(c_1) T^(1)(U), ...]``, so that ``f(U U^T) ~ F F^T`` is PSD.
+        """``[sqrt(c_0), sqrt(c_1) phi_1(U), ...]``, so that ``f(U U^T) ~ F F^T`` is PSD.
 
         Needs every ``c_j >= 0``: fit with ``nonnegative=True``.
         """
@@ -226,8 +327,13 @@ class PolyTensorSketch:
         return self._features(U, "U", np.sqrt(self.coef_), dtype)
 
     def sketch(self, U: Any) -> np.ndarray:
-        """Raw TensorSketches of every degree ``1..r``: shape ``(n, r, m)``."""
+        """Raw TensorSketches of every degree ``1..r``: shape ``(n, r, max(sketch_sizes_))``.
+
+        Unfolded and unweighted; an all-exact improved sketch has none (``(n, 0, 0)``).
+        """
         self._check_fitted()
+        if self.tensor_sketch_ is None:
+            return np.zeros((check_matrix(U, "U", allow_sparse=True).shape[0], 0, 0))
         return self.tensor_sketch_.transform_all_degrees(U)
 
     def _check_fitted(self) -> None:
@@ -242,24 +348,75 @@ class PolyTensorSketch:
         dtype: Any,
         row_scale: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Rows ``s_i [w_0, w_1 T^(1)(u_i), ..., w_r T^(r)(u_i)]`` in row blocks.
+        """Rows ``s_i [w_0, w_1 phi_1(u_i), ..., w_r T^(r)(u_i)]`` in row blocks.
 
-        ``row_scale`` (``s_i``, default 1) lets callers fold a diagonal scaling into the same
-        pass, so an ``n x (1 + r m)`` array is written once.
+        Degrees ``1..e`` are exact monomial features, the others TensorSketches folded to
+        their sizes. ``row_scale`` (``s_i``, default 1) lets callers fold a diagonal scaling
+        into the same pass, so an ``n x n_features_out_`` array is written once.
         """
         self._check_fitted()
         dtype = check_dtype(dtype)
-        sketch = self.tensor_sketch_
         U = check_matrix(
-            U, name, n_features=sketch.input_dim, allow_sparse=True, feature_name="the fitted data"
+            U, name, n_features=self.input_dim_, allow_sparse=True, feature_name="the fitted data"
         )
-        n, r, m = U.shape[0], self.degree, self.sketch_dim
-        out = np.empty((n, 1 + r * m), dtype=dtype)
+        n, e = U.shape[0], self.exact_degree_
+        out = np.empty((n, self.n_features_out_), dtype=dtype)
         scale = np.ones(n) if row_scale is None else row_scale
         out[:, 0] = weights[0] * scale
+        start = 1
+        if e > 0:
+            dense = U.toarray() if sp.issparse(U) else U  # e > 0 only when d is small
+            width = sum(monomial_count(self.input_dim_, j) for j in range(1, e + 1))
+            stacked_monomial_features(
+                dense,
+                e,
+                weights=weights[1 : e + 1],
+                row_scale=row_scale,
+                dtype=dtype,
+                out=out[:, start : start + width],
+            )
+            start += width
+        if self.tensor_sketch_ is None:
+            return out
+        sizes = self.sketch_sizes_
+        offsets = start + np.concatenate([[0], np.cumsum(sizes)])
 
-        def write(rows: slice, block: np.ndarray) -> None:  # block: (rows, r, m), weighted
-            out[rows, 1:] = block.reshape(block.shape[0], r * m)
+        def write(rows: slice, block: np.ndarray) -> None:  # block: (rows, r, M), weighted
+            for position, size in enumerate(sizes):
+                folded = fold_buckets(block[:, e + position], int(size))
+                out[rows, offsets[position] : offsets[position + 1]] = folded
 
-        sketch.write_blocks(U, write, dtype=dtype, row_scale=row_scale, degree_weights=weights[1:])
+        self.tensor_sketch_.write_blocks(
+            U, write, dtype=dtype, row_scale=row_scale, degree_weights=weights[1:]
+        )
         return out
+
+
+def fold_buckets(sketch: np.ndarray, size: int) -> np.ndarray:
+    """Fold a sketch of ``M`` buckets into ``size``: bucket ``b`` sums the ``i = b mod size``.
+
+    A TensorSketch with hash ``H`` uniform on ``0..M-1`` becomes one with hash ``H mod size``:
+    still unbiased (the signs are untouched), and uniform when ``size`` divides ``M``;
+    otherwise each bucket has probability ``floor(M / size) / M`` or ``ceil(M / size) / M``,
+    so the collision probability ``1 / size`` grows by a factor of at most
+    ``1 + (size / M)^2``. This keeps Algorithm 2's recursion (one FFT length for
+    every degree) while each degree gets its own sketch size.
+
+    Parameters
+    ----------
+    sketch : ndarray, shape (n, M)
+    size : int
+        ``1 <= size <= M``.
+
+    Returns
+    -------
+    ndarray, shape (n, size)
+        ``O(n M)`` time.
+    """
+    n, m = sketch.shape
+    if size == m:
+        return sketch
+    groups = -(-m // size)
+    padded = np.zeros((n, groups * size), dtype=sketch.dtype)
+    padded[:, :m] = sketch
+    return padded.reshape(n, groups, size).sum(axis=1)

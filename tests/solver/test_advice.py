@@ -55,7 +55,7 @@ def follow(advice: str, kwargs: dict) -> dict:
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"backend": "polyts", "reg": 0.1},
+        {"backend": "polyts", "variant": "paper", "reg": 0.1},
         {"backend": "nystrom", "reg": 0.1},
         {"backend": "rff", "reg": 0.01},
         {"backend": "exact", "reg": 0.01, "max_iter": 40},

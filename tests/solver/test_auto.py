@@ -36,16 +36,27 @@ def test_large_reg_takes_a_low_rank_kernel(clouds, monkeypatch, capsys):
     assert "sketchot auto: chose nystrom" in capsys.readouterr().out
 
 
-def test_small_reg_escalates_to_the_exact_kernel(clouds, monkeypatch):
+def test_small_reg_takes_the_block_local_kernel(clouds, monkeypatch):
     """At reg = 0.003 on the unit cube no global low rank is accurate (the notes' sharp
-    boundary): the ladder stops when doubling stops paying and the exact kernel is used."""
+    boundary): the ladder stops when doubling stops paying and, in 3-D, the block-local
+    polynomial kernel meets the accuracy."""
     X, Y = clouds
     monkeypatch.setattr(solver_auto, "dense_budget_bytes", lambda: 0)
     res = sketchot.sinkhorn(None, None, X, Y, reg=0.003, rng=0)
-    assert res.backend == "exact" and "streamed" in res.reason
-    assert res.accuracy_met
-    assert res.attempts and not any(a.accepted for a in res.attempts)
-    assert len(res.attempts) < len(kernels_auto.low_rank_ladder(700, 600))  # stopped early
+    assert res.backend == "polyts" and "block-local" in res.reason
+    assert res.kernel.info.params["variant"] == "local" and res.accuracy_met
+    low_rank = [a for a in res.attempts if a.backend == "nystrom"]
+    assert low_rank and not any(a.accepted for a in low_rank)
+    assert len(low_rank) < len(kernels_auto.low_rank_ladder(700, 600))  # stopped early
+
+
+def test_above_the_local_dimension_limit_it_streams_the_exact_kernel(monkeypatch):
+    rng = np.random.default_rng(12)
+    X, Y = rng.random((300, 5)), rng.random((250, 5))
+    monkeypatch.setattr(solver_auto, "dense_budget_bytes", lambda: 0)
+    res = sketchot.sinkhorn(None, None, X, Y, reg=0.005, rng=0)
+    assert res.backend == "exact" and "streamed" in res.reason and res.accuracy_met
+    assert all(a.backend == "nystrom" for a in res.attempts)
 
 
 def test_make_kernel_auto(clouds, monkeypatch):
