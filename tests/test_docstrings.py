@@ -20,7 +20,7 @@ def test_docstring_examples_run(name):
     module = importlib.import_module(name)
     finder = doctest.DocTestFinder(exclude_empty=True)
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    for test in finder.find(module, name, globs={}):
+    for test in finder.find(module, name):
         if test.examples:
             runner.run(test)
     result = runner.summarize(verbose=False)

@@ -284,7 +284,8 @@ def resolve_backend_params(
     if backend == "auto":
         return dict(params)
     record = get_backend(backend)
-    if record.rank_parameter is None or "rank" in params or record.rank_parameter in params:
+    sized = "rank" in params or any(name in params for name in record.sizing_parameters)
+    if record.rank_parameter is None or sized:
         return dict(params)
     rank = DEFAULT_COLOR_RANK if n_points is None else min(DEFAULT_COLOR_RANK, n_points)
     return {**params, "rank": rank}

@@ -50,6 +50,7 @@ def _memory(n: int, m: int, d: int, params: dict[str, Any], itemsize: int) -> fl
 @register_backend(
     "polyts",
     rank_parameter="rank",
+    sizing_parameters=("sketch_dim", "degree"),
     paper_cost=lambda sketch_dim, degree: {
         "sketch_dim": sketch_dim,
         "degree": degree,

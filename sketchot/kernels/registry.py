@@ -48,6 +48,9 @@ class Backend:
         Keyword parameters (besides ``rng`` and ``dtype``) and their defaults.
     rank_parameter : str or None
         The parameter that sets the number of features (``None``: not a low-rank backend).
+    sizing_parameters : tuple of str
+        Every parameter that sizes the rank (``rank_parameter`` and the like): a caller who
+        sets one of them has chosen the size.
     params_for_rank : callable or None
         ``rank -> params`` giving about ``rank`` features.
     paper_cost : callable or None
@@ -72,6 +75,7 @@ class Backend:
     builder: Callable[..., Any]
     defaults: Mapping[str, Any]
     rank_parameter: str | None = None
+    sizing_parameters: tuple[str, ...] = ()
     params_for_rank: Callable[[int], dict[str, Any]] | None = None
     paper_cost: Callable[[int, int], dict[str, Any]] | None = None
     signed: bool = True
@@ -90,6 +94,7 @@ def register_backend(
     builder: Callable[..., Any] | None = None,
     *,
     rank_parameter: str | None = None,
+    sizing_parameters: tuple[str, ...] = (),
     params_for_rank: Callable[[int], dict[str, Any]] | None = None,
     paper_cost: Callable[[int, int], dict[str, Any]] | None = None,
     signed: bool = True,
@@ -112,7 +117,8 @@ def register_backend(
     rank_parameter : str, optional
         The parameter that sets the number of features; with it, ``rank=`` works for this
         backend (``params_for_rank`` defaults to ``{rank_parameter: rank}``).
-    params_for_rank, paper_cost, signed, exact, test_params, memory, advice, summary
+    sizing_parameters, params_for_rank, paper_cost, signed, exact, test_params, memory, advice,
+    summary
         See :class:`Backend`.
 
     Returns
@@ -159,6 +165,9 @@ def register_backend(
             builder=function,
             defaults=MappingProxyType(defaults),
             rank_parameter=rank_parameter,
+            sizing_parameters=tuple(
+                dict.fromkeys((*(rank_parameter,) * bool(rank_parameter), *sizing_parameters))
+            ),
             params_for_rank=for_rank,
             paper_cost=paper_cost,
             signed=bool(signed),
@@ -325,9 +334,10 @@ def build_kernel(
                 geometry, backend, accuracy=accuracy, rng=rng, dtype=dtype, **params
             )
         rank = check_int(rank, "rank", minimum=1)
-        if record.rank_parameter in params:
+        clash = [name for name in record.sizing_parameters if name in params]
+        if clash:
             raise TypeError(
-                f"pass either rank= or {record.rank_parameter}= to backend {backend!r}, not both"
+                f"pass either rank= or {', '.join(clash)}= to backend {backend!r}, not both"
             )
         params = {**record.params_for_rank(rank), **params}
     if "accuracy" in record.defaults and "accuracy" not in params:

@@ -175,7 +175,7 @@ def monomial_features(U: Any, degree: int, *, dtype: Any = np.float64) -> np.nda
     --------
     >>> import numpy as np
     >>> u, v = np.array([[1.0, 2.0]]), np.array([[3.0, -1.0]])
-    >>> (monomial_features(u, 3) @ monomial_features(v, 3).T).item()  # (1*3 - 2*1)^3
+    >>> round((monomial_features(u, 3) @ monomial_features(v, 3).T).item(), 12)  # (3 - 2)^3
     1.0
     """
     j = check_int(degree, "degree", minimum=0)
