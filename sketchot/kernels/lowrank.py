@@ -116,3 +116,26 @@ class LowRankKernel(KernelOperator):
         if index is not None:
             factor = factor[index]
         return (values.astype(self.dtype) @ factor).astype(np.float64)
+
+
+def low_rank_from_maps(
+    geometry: Any,
+    info: KernelInfo,
+    left_factor: Callable[[np.ndarray], np.ndarray],
+    right_factor: Callable[[np.ndarray], np.ndarray],
+    **kwargs: Any,
+) -> KernelOperator:
+    """The low-rank operator with factors ``A = left_factor(X)`` and ``B = right_factor(Y)``.
+
+    ``left_factor`` and ``right_factor`` act row by row with the fitted state. In memory
+    they are applied to the whole clouds (:class:`LowRankKernel`); a geometry that holds its
+    clouds in chunks (it has a ``low_rank_kernel`` hook, e.g.
+    :class:`~sketchot.distributed.DaskGibbsGeometry`) applies them chunk by chunk.
+    ``kwargs`` are :class:`LowRankKernel`'s keyword arguments.
+    """
+    hook = getattr(geometry, "low_rank_kernel", None)
+    if hook is not None:
+        return hook(info, left_factor, right_factor, **kwargs)
+    return LowRankKernel(
+        geometry, info, left_factor(geometry.X), right_factor(geometry.Y), **kwargs
+    )

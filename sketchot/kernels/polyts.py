@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import check_int
+from .._validation import check_int, check_rng
 from ..gibbs import GibbsGeometry
 from ..sketch import GaussianPolySketch
 from .base import KernelInfo
-from .lowrank import LowRankKernel
+from .lowrank import LowRankKernel, low_rank_from_maps
 from .registry import PAPER_DEGREE, PAPER_SKETCH_DIM, register_backend
 
 #: The paper's coreset size (k = 10); clipped to the number of points when not given.
@@ -78,11 +78,18 @@ def build_polyts(
     -----
     Build ``O((n + m) r (d + m log m) + (n + m) k (d + r^2))``; memory ``O((n + m) r m)``.
     """
-    X, Y, reg = geometry.X, geometry.Y, geometry.reg
+    reg = geometry.reg
+    n, m = geometry.shape
     if coreset_size is None:
-        coreset_size = min(DEFAULT_CORESET_SIZE, X.shape[0], Y.shape[0])
+        coreset_size = min(DEFAULT_CORESET_SIZE, n, m)
     else:
         check_int(coreset_size, "coreset_size", minimum=1)
+    # In memory: every point. A chunked geometry: a sample drawn with the generator when a
+    # side is larger than it fits on the client, with the centre of ALL points.
+    generator = check_rng(rng)
+    X, Y = geometry.fit_clouds(generator)
+    if isinstance(center, str) and center == "mean":
+        center = geometry.center  # the same formula as the sketch's own mean centre
     sketch = GaussianPolySketch(
         1.0 / reg,
         degree=degree,
@@ -93,7 +100,7 @@ def build_polyts(
         nonnegative=nonnegative,
         taylor_center=taylor_center,
         center=center,
-        rng=rng,
+        rng=generator,
     ).fit(X, Y)
 
     def left_map(points: np.ndarray) -> np.ndarray:
@@ -111,11 +118,11 @@ def build_polyts(
             "coefficients": coefficients,
         },
     )
-    operator = LowRankKernel(
+    operator = low_rank_from_maps(
         geometry,
         info,
-        left_map(X),
-        right_map(Y),
+        left_map,
+        right_map,
         left_map=left_map,
         right_map=right_map,
         dtype=dtype,
