@@ -51,6 +51,20 @@ def as_dask_cloud(value: Any, name: str, row_chunks: Any = None) -> da.Array:
     return value.astype(np.float64).rechunk({1: -1})
 
 
+def persist_now(*arrays: da.Array) -> tuple[da.Array, ...]:
+    """``dask.persist`` and wait until the chunks are in memory (with a distributed client,
+    persist returns at once): build times then mean something, and build errors show here."""
+    persisted = dask.persist(*arrays)
+    try:
+        from distributed import futures_of, wait
+    except ImportError:  # only the local schedulers: persist has already computed
+        return persisted
+    futures = futures_of(persisted)
+    if futures:
+        wait(futures)
+    return persisted
+
+
 class DaskGibbsGeometry:
     """Two Dask clouds and ``reg``: :class:`~sketchot.gibbs.GibbsGeometry` on a cluster.
 
@@ -94,8 +108,8 @@ class DaskGibbsGeometry:
         # Same formula as GibbsGeometry (only the summation order of the sums differs).
         self.center = (sums_x + sums_y) / (n + m)
         self.X, self.Y = X, Y
-        self.Xc, self.Yc = dask.persist(X - self.center, Y - self.center)
-        self.x_sq, self.y_sq = dask.persist(
+        self.Xc, self.Yc = persist_now(X - self.center, Y - self.center)
+        self.x_sq, self.y_sq = persist_now(
             self.Xc.map_blocks(sq_norms, drop_axis=1, dtype=np.float64),
             self.Yc.map_blocks(sq_norms, drop_axis=1, dtype=np.float64),
         )

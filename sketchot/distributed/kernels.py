@@ -29,7 +29,7 @@ from ..kernels.base import (
     pass_slices,
     ratios_and_bad,
 )
-from .geometry import SPLIT_EVERY, DaskGibbsGeometry
+from .geometry import SPLIT_EVERY, DaskGibbsGeometry, persist_now
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ class DaskLowRankKernel(KernelOperator):
         # Probe one row for the rank: the maps are cheap and the factors are built lazily.
         rank = np.asarray(left_factor(geometry.union_rows(np.array([0])) + geometry.center))
         rank = rank.shape[1]
-        self.left, self.right = dask.persist(
+        self.left, self.right = persist_now(
             geometry.X.map_blocks(
                 _factor_chunk,
                 left_factor,
@@ -343,7 +343,7 @@ class DaskExactKernel(KernelOperator):
         info = KernelInfo("exact", {}, capabilities=frozenset({"exact", "nonnegative"}))
         super().__init__(geometry, info, dtype)
         # The whole target side as one chunk: every row task needs all of it.
-        self._Yc, self._y_sq = dask.persist(geometry.Yc.rechunk({0: -1}), geometry.y_sq.rechunk(-1))
+        self._Yc, self._y_sq = persist_now(geometry.Yc.rechunk({0: -1}), geometry.y_sq.rechunk(-1))
         self.is_dense = False
 
     def _shared(self) -> tuple[Any, ...]:
