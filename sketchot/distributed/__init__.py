@@ -8,7 +8,7 @@
 
 from .geometry import FIT_ROWS, DaskGibbsGeometry
 from .kernels import DaskExactKernel, DaskFusedPass, DaskLowRankKernel
-from .solver import DaskSinkhornResult, sinkhorn_dask, solve_dask
+from .solver import DaskSinkhornResult, sinkhorn_dask, sinkhorn_kernel_dask, solve_dask
 
 __all__ = [
     "FIT_ROWS",
@@ -18,5 +18,6 @@ __all__ = [
     "DaskLowRankKernel",
     "DaskSinkhornResult",
     "sinkhorn_dask",
+    "sinkhorn_kernel_dask",
     "solve_dask",
 ]

@@ -196,10 +196,14 @@ class DaskLowRankKernel(KernelOperator):
     # ------------------------------------------------------------- products
     def _small(self, factor: da.Array, values: Any) -> np.ndarray:
         """``factor^T values`` (r x k), reduced over chunks and brought to the client."""
-        values = _align(values, factor.chunks[0], "values") if np.ndim(values) == 1 else values
-        if values.ndim == 1:
-            return self._project(factor, values).compute()
-        values = values.rechunk((factor.chunks[0], -1))
+        if np.ndim(values) == 1:
+            return self._project(factor, _align(values, factor.chunks[0], "values")).compute()
+        if np.ndim(values) != 2 or values.shape[0] != factor.shape[0]:
+            raise ValueError(
+                f"values must have shape ({factor.shape[0]},) or ({factor.shape[0]}, k); "
+                f"got shape {np.shape(values)}"
+            )
+        values = _as_dask(values).rechunk((factor.chunks[0], -1))
         return (factor.T.astype(np.float64) @ values).compute()
 
     def matmat(self, V: Any) -> da.Array:
@@ -223,11 +227,15 @@ class DaskLowRankKernel(KernelOperator):
             inner = projection.astype(self.dtype, copy=False) @ inner
         if not hasattr(points, "chunks"):
             return np.asarray(feature_map(points) @ inner, dtype=np.float64)
+        points = points.astype(np.float64).rechunk({1: -1})
+
+        def chunk(block: np.ndarray) -> np.ndarray:
+            return np.asarray(feature_map(block) @ inner, dtype=np.float64)
+
+        if inner.ndim == 1:
+            return points.map_blocks(chunk, drop_axis=1, dtype=np.float64)
         return points.map_blocks(
-            lambda block: np.asarray(feature_map(block) @ inner, dtype=np.float64),
-            chunks=(points.chunks[0], inner.shape[1:] or ()),
-            drop_axis=None if inner.ndim == 2 else 1,
-            dtype=np.float64,
+            chunk, chunks=(points.chunks[0], (inner.shape[1],)), dtype=np.float64
         )
 
     def apply_new(self, points: Any, values: Any, *, side: str = "source") -> Any:

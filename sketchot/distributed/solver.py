@@ -87,6 +87,19 @@ def sinkhorn_dask(
     return solve_dask(a, b, kernel, options, rng=rng, notes=notes)
 
 
+def sinkhorn_kernel_dask(a: Any, b: Any, kernel: KernelOperator, **kwargs: Any):
+    """:func:`sketchot.sinkhorn_kernel` on a Dask operator (from ``make_kernel`` on Dask
+    arrays): several solves with one persisted kernel."""
+    if not getattr(kernel.geometry, "distributed", False):
+        raise TypeError(
+            f"kernel must be built on Dask arrays (make_kernel with Dask X, Y); got {kernel!r}"
+        )
+    rng = kwargs.pop("rng", None)
+    options = SolverOptions(**kwargs)
+    a, b, notes = check_dask_marginals(a, b, kernel.geometry)
+    return solve_dask(a, b, kernel, options, rng=rng, notes=notes)
+
+
 def check_dask_marginals(a: Any, b: Any, geometry: Any) -> tuple[da.Array, da.Array, list[str]]:
     """Weights as Dask vectors on the clouds' row chunks, validated in one computation."""
     chunks_x, chunks_y = geometry.row_chunks
