@@ -29,6 +29,7 @@ from ..kernels.base import (
     pass_slices,
     ratios_and_bad,
 )
+from ..kernels.lowrank import LowRankKernel
 from .geometry import SPLIT_EVERY, DaskGibbsGeometry, persist_now
 
 
@@ -126,8 +127,10 @@ def _products_chunk(F: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray
     return (F @ w.astype(dtype, copy=False)).astype(np.float64, copy=False)
 
 
-class DaskLowRankKernel(KernelOperator):
-    """``K ~ A B^T`` with ``A`` (n x r) and ``B`` (m x r) persisted Dask arrays.
+class DaskLowRankKernel(LowRankKernel):
+    """``K ~ A B^T`` with ``A`` (n x r) and ``B`` (m x r) persisted Dask arrays
+    (``factors`` gives them; a :class:`~sketchot.kernels.LowRankKernel` whose products,
+    passes and out-of-sample maps run on the cluster).
 
     Parameters
     ----------
@@ -160,7 +163,8 @@ class DaskLowRankKernel(KernelOperator):
         left_projection: np.ndarray | None = None,
         right_projection: np.ndarray | None = None,
     ) -> None:
-        super().__init__(geometry, info, dtype)
+        # LowRankKernel's own __init__ would hold the factors in memory: skip it.
+        KernelOperator.__init__(self, geometry, info, dtype)
         # Probe one row for the rank: the maps are cheap and the factors are built lazily.
         rank = np.asarray(left_factor(geometry.union_rows(np.array([0])) + geometry.center))
         rank = rank.shape[1]
@@ -184,14 +188,6 @@ class DaskLowRankKernel(KernelOperator):
         info.capabilities = info.capabilities | {"factors", "out_of_sample"}
         self._maps = (left_map, right_map)
         self._projections = (left_projection, right_projection)
-
-    @property
-    def factors(self) -> tuple[da.Array, da.Array]:
-        """``(A, B)`` as persisted Dask arrays."""
-        return self.left, self.right
-
-    def _factor(self, side: str) -> da.Array:
-        return self.left if side == "rows" else self.right
 
     # ------------------------------------------------------------- products
     def _small(self, factor: da.Array, values: Any) -> np.ndarray:

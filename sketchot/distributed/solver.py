@@ -25,7 +25,7 @@ from ..kernels import KernelOperator, build_kernel
 from ..kernels.base import MIN_DENOMINATOR_RATIO
 from ..solver.errors import NonPositiveKernelError
 from ..solver.options import SolverOptions
-from ..solver.plans import TrueKernelCheck, _sampled_l1, sample_indices
+from ..solver.plans import TrueKernelCheck, check_from_masses, sample_indices
 from ..solver.result import SinkhornResult
 from ..solver.sinkhorn import (
     FLOAT32_RELATIVE_TOL,
@@ -441,24 +441,7 @@ def _true_kernel_check(result: DaskSinkhornResult, rows: np.ndarray, cols: np.nd
     with np.errstate(over="ignore", invalid="ignore"):
         row_mass = np.exp(u_rows + _log_matvec(g.rows("x", rows), g.Yc, log_v, g.reg))
         col_mass = np.exp(v_cols + _log_matvec(g.rows("y", cols), g.Xc, log_u, g.reg))
-    row_err = np.abs(np.where(a_rows > 0, row_mass, 0.0) - a_rows)
-    col_err = np.abs(np.where(b_cols > 0, col_mass, 0.0) - b_cols)
-    mass = result.scalars["mass_a"]
-    error_a, bound_a = _sampled_l1(row_err, n, mass)
-    error_b, bound_b = _sampled_l1(col_err, m, mass)
-    if not (np.isfinite(error_a) and np.isfinite(error_b)):
-        bound_a = bound_b = float("inf")
-    return TrueKernelCheck(
-        error_a,
-        error_b,
-        error_a / mass,
-        error_b / mass,
-        int(rows.size),
-        int(cols.size),
-        rows.size == n and cols.size == m,
-        bound_a,
-        bound_b,
-    )
+    return check_from_masses(row_mass, col_mass, a_rows, b_cols, (n, m), result.scalars["mass_a"])
 
 
 def _barycentric(kernel, points, log_w, values, *, transpose=False) -> tuple[da.Array, int]:
