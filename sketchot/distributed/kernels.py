@@ -18,6 +18,7 @@ from typing import Any
 
 import dask
 import dask.array as da
+import dask.threaded
 import numpy as np
 
 from ..gibbs import block_rows, gibbs_softmax_average, neg_cost_over_reg, row_slices
@@ -51,6 +52,44 @@ def _ratios(numerator: np.ndarray, products: np.ndarray) -> np.ndarray:
 
 def _bad(numerator: np.ndarray, products: np.ndarray) -> np.ndarray:
     return ratios_and_bad(numerator, products)[1]
+
+
+def _add(*parts: np.ndarray) -> np.ndarray:
+    total = parts[0].copy()
+    for part in parts[1:]:
+        total += part
+    return total
+
+
+def sum_over_chunks(
+    function: Callable[..., np.ndarray], row_arrays: list[da.Array], shared: tuple[Any, ...]
+) -> np.ndarray:
+    """``sum_i function(*chunks_i, *shared)`` over the row chunks, computed now.
+
+    The hot path of every iteration, so the graph is written directly (one task per chunk,
+    a tree of additions ``SPLIT_EVERY`` at a time) and handed to the current scheduler:
+    no collection optimisation on the client, ~half the latency of the array expression.
+    Task names are content hashes, so a repeated pass is the same graph.
+    """
+    from dask.base import get_scheduler, tokenize
+
+    name = f"{function.__name__}-{tokenize(function, [a.name for a in row_arrays], shared)}"
+    graph: dict[Any, Any] = {}
+    for array in row_arrays:
+        graph.update(array.__dask_graph__())
+    keys = []
+    for i in range(row_arrays[0].numblocks[0]):
+        blocks = [(array.name, i, *(0,) * (array.ndim - 1)) for array in row_arrays]
+        graph[(name, i)] = (function, *blocks, *shared)
+        keys.append((name, i))
+    level = 0
+    while len(keys) > 1:
+        level += 1
+        groups = [keys[j : j + SPLIT_EVERY] for j in range(0, len(keys), SPLIT_EVERY)]
+        keys = [(f"{name}-sum{level}", j) for j in range(len(groups))]
+        graph.update({key: (_add, *group) for key, group in zip(keys, groups, strict=True)})
+    scheduler = get_scheduler(collections=row_arrays) or dask.threaded.get
+    return np.asarray(scheduler(graph, keys[0]))[0]
 
 
 def _tree_sum(partials: da.Array) -> da.Array:
@@ -256,14 +295,7 @@ class DaskLowRankKernel(LowRankKernel):
         factor = self._factor(side)
         numerator = _align(numerator, factor.chunks[0], "numerator")
         w = np.asarray(w, dtype=np.float64)
-        partials = per_chunk(
-            _low_rank_pass_chunk,
-            [factor, numerator],
-            (w, self.dtype),
-            factor.shape[1] + 1,
-            partial=True,
-        )
-        (total,) = dask.compute(_tree_sum(partials))
+        total = sum_over_chunks(_low_rank_pass_chunk, [factor, numerator], (w, self.dtype))
         products = per_chunk(_products_chunk, [factor], (w, self.dtype), None)
         return _lazy_pass(numerator, products, total[:-1], int(total[-1]))
 
