@@ -4,8 +4,8 @@ Both classes keep :class:`~sketchot.kernels.KernelOperator`'s contract. A fused 
 side (``K = L R^T``) is ONE pass over the row chunks of ``L`` (or ``R``): each chunk's task
 runs the in-memory :func:`~sketchot.kernels.base.blocked_fused_pass` on its rows (products,
 ratios and the partial projection ``F_chunk^T ratios`` together) and returns the partial
-projection and its count of bad entries; a tree reduction adds them, and one
-``dask.compute`` brings the rank-sized sum and the count to the client. The products and
+projection and its count of bad entries; a tree reduction adds them, and one scheduler
+call brings the rank-sized sum and the count to the client. The products and
 ratios are returned lazily (a chunk-local recomputation, ``O(chunk r)``), so the solver
 only materialises the scalings it keeps.
 """
@@ -289,8 +289,8 @@ class DaskLowRankKernel(LowRankKernel):
     def fused_pass(self, side: str, w: np.ndarray, numerator: Any) -> DaskFusedPass:
         """One pass over the chunks of ``A`` (``'rows'``) or ``B`` (``'cols'``).
 
-        ``w`` (r,) is NumPy; ``numerator`` a Dask vector. One ``dask.compute`` returns the
-        projection (r,) and the number of bad entries.
+        ``w`` (r,) is NumPy; ``numerator`` a Dask vector. One call to the scheduler
+        (:func:`sum_over_chunks`) returns the projection (r,) and the number of bad entries.
         """
         factor = self._factor(side)
         numerator = _align(numerator, factor.chunks[0], "numerator")
