@@ -166,6 +166,21 @@ class GibbsGeometry:
         """``(n, m)``."""
         return (self.X.shape[0], self.Y.shape[0])
 
+    def rows(self, side: str, index: Any) -> np.ndarray:
+        """Centred rows ``Xc[index]`` (``side='x'``) or ``Yc[index]`` (``'y'``)."""
+        return (self.Xc if side == "x" else self.Yc)[index]
+
+    def union_rows(self, index: Any = None) -> np.ndarray:
+        """Rows of ``vstack([Xc, Yc])``, all of them when ``index`` is None."""
+        union = np.vstack([self.Xc, self.Yc])
+        return union if index is None else union[index]
+
+    def fit_clouds(self, generator: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """The clouds a data-dependent sketch is fitted on: all of ``X`` and ``Y`` in memory
+        (a chunked geometry returns a sample drawn with ``generator``)."""
+        del generator
+        return self.X, self.Y
+
     def _sides(self, transpose: bool) -> tuple[np.ndarray, np.ndarray]:
         return (self.Yc, self.Xc) if transpose else (self.Xc, self.Yc)
 

@@ -123,3 +123,27 @@ class LowRankKernel(KernelOperator):
         if index is not None:
             factor = factor[index]
         return (values.astype(self.dtype) @ factor).astype(np.float64)
+
+
+def low_rank_from_maps(
+    geometry: Any,
+    info: KernelInfo,
+    left_factor: Callable[[np.ndarray], np.ndarray],
+    right_factor: Callable[[np.ndarray], np.ndarray],
+    **kwargs: Any,
+) -> KernelOperator:
+    """The low-rank operator with factors ``A = left_factor(X)`` and ``B = right_factor(Y)``.
+
+    ``left_factor`` and ``right_factor`` act row by row with the fitted state. In memory
+    they are applied to the whole clouds (:class:`LowRankKernel`); on a distributed geometry
+    (:class:`~sketchot.distributed.DaskGibbsGeometry`) chunk by chunk, by
+    :class:`~sketchot.distributed.DaskLowRankKernel` (imported only then: Dask is optional).
+    ``kwargs`` are :class:`LowRankKernel`'s keyword arguments.
+    """
+    if getattr(geometry, "distributed", False):
+        from ..distributed.kernels import DaskLowRankKernel
+
+        return DaskLowRankKernel(geometry, info, left_factor, right_factor, **kwargs)
+    return LowRankKernel(
+        geometry, info, left_factor(geometry.X), right_factor(geometry.Y), **kwargs
+    )

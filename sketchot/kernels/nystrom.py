@@ -17,7 +17,7 @@ from .._validation import check_choice, check_float, check_int, check_rng
 from ..gibbs import GibbsGeometry, block_rows, gibbs_block, row_slices
 from ..sketch import greedy_k_center
 from .base import KernelInfo
-from .lowrank import LowRankKernel
+from .lowrank import LowRankKernel, low_rank_from_maps
 from .registry import (
     PAPER_DEGREE,
     PAPER_SKETCH_DIM,
@@ -96,8 +96,10 @@ def build_nystrom(
             f"drops all of them); got {rcond:g}"
         )
     generator = check_rng(rng)
-    center, Xc, Yc = geometry.center, geometry.Xc, geometry.Yc
+    center = geometry.center
 
+    # Landmarks are gathered by index (geometry.rows, union_rows), so a chunked geometry
+    # draws the same indices with the same generator and finds the same landmarks.
     if landmarks == "uniform":
         from_x = min(n, (n_landmarks + 1) // 2)
         from_y = n_landmarks - from_x
@@ -105,16 +107,17 @@ def build_nystrom(
             from_x, from_y = n_landmarks - m, m
         Z = np.vstack(
             [
-                Xc[generator.choice(n, size=from_x, replace=False)],
-                Yc[generator.choice(m, size=from_y, replace=False)],
+                geometry.rows("x", generator.choice(n, size=from_x, replace=False)),
+                geometry.rows("y", generator.choice(m, size=from_y, replace=False)),
             ]
         )
     else:
-        union = np.vstack([Xc, Yc])
-        if union.shape[0] > KCENTER_POOL:
+        pool = None
+        if n + m > KCENTER_POOL:
             # k-center costs O(pool s d): on a uniform pool the landmarks cover the clouds
             # as well for all practical purposes, and the build stays O((n + m) s d).
-            union = union[generator.choice(union.shape[0], size=KCENTER_POOL, replace=False)]
+            pool = generator.choice(n + m, size=KCENTER_POOL, replace=False)
+        union = geometry.union_rows(pool)
         Z = union[greedy_k_center(union, n_landmarks, generator).centers]
 
     eigvals, eigvecs = np.linalg.eigh(gibbs_block(Z, Z, reg))
@@ -134,11 +137,11 @@ def build_nystrom(
     info = KernelInfo(
         "nystrom", {"n_landmarks": n_landmarks, "landmarks": landmarks, "rcond": rcond}
     )
-    return LowRankKernel(
+    return low_rank_from_maps(
         geometry,
         info,
-        factor(geometry.X),
-        factor(geometry.Y),
+        factor,
+        factor,
         # New points: K(x, Z) only; the whitening is folded into the small side of products.
         left_map=landmark_kernel,
         right_map=landmark_kernel,

@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import check_choice, check_float, check_int
+from .._validation import check_choice, check_float, check_int, check_rng
 from ..gibbs import GibbsGeometry
 from ..sketch import GaussianPolySketch
 from .auto import kernel_error
 from .base import KernelInfo, KernelOperator
 from .local import build_local
-from .lowrank import LowRankKernel
+from .lowrank import LowRankKernel, low_rank_from_maps
 from .registry import PAPER_DEGREE, PAPER_SKETCH_DIM, register_backend
 
 #: The paper's coreset size (k = 10); clipped to the number of points when not given.
@@ -122,7 +122,7 @@ def build_polyts(
         geometry, rng, dtype, sketch_dim, degree, coreset_size, coefficients, regularizer,
         nonnegative, taylor_center, center, chosen, rank,
     )  # fmt: skip
-    if variant != "auto":
+    if variant != "auto" or getattr(geometry, "distributed", False):
         return kernel
     accuracy = check_float(accuracy, "accuracy", positive=True)
     error = kernel_error(kernel, rng)
@@ -141,11 +141,18 @@ def _build_global(
     geometry, rng, dtype, sketch_dim, degree, coreset_size, coefficients, regularizer,
     nonnegative, taylor_center, center, variant, rank,
 ) -> LowRankKernel:  # fmt: skip
-    X, Y, reg = geometry.X, geometry.Y, geometry.reg
+    reg = geometry.reg
+    n, m = geometry.shape
     if coreset_size is None:
-        coreset_size = min(DEFAULT_CORESET_SIZE, X.shape[0], Y.shape[0])
+        coreset_size = min(DEFAULT_CORESET_SIZE, n, m)
     else:
         check_int(coreset_size, "coreset_size", minimum=1)
+    # In memory: every point. A chunked geometry: a sample drawn with the generator when a
+    # side is larger than it fits on the client, with the centre of ALL points.
+    generator = check_rng(rng)
+    X, Y = geometry.fit_clouds(generator)
+    if isinstance(center, str) and center == "mean":
+        center = geometry.center  # the same formula as the sketch's own mean centre
     sketch = GaussianPolySketch(
         1.0 / reg,
         degree=degree,
@@ -158,7 +165,7 @@ def _build_global(
         center=center,
         variant=variant,
         rank=rank,
-        rng=rng,
+        rng=generator,
     ).fit(X, Y)
 
     def left_map(points: np.ndarray) -> np.ndarray:
@@ -177,8 +184,13 @@ def _build_global(
             "variant": variant,
         },
     )
-    operator = LowRankKernel(
-        geometry, info, left_map(X), right_map(Y), left_map=left_map, right_map=right_map,
+    operator = low_rank_from_maps(
+        geometry,
+        info,
+        left_map,
+        right_map,
+        left_map=left_map,
+        right_map=right_map,
         dtype=dtype,
     )  # fmt: skip
     operator.sketch = sketch

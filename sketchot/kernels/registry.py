@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .._dask import any_dask, require_dask
 from .._memory import check_fits
 from .._validation import check_dtype, check_float, check_int, check_matrix, describe
 from ..gibbs import GibbsGeometry
@@ -247,9 +248,11 @@ def make_kernel(
     Parameters
     ----------
     X : array-like, shape (n, d)
-        Source points (integer arrays, e.g. pixels, are converted to float).
+        Source points (integer arrays, e.g. pixels, are converted to float). A Dask array
+        (chunked by rows) builds the operator on the cluster
+        (:mod:`sketchot.distributed`; needs ``pip install "sketchot[dask]"``).
     Y : array-like, shape (m, d)
-        Target points.
+        Target points (a Dask array likewise).
     reg : float
         Entropic regularisation (> 0); ``K = exp(-M / reg)`` as in POT.
     backend : str, default='auto'
@@ -277,10 +280,17 @@ def make_kernel(
     KernelOperator
         With ``info.build_time`` set.
     """
-    X = check_matrix(X, "X")
-    Y = check_matrix(Y, "Y", n_features=X.shape[1], feature_name="X")
-    reg = check_float(reg, "reg", positive=True)
-    geometry = GibbsGeometry(X, Y, reg)
+    if any_dask(X, Y):
+        # Dask arrays: the geometry stays on the cluster (sketchot.distributed)
+        require_dask()
+        from ..distributed.geometry import check_reg_and_clouds
+
+        geometry = check_reg_and_clouds(X, Y, reg)
+    else:
+        X = check_matrix(X, "X")
+        Y = check_matrix(Y, "Y", n_features=X.shape[1], feature_name="X")
+        reg = check_float(reg, "reg", positive=True)
+        geometry = GibbsGeometry(X, Y, reg)
     accuracy = check_float(params.pop("accuracy", 1e-3), "accuracy", positive=True)
     if backend == "auto":
         from .auto import choose_kernel  # the ladder builds through this module
@@ -342,7 +352,8 @@ def build_kernel(
         params = {**record.params_for_rank(rank), **params}
     if "accuracy" in record.defaults and "accuracy" not in params:
         params = {**params, "accuracy": accuracy}  # the builder adapts itself to the target
-    if record.memory is not None:
+    # The budget is this machine's memory: a distributed geometry keeps its factors on workers.
+    if record.memory is not None and not getattr(geometry, "distributed", False):
         n, m = geometry.shape
         check_fits(
             record.memory(n, m, geometry.X.shape[1], {**record.defaults, **params}, dtype.itemsize),

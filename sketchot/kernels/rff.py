@@ -15,7 +15,7 @@ import numpy as np
 from .._validation import check_int, check_rng
 from ..gibbs import GibbsGeometry
 from .base import KernelInfo
-from .lowrank import LowRankKernel
+from .lowrank import LowRankKernel, low_rank_from_maps
 from .registry import PAPER_DEGREE, PAPER_SKETCH_DIM, _paper_rank, register_backend
 
 
@@ -58,11 +58,11 @@ def build_rff(
         features *= amplitude
         return features.astype(dtype, copy=False)
 
-    return LowRankKernel(
+    return low_rank_from_maps(
         geometry,
         KernelInfo("rff", {"n_features": n_features}),
-        feature_map(geometry.X),
-        feature_map(geometry.Y),
+        feature_map,
+        feature_map,
         left_map=feature_map,
         right_map=feature_map,
         dtype=dtype,

@@ -328,9 +328,22 @@ def true_kernel_check(
     with np.errstate(over="ignore", invalid="ignore"):
         row_mass = np.exp(log_u[rows] + g.log_matvec(rows, log_v))
         col_mass = np.exp(log_v[cols] + g.log_matvec(cols, log_u, transpose=True))
-    row_err = np.abs(np.where(a[rows] > 0, row_mass, 0.0) - a[rows])
-    col_err = np.abs(np.where(b[cols] > 0, col_mass, 0.0) - b[cols])
-    mass = float(a.sum())
+    return check_from_masses(row_mass, col_mass, a[rows], b[cols], (n, m), float(a.sum()))
+
+
+def check_from_masses(
+    row_mass: np.ndarray,
+    col_mass: np.ndarray,
+    a_rows: np.ndarray,
+    b_cols: np.ndarray,
+    shape: tuple[int, int],
+    mass: float,
+) -> TrueKernelCheck:
+    """The check from the true-kernel marginals of sampled rows and columns (and their
+    weights); ``shape`` is ``(n, m)``, ``mass`` the total mass of ``a``."""
+    n, m = shape
+    row_err = np.abs(np.where(a_rows > 0, row_mass, 0.0) - a_rows)
+    col_err = np.abs(np.where(b_cols > 0, col_mass, 0.0) - b_cols)
     error_a, bound_a = _sampled_l1(row_err, n, mass)
     error_b, bound_b = _sampled_l1(col_err, m, mass)
     if not (np.isfinite(error_a) and np.isfinite(error_b)):
@@ -340,9 +353,9 @@ def true_kernel_check(
         error_b,
         error_a / mass,
         error_b / mass,
-        int(rows.size),
-        int(cols.size),
-        rows.size == n and cols.size == m,
+        int(a_rows.size),
+        int(b_cols.size),
+        a_rows.size == n and b_cols.size == m,
         bound_a,
         bound_b,
     )

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .._dask import any_dask, require_dask
 from .._validation import check_float, check_matrix, check_weights, describe
 from ..gibbs import GibbsGeometry
 from ..kernels import KernelOperator, build_kernel, get_backend
@@ -70,6 +71,8 @@ def sinkhorn(
     ----------
     a : array-like of shape (n,) or None
         Source weights (non-negative; ``None`` for uniform ``1/n``). Zero weights are allowed.
+        If any of ``a``, ``b``, ``X``, ``Y`` is a Dask array, the solve runs with Dask
+        (:func:`sketchot.distributed.sinkhorn_dask`; ``pip install "sketchot[dask]"``).
     b : array-like of shape (m,) or None
         Target weights, same total mass as ``a``.
     X : array-like, shape (n, d)
@@ -109,6 +112,12 @@ def sinkhorn(
     >>> bool(res.converged), res.backend, bool(res.accuracy_met)
     (True, 'nystrom', True)
     """
+    if any_dask(a, b, X, Y):
+        # --- Dask inputs: the same solve on a cluster (sketchot.distributed, issue 14) ---
+        require_dask()
+        from ..distributed.solver import sinkhorn_dask
+
+        return sinkhorn_dask(a, b, X, Y, reg, backend, rng=rng, **kwargs)
     options, backend_params = SolverOptions.split(kwargs)
     check_backend_params("sinkhorn", backend, backend_params)
     geometry = check_problem(X, Y, reg)
@@ -359,8 +368,9 @@ def _multiplicative(kernel, a, b, options, tol, guard, printer):
     """Kernel-space iterations in POT's order, one fused pass per half-step; bad
     denominators go to the safeguard."""
     n, m = kernel.shape
-    u = np.full(n, 1.0 / n)
-    v = np.full(m, 1.0 / m)
+    # full_like: NumPy weights give np.full exactly; Dask weights keep their chunks.
+    u = np.full_like(a, 1.0 / n)
+    v = np.full_like(b, 1.0 / m)
     z = kernel.project("rows", u)
     mass = float(b.sum())
     history: list[tuple[int, float]] = []
@@ -388,8 +398,14 @@ def _multiplicative(kernel, a, b, options, tol, guard, printer):
             balance = np.sqrt(np.max(u) / np.max(v))
             if np.isfinite(balance) and balance > 0:
                 u, z, v = u / balance, z / balance, v * balance
-    with np.errstate(divide="ignore"):
-        return np.log(u), np.log(v), n_iter, converged, history
+    return _log_scaling(u), _log_scaling(v), n_iter, converged, history
+
+
+def _log_scaling(x):
+    """``log x`` with ``log 0 = -inf`` and no divide warning, also where the log is evaluated
+    later in another thread (Dask scalings); equal to ``np.log`` on every input."""
+    zero = x == 0
+    return np.where(zero, -np.inf, np.log(np.where(zero, 1.0, x)))
 
 
 def _repaired(result, side, numerator, other, guard):

@@ -1,0 +1,253 @@
+"""The Dask path against the in-memory path, on a real LocalCluster (no mocks)."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+da = pytest.importorskip("dask.array")
+distributed = pytest.importorskip("dask.distributed")
+
+import dask  # noqa: E402
+
+import sketchot  # noqa: E402
+from sketchot.distributed import DaskExactKernel, DaskLowRankKernel  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Sums over chunks run in another order than in memory: ~1e-16 per pass, far below this.
+RTOL = 1e-12
+
+LOW_RANK = ("nystrom", "rff", "polyts")
+
+
+@pytest.fixture(scope="module")
+def client():
+    """Two single-threaded worker processes; they import sketchot from this checkout."""
+    path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), path) if p)
+    cluster = distributed.LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        memory_limit="1GiB",
+    )
+    with distributed.Client(cluster) as the_client:
+        yield the_client
+    cluster.close()
+    if path:
+        os.environ["PYTHONPATH"] = path
+    else:
+        os.environ.pop("PYTHONPATH")
+
+
+@pytest.fixture(scope="module")
+def problem():
+    """Clouds with odd sizes and weights with zeros."""
+    rng = np.random.default_rng(20261126)
+    X, Y = rng.random((613, 3)), rng.random((457, 3)) + 0.2
+    a, b = rng.random(613), rng.random(457)
+    a[[0, 17, 300]] = 0.0
+    b[[5, 456]] = 0.0
+    return a / a.sum(), b / b.sum(), X, Y
+
+
+def _dask(problem, chunks_x, chunks_y):
+    a, b, X, Y = problem
+    return (
+        da.from_array(a, chunks=chunks_x),
+        da.from_array(b, chunks=chunks_y),
+        da.from_array(X, chunks=(chunks_x, 3)),
+        da.from_array(Y, chunks=(chunks_y, 3)),
+    )
+
+
+def _assert_same(result, expected):
+    assert result.n_iter == expected.n_iter
+    assert result.converged == expected.converged
+    for got, want in zip(result.potentials, expected.potentials, strict=True):
+        got = got.compute()
+        np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+        finite = np.isfinite(want)
+        np.testing.assert_allclose(np.exp(got[finite]), np.exp(want[finite]), rtol=RTOL)
+    for got, want in zip(result.marginals, expected.marginals, strict=True):
+        np.testing.assert_allclose(got.compute(), want, rtol=RTOL, atol=1e-15)
+    assert result.value_linear == pytest.approx(expected.value_linear, rel=RTOL)
+    assert result.value == pytest.approx(expected.value, rel=RTOL)
+    assert result.mass == pytest.approx(expected.mass, rel=RTOL)
+    np.testing.assert_allclose(
+        result.barycentric_map().compute(), expected.barycentric_map(), rtol=RTOL
+    )
+
+
+SOLVE = {"max_iter": 12, "tol": 1e-300, "warn": False, "accuracy": None, "errors": "warn"}
+
+# The same algorithm on both sides: the global polyts sketch (its block-local form needs the
+# clouds in memory) and the exact kernel's plain iteration (the in-memory default is the
+# absorption-stabilised path, which Dask does not have).
+SAME_ALGORITHM = {"polyts": {"variant": "improved"}, "exact": {"log_domain": False}}
+
+
+@pytest.mark.parametrize("backend", [*LOW_RANK, "exact"])
+def test_dask_matches_numpy_on_a_cluster(client, problem, backend):
+    solve = {**SOLVE, **SAME_ALGORITHM.get(backend, {})}
+    expected = sketchot.sinkhorn(*problem, reg=0.5, backend=backend, rng=7, **solve)
+    result = sketchot.sinkhorn(*_dask(problem, 97, 131), reg=0.5, backend=backend, rng=7, **solve)
+    assert isinstance(result.potentials[0], da.Array)
+    assert isinstance(result.value_linear, float)
+    kernel_type = DaskExactKernel if backend == "exact" else DaskLowRankKernel
+    assert isinstance(result.kernel, kernel_type)
+    _assert_same(result, expected)
+
+
+@pytest.mark.parametrize("backend", [*LOW_RANK, "exact"])
+def test_threaded_scheduler_without_client(problem, backend):
+    """Dask arrays with no client (the local threaded scheduler), other chunks: same answer."""
+    solve = {**SOLVE, **SAME_ALGORITHM.get(backend, {})}
+    with dask.config.set(scheduler="threads"):
+        result = sketchot.sinkhorn(
+            *_dask(problem, 613, 50), reg=0.5, backend=backend, rng=7, **solve
+        )
+        expected = sketchot.sinkhorn(*problem, reg=0.5, backend=backend, rng=7, **solve)
+        _assert_same(result, expected)
+        value = sketchot.sinkhorn2(
+            *_dask(problem, 200, 64), reg=0.5, backend=backend, rng=7, **solve
+        )
+        assert value == pytest.approx(expected.value_linear, rel=RTOL)
+
+
+def test_converged_solve_and_inverse_map(client, problem):
+    options = {"tol": 1e-10, "check_every": 5, "warn": False, "accuracy": None}
+    expected = sketchot.sinkhorn(*problem, reg=0.5, backend="nystrom", rank=40, rng=3, **options)
+    result = sketchot.sinkhorn(
+        *_dask(problem, 101, 77), reg=0.5, backend="nystrom", rank=40, rng=3, **options
+    )
+    assert result.converged and expected.converged
+    assert [i for i, _ in result.error_history] == [i for i, _ in expected.error_history]
+    _assert_same(result, expected)
+    np.testing.assert_allclose(
+        result.inverse_barycentric_map().compute(), expected.inverse_barycentric_map(), rtol=RTOL
+    )
+    new = np.random.default_rng(5).random((33, 3))
+    np.testing.assert_allclose(
+        result.barycentric_map(da.from_array(new, chunks=10)).compute(),
+        expected.barycentric_map(new),
+        rtol=RTOL,
+    )
+
+
+def test_make_kernel_on_dask(client, problem):
+    _, _, X, Y = problem
+    for backend in LOW_RANK:
+        expected = sketchot.make_kernel(X, Y, 0.5, backend, rng=11)
+        kernel = sketchot.make_kernel(
+            da.from_array(X, chunks=(200, 3)),
+            da.from_array(Y, chunks=(99, 3)),
+            0.5,
+            backend,
+            rng=11,
+        )
+        left, right = kernel.factors
+        assert isinstance(left, da.Array) and left.chunks[0] == (200, 200, 200, 13)
+        np.testing.assert_allclose(left.compute(), expected.left, rtol=RTOL, atol=1e-14)
+        np.testing.assert_allclose(right.compute(), expected.right, rtol=RTOL, atol=1e-14)
+        v = np.random.default_rng(1).random(Y.shape[0])
+        np.testing.assert_allclose(kernel.matvec(v).compute(), expected.matvec(v), rtol=RTOL)
+
+
+def test_killed_worker_does_not_lose_the_run(client):
+    """A worker process dies mid-solve; Dask recomputes its chunks from the graph."""
+    rng = np.random.default_rng(99)
+    X, Y = rng.random((800, 3)), rng.random((600, 3))
+    options = {"max_iter": 12, "tol": 1e-300, "warn": False, "accuracy": None}
+    expected = sketchot.sinkhorn(
+        None, None, X, Y, reg=0.3, backend="nystrom", rank=30, rng=1, **options
+    )
+    Xd, Yd = da.from_array(X, chunks=(100, 3)), da.from_array(Y, chunks=(100, 3))
+    box = {}
+
+    def solve():
+        box["result"] = sketchot.sinkhorn(
+            None, None, Xd, Yd, reg=0.3, backend="nystrom", rank=30, rng=1, **options
+        )
+
+    pids = client.run(os.getpid)
+    worker = threading.Thread(target=solve)
+    worker.start()
+    # wait until the factors are persisted on both workers, then kill one mid-iteration
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(
+        any("_factor_chunk" in str(key) for key in keys) for keys in client.has_what().values()
+    ):
+        time.sleep(0.02)
+    time.sleep(0.3)
+    victim = next(iter(client.scheduler_info()["workers"]))
+    held = len(client.has_what()[victim])
+    os.kill(pids[victim], signal.SIGKILL)  # the worker process dies; its nanny restarts it
+    worker.join(timeout=120)
+    assert not worker.is_alive()
+    assert held > 0
+    result = box["result"]
+    assert result.n_iter == expected.n_iter
+    np.testing.assert_allclose(result.u.compute(), expected.u, rtol=RTOL)
+    np.testing.assert_allclose(result.v.compute(), expected.v, rtol=RTOL)
+    assert result.value_linear == pytest.approx(expected.value_linear, rel=RTOL)
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def test_in_memory_solve_does_not_import_dask():
+    done = _run_python(
+        "import sys, numpy as np, sketchot\n"
+        "rng = np.random.default_rng(0)\n"
+        "sketchot.sinkhorn(None, None, rng.random((50, 2)), rng.random((40, 2)), 1.0,\n"
+        "                  'nystrom', rng=0, warn=False)\n"
+        "print('dask' in sys.modules, 'distributed' in sys.modules)\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False"]
+
+
+def test_dask_array_without_dask_installed_says_how_to_install():
+    done = _run_python(
+        "import sys\n"
+        "sys.modules['dask'] = None  # as if Dask were not installed\n"
+        "import sketchot\n"
+        "Fake = type('Array', (), {'chunks': ((2,), (3,)), 'shape': (2, 3), 'ndim': 2})\n"
+        "Fake.__module__ = 'dask.array.core'\n"
+        "try:\n"
+        "    sketchot.sinkhorn(None, None, Fake(), Fake(), 1.0)\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert 'pip install "sketchot[dask]"' in done.stdout
+
+
+@pytest.mark.filterwarnings("ignore::sketchot.InvalidResultWarning")
+@pytest.mark.filterwarnings("ignore:Sinkhorn did not converge")
+def test_unsupported_repairs_raise_clearly(client):
+    """RFF at a small reg has negative denominators: 'exact' repairs are refused on Dask;
+    'none' zeroes those scalings as in memory."""
+    rng = np.random.default_rng(4)
+    X, Y = rng.random((300, 3)) * 3, rng.random((200, 3)) * 3
+    Xd, Yd = da.from_array(X, chunks=(100, 3)), da.from_array(Y, chunks=(100, 3))
+    options = {"reg": 0.05, "backend": "rff", "rng": 0, "max_iter": 5, "accuracy": None}
+    with pytest.raises(sketchot.NonPositiveKernelError, match="safeguard='none'"):
+        sketchot.sinkhorn(None, None, Xd, Yd, warn=False, **options)
+    with pytest.warns(UserWarning, match="set to 0"):
+        result = sketchot.sinkhorn(None, None, Xd, Yd, safeguard="none", errors="warn",
+                                   **options)  # fmt: skip
+    assert result.safeguard["zeroed"] > 0
