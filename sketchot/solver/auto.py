@@ -3,14 +3,16 @@
 The ladder, cheapest first (each rung is judged by the TRUE-kernel marginal error of its
 solved scalings, the user's ``accuracy``):
 
-1. the exact kernel stored densely, when ``n x m`` fits the dense budget (1 GiB): a
+1. the exact kernel stored densely, when ``n x m`` is small (at most 5000 x 5000): a
    2000-point problem is simply solved exactly;
 2. Nystrom with k-center landmarks at ranks 64, 128, ... while an iteration stays cheaper
    than an exact one; it stops early when doubling the rank no longer halves the kernel
    error (below about a tenth of the data's squared spread no global low rank works);
 3. in dimension <= 4, the block-local polynomial kernel (``polyts`` with
-   ``variant='local'``: every entry to a relative 1e-9, at any reg);
-4. the exact kernel streamed in row blocks, with an estimate of its time before it starts.
+   ``variant='local'``: every entry to a relative 1e-9, at any reg), when one of its
+   iterations (timed) is cheaper than one of the exact kernel (timed on a few rows);
+4. the exact kernel, stored when ``n x m`` fits the dense budget (1 GiB), streamed in row
+   blocks otherwise, with an estimate of its time before it starts.
 
 The result says what was chosen and why (``result.backend``, ``result.reason``) and lists
 every rung tried (``result.attempts``); ``verbose=True`` prints them as they happen.
@@ -38,6 +40,16 @@ from ..kernels.auto import (
 )
 from .options import SolverOptions
 from .result import SinkhornResult
+
+#: Up to this many kernel entries (5000 x 5000) the exact kernel is stored and used directly:
+#: its build and iterations then cost about what POT's dense solver costs.
+DIRECT_DENSE_ENTRIES = 25_000_000
+
+#: Rows timed to estimate one iteration of the exact kernel.
+TIMED_ROWS = 256
+
+#: Iterations over which the build of a stored exact kernel is counted in the comparison.
+BUILD_AMORTISED = 100
 
 #: The block-local polynomial kernel is tried up to this dimension (its feature count
 #: C(degree + d, d) stays within 1000 at the default degree).
@@ -80,24 +92,26 @@ def solve_auto(
         say(f"chose {result.backend}: {reason}")
         return result
 
-    if n * m * itemsize <= dense_budget_bytes():
+    dense_fits = n * m * itemsize <= dense_budget_bytes()
+    if dense_fits and n * m <= DIRECT_DENSE_ENTRIES:
         kernel = build_kernel(geometry, "exact", dtype=dtype)
         reason = (
-            f"n x m = {n} x {m} ({n * m * itemsize / 2**20:.0f} MiB) fits the dense budget: "
-            "the exact kernel, stored"
+            f"n x m = {n} x {m} is small ({n * m * itemsize / 2**20:.0f} MiB): the exact "
+            "kernel, stored"
         )
         return finish(solve(a, b, kernel, options, rng=rng, notes=notes), reason)
 
     generator = check_rng(rng)
     quiet = dataclasses.replace(options, warn=False, errors="warn", verbose=False)
     previous = np.inf
-    for rank in low_rank_ladder(n, m):
+    ladder = low_rank_ladder(n, m)
+    for rank in ladder:
         start = time.perf_counter()
         kernel = build_kernel(geometry, LOW_RANK_BACKEND, rng=generator, dtype=dtype, rank=rank)
         error = kernel_error(kernel, generator)
         if error > HOPELESS_FACTOR * target:
             record(rank, error, start, False, "sampled kernel error too large to solve")
-            if previous / error < STALL_FACTOR:
+            if not worth_doubling(previous, error, HOPELESS_FACTOR * target, rank, ladder[-1]):
                 break
             previous = error
             continue
@@ -115,28 +129,34 @@ def solve_auto(
                 f"accuracy={target:g} against the true kernel (bound {measured:.2g})"
             )
             return finish(result, reason)
-        if previous / max(measured, error) < STALL_FACTOR:
+        if not worth_doubling(previous, max(measured, error), target, rank, ladder[-1]):
             break
         previous = max(measured, error)
 
+    exact_seconds = exact_iteration_seconds(geometry, stored=dense_fits)
     if geometry.X.shape[1] <= LOCAL_MAX_DIMENSION:
         start = time.perf_counter()
         kernel = build_kernel(geometry, "polyts", rng=generator, dtype=dtype, variant="local")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            result = solve(a, b, kernel, quiet, rng=generator, notes=notes)
-        measured = result.true_kernel.bound if result.true_kernel is not None else np.inf
-        accepted = bool(result.accuracy_met) and _possible(result)
+        local_seconds = local_iteration_seconds(kernel)
+        if local_seconds < exact_seconds:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                result = solve(a, b, kernel, quiet, rng=generator, notes=notes)
+            measured = result.true_kernel.bound if result.true_kernel is not None else np.inf
+            accepted = bool(result.accuracy_met) and _possible(result)
+            note = "true-kernel marginal error of the solve"
+        else:
+            measured, accepted = np.nan, False
+            note = (
+                f"not solved: an iteration would take {local_seconds:.2g} s against "
+                f"{exact_seconds:.2g} s for the exact kernel"
+            )
         attempts.append(
             Attempt(
-                "polyts",
-                {"variant": "local"},
-                measured,
-                time.perf_counter() - start,
-                accepted,
-                "true-kernel marginal error of the solve",
+                "polyts", {"variant": "local"}, measured, time.perf_counter() - start,
+                accepted, note,
             )
-        )
+        )  # fmt: skip
         say(str(attempts[-1]))
         if accepted:
             result.options = options.as_dict()
@@ -144,10 +164,20 @@ def solve_auto(
             reason = (
                 "no global low rank meets the accuracy at this reg; the block-local "
                 f"polynomial kernel ({clusters} clusters, entries to a relative "
-                f"{kernel.info.params.get('entry_error_bound', 0):.1g}) does "
+                f"{kernel.info.params.get('entry_error_bound', 0):.1g}; an iteration "
+                f"{local_seconds:.2g} s against {exact_seconds:.2g} s exact) does "
                 f"(bound {measured:.2g})"
             )
             return finish(result, reason)
+
+    if dense_fits:
+        kernel = build_kernel(geometry, "exact", dtype=dtype)
+        reason = (
+            f"no cheaper kernel meets the accuracy; n x m = {n} x {m} "
+            f"({n * m * itemsize / 2**20:.0f} MiB) fits the dense budget: the exact kernel, "
+            "stored"
+        )
+        return finish(solve(a, b, kernel, options, rng=generator, notes=notes), reason)
 
     kernel = build_kernel(geometry, "exact", dtype=dtype, max_dense_bytes=0)
     estimate = kernel.info.seconds_per_pass
@@ -161,6 +191,47 @@ def solve_auto(
         "exact kernel: the exact kernel, streamed"
     )
     return finish(solve(a, b, kernel, options, rng=generator, notes=notes), reason)
+
+
+def worth_doubling(previous: float, error: float, target: float, rank: int, cap: int) -> bool:
+    """Whether doubling the rank can reach ``target`` before ``cap``, at the rate of the last
+    doubling (``previous`` -> ``error``)."""
+    gain = previous / error
+    if not gain >= STALL_FACTOR:
+        return False
+    if not np.isfinite(previous):
+        return True
+    doublings = np.log(error / target) / np.log(gain)
+    return rank * 2.0 ** np.ceil(doublings) <= cap
+
+
+def exact_iteration_seconds(geometry: GibbsGeometry, *, stored: bool) -> float:
+    """Seconds of one exact iteration, extrapolated from ``TIMED_ROWS`` rows: computing the
+    block's exponentials (streamed) or one product with it (stored), both sides."""
+    n = geometry.shape[0]
+    rows = slice(0, min(n, TIMED_ROWS))
+    start = time.perf_counter()
+    block = np.exp(geometry.log_block(rows))
+    computed = time.perf_counter() - start
+    start = time.perf_counter()
+    block @ np.ones(block.shape[1])
+    block.T @ np.ones(block.shape[0])
+    product = time.perf_counter() - start
+    # stored: one product per iteration plus the build, amortised over BUILD_AMORTISED
+    per_row = product + computed / BUILD_AMORTISED if stored else computed + product
+    return per_row / block.shape[0] * n
+
+
+def local_iteration_seconds(kernel) -> float:
+    """Seconds of one log-domain iteration of the block-local kernel: the faster of two timed
+    passes (the first one also pays one-time costs)."""
+    n, m = kernel.shape
+    times = []
+    for _ in range(2):
+        start = time.perf_counter()
+        kernel.fused_pass("rows", np.zeros(m), np.zeros(n), log=True)
+        times.append(time.perf_counter() - start)
+    return min(times)
 
 
 def _possible(result: SinkhornResult) -> bool:
