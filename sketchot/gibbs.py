@@ -57,16 +57,10 @@ def neg_cost_over_reg(
     return out
 
 
-def gibbs_block(
-    X: np.ndarray,
-    Y: np.ndarray,
-    reg: float,
-    x_sq: np.ndarray | None = None,
-    y_sq: np.ndarray | None = None,
-    dtype: np.dtype = FLOAT64,
-) -> np.ndarray:
-    """``exp(-||x_i - y_j||^2 / reg)`` for a block of rows (never via ``exp(2 x.y / reg)``)."""
-    out = neg_cost_over_reg(X, Y, reg, x_sq, y_sq, dtype)
+def gibbs_block(X: np.ndarray, Y: np.ndarray, reg: float, *args: Any, **kwargs: Any) -> np.ndarray:
+    """``exp(-||x_i - y_j||^2 / reg)`` for a block of rows (never via ``exp(2 x.y / reg)``);
+    the optional arguments are :func:`neg_cost_over_reg`'s."""
+    out = neg_cost_over_reg(X, Y, reg, *args, **kwargs)
     np.exp(out, out=out)
     return out
 

@@ -33,9 +33,8 @@ from ..solver.sinkhorn import (
     SAMPLED_CHECK_SIZE,
     _multiplicative,
     _Printer,
-    _refuse_impossible,
-    _warn_accuracy,
     check_backend_params,
+    finish_solve,
 )
 from .geometry import SPLIT_EVERY, check_reg_and_clouds
 from .kernels import DaskExactKernel, per_chunk
@@ -270,20 +269,7 @@ def solve_dask(
         result.true_kernel = result.check_true_kernel(
             SAMPLED_CHECK_SIZE if samples == "auto" else samples, rng
         )
-    _refuse_impossible(result, options)
-    if options.warn:
-        guard.warn(n_iter)
-        _warn_accuracy(result, options)
-        if not converged:
-            warnings.warn(
-                f"Sinkhorn did not converge in {options.max_iter} iterations (column-marginal "
-                f"error {summary['final_error']:.3e} > tol={tol:g}); increase max_iter or reg.",
-                UserWarning,
-                stacklevel=3,
-            )
-    if options.verbose:
-        printer.summary(result)
-    return result
+    return finish_solve(result, options, guard, printer, summary["final_error"])
 
 
 def _summary(kernel, a, b, log_u, log_v) -> dict[str, Any]:

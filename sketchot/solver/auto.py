@@ -5,9 +5,11 @@ solved scalings, the user's ``accuracy``):
 
 1. the exact kernel stored densely, when ``n x m`` is small (at most 5000 x 5000): a
    2000-point problem is simply solved exactly;
-2. Nystrom with k-center landmarks at ranks 64, 128, ... while an iteration stays cheaper
-   than an exact one; it stops early when doubling the rank no longer halves the kernel
-   error (below about a tenth of the data's squared spread no global low rank works);
+2. Nystrom with k-center landmarks at ranks 64, 128, ... (in dimension >= 20 also the
+   improved polynomial sketch at the same rank, keeping the more accurate) while an
+   iteration stays cheaper than an exact one; it stops as soon as the measured rate of the
+   error per doubling cannot reach the target (below about a tenth of the data's squared
+   spread no global low rank works);
 3. in dimension <= 4, the block-local polynomial kernel (``polyts`` with
    ``variant='local'``: every entry to a relative 1e-9, at any reg), when one of its
    iterations (timed) is cheaper than one of the exact kernel (timed on a few rows);
@@ -44,6 +46,11 @@ from .result import SinkhornResult
 #: Up to this many kernel entries (5000 x 5000) the exact kernel is stored and used directly:
 #: its build and iterations then cost about what POT's dense solver costs.
 DIRECT_DENSE_ENTRIES = 25_000_000
+
+#: From this dimension on, each rank of the ladder also measures the improved polynomial
+#: sketch (it beat Nystrom at equal rank on isotropic data with d >= 20:
+#: benchmarks/results/kernel_approx.md); below, Nystrom won every case measured.
+SKETCH_MIN_DIMENSION = 20
 
 #: Rows timed to estimate one iteration of the exact kernel.
 TIMED_ROWS = 256
@@ -83,7 +90,8 @@ def solve_auto(
 
     def record(rank: int, error: float, start: float, accepted: bool, note: str) -> None:
         seconds = time.perf_counter() - start
-        attempts.append(Attempt(LOW_RANK_BACKEND, {"rank": rank}, error, seconds, accepted, note))
+        name = kernel.info.backend
+        attempts.append(Attempt(name, {"rank": rank}, error, seconds, accepted, note))
         say(str(attempts[-1]))
 
     def finish(result: SinkhornResult, reason: str) -> SinkhornResult:
@@ -109,6 +117,15 @@ def solve_auto(
         start = time.perf_counter()
         kernel = build_kernel(geometry, LOW_RANK_BACKEND, rng=generator, dtype=dtype, rank=rank)
         error = kernel_error(kernel, generator)
+        if geometry.X.shape[1] >= SKETCH_MIN_DIMENSION:
+            # in higher dimension the improved polynomial sketch can beat Nystrom at equal
+            # rank (isotropic data): measure both, keep the more accurate
+            sketch = build_kernel(
+                geometry, "polyts", rng=generator, dtype=dtype, rank=rank, variant="improved"
+            )
+            sketch_error = kernel_error(sketch, generator)
+            if sketch_error < error:
+                kernel, error = sketch, sketch_error
         if error > HOPELESS_FACTOR * target:
             record(rank, error, start, False, "sampled kernel error too large to solve")
             if not worth_doubling(previous, error, HOPELESS_FACTOR * target, rank, ladder[-1]):
@@ -125,7 +142,7 @@ def solve_auto(
         if accepted:
             result.options = options.as_dict()
             reason = (
-                f"n x m too large to store; {LOW_RANK_BACKEND} at rank {rank} meets "
+                f"n x m too large to store; {kernel.info.backend} at rank {rank} meets "
                 f"accuracy={target:g} against the true kernel (bound {measured:.2g})"
             )
             return finish(result, reason)

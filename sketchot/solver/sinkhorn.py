@@ -287,16 +287,22 @@ def solve(
     )
     if options.accuracy is not None:
         result.true_kernel = _check_true_kernel(result, options, rng)
+    return finish_solve(result, options, guard, printer, final_error)
+
+
+def finish_solve(result, options, guard, printer, final_error: float):
+    """What every solve ends with: refuse impossible results, then the warnings (repairs,
+    missed accuracy, non-convergence) and the verbose summary. Returns ``result``."""
     _refuse_impossible(result, options)
     if options.warn:
-        guard.warn(n_iter)
+        guard.warn(result.n_iter)
         _warn_accuracy(result, options)
-        if not converged:
+        if not result.converged:
             warnings.warn(
                 f"Sinkhorn did not converge in {options.max_iter} iterations (column-marginal "
-                f"error {final_error:.3e} > tol={tol:g}); increase max_iter or reg.",
+                f"error {final_error:.3e} > tol={result.tol:g}); increase max_iter or reg.",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
     if options.verbose:
         printer.summary(result)
