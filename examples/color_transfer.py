@@ -257,6 +257,7 @@ def _main(argv: Sequence[str] | None) -> int:
             shown = ", ".join(f"{k}={v}" for k, v in run.backend_params.items())
             title = (
                 f"sketchot colour transfer: backend={run.backend}"
+                f"{' -> ' + result.backend if run.backend == 'auto' else ''}"
                 f"{' (' + shown + ')' if shown else ''}, reg={run.reg:g}, "
                 f"{len(run.source_sample)} samples; Sinkhorn {result.n_iter} it. x "
                 f"{result.timings['per_iteration'] * 1e3:.1f} ms, mapping "

@@ -142,7 +142,8 @@ def solve_auto(
         if accepted:
             result.options = options.as_dict()
             reason = (
-                f"n x m too large to store; {kernel.info.backend} at rank {rank} meets "
+                f"n x m = {n} x {m} is above the direct exact size; {kernel.info.backend} at "
+                f"rank {rank} meets "
                 f"accuracy={target:g} against the true kernel (bound {measured:.2g})"
             )
             return finish(result, reason)
