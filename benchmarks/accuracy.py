@@ -80,7 +80,8 @@ def run_sketchot(X, Y, reg, backend, rng_seed) -> dict[str, Any]:
                 "seconds": time.perf_counter() - start,
                 "error_bound": float("inf"),
                 "cost": float("nan"),
-                "status": "refused: " + str(error).split(":")[1].split(".")[0].strip(),
+                "status": "refused: impossible result (InvalidResultError)",
+                "error_text": str(error),
             }
     return {
         "backend": backend,
@@ -152,6 +153,13 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the table as JSON")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--budget", type=float, default=600.0, help="skip slower cells (s)")
+    parser.add_argument("--datasets", nargs="+", help="a subset of the data sets")
+    parser.add_argument("--auto-only", action="store_true", help="only backend='auto'")
+    parser.add_argument("--sizes", nargs="+", type=int, help="a subset of n")
+    parser.add_argument("--regs", nargs="+", type=float, help="reg values (relative)")
+    parser.add_argument(
+        "--absolute", action="store_true", help="--regs are absolute, not relative to E||x-y||^2"
+    )
     args = parser.parse_args()
     if args.quick:
         datasets = ["colours default", "uniform d=3", "gaussian d=10"]
@@ -159,6 +167,7 @@ def main() -> None:
     else:
         datasets = [*PAIRS, "uniform d=3", "gaussian d=2", "gaussian d=10", "gaussian d=50"]
         sizes, regs = [2000, 20_000, 200_000], RELATIVE_REGS
+    datasets, sizes, regs = args.datasets or datasets, args.sizes or sizes, args.regs or regs
     rows: list[dict[str, Any]] = []
     header = (
         "| dataset | n | reg / E||x-y||^2 | solver | used | time s | certified error | "
@@ -169,11 +178,12 @@ def main() -> None:
         for n in sizes:
             X, Y = dataset(name, n, np.random.default_rng(args.seed))
             spread = mean_sq_distance(X, Y)
-            for relative in regs:
-                reg = relative * spread
+            for value in regs:
+                reg = value if args.absolute else value * spread
+                relative = reg / spread
                 cells = [run_sketchot(X, Y, reg, "auto", args.seed)]
                 exact_cost = cells[0]["cost"] if cells[0]["used"].startswith("exact") else None
-                if n <= 20_000:
+                if n <= 20_000 and not args.auto_only:
                     for backend in NAMED:
                         if backend == "exact" and n > 5000:
                             continue  # streamed exact at small reg: minutes per cell
@@ -181,7 +191,7 @@ def main() -> None:
                         if backend == "exact":
                             exact_cost = cells[-1]["cost"]
                     cells.append(run_pot_nystroem(X, Y, reg, args.seed))
-                if n <= 5000:
+                if n <= 5000 and not args.auto_only:
                     cells.append(run_pot_dense(X, Y, reg))
                 for cell in cells:
                     ratio = (
@@ -193,7 +203,7 @@ def main() -> None:
                            "cost_ratio": ratio, **cell}  # fmt: skip
                     rows.append(row)
                     print(
-                        f"| {name} | {n} | {relative:g} | {cell['backend']} | {cell['used']} | "
+                        f"| {name} | {n} | {relative:.3g} | {cell['backend']} | {cell['used']} | "
                         f"{cell['seconds']:.2f} | {cell['error_bound']:.2g} | "
                         f"{ratio:.4f} | {cell['status']} |",
                         flush=True,
