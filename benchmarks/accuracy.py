@@ -170,7 +170,7 @@ def main() -> None:
     datasets, sizes, regs = args.datasets or datasets, args.sizes or sizes, args.regs or regs
     rows: list[dict[str, Any]] = []
     header = (
-        "| dataset | n | reg / E||x-y||^2 | solver | used | time s | certified error | "
+        "| dataset | n | reg / mean sq. distance | solver | used | time s | certified error | "
         "cost / exact | status |\n|---|---:|---:|---|---|---:|---:|---:|---|"
     )
     print(header)
