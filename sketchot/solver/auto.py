@@ -157,9 +157,12 @@ def solve_auto(
         kernel = build_kernel(geometry, "polyts", rng=generator, dtype=dtype, variant="local")
         local_seconds = local_iteration_seconds(kernel)
         if local_seconds < exact_seconds:
+            say(f"the block-local kernel: about {local_seconds:.2g} s per iteration")
+            # its solve can be long: it shows its progress when the caller asked for it
+            shown = dataclasses.replace(quiet, verbose=options.verbose)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                result = solve(a, b, kernel, quiet, rng=generator, notes=notes)
+                result = solve(a, b, kernel, shown, rng=generator, notes=notes)
             measured = result.true_kernel.bound if result.true_kernel is not None else np.inf
             accepted = bool(result.accuracy_met) and _possible(result)
             note = "true-kernel marginal error of the solve"
