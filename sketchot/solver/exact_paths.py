@@ -502,9 +502,16 @@ def stabilized_sinkhorn(
     kernel = _AbsorbedKernel(Xc, Yc, reg, dtype, block_rows(m, 8, STREAM_BLOCK_BYTES))
     history: History = []
     start = 1
+    # Largest cost over reg, bounded from the norms in O(n + m).
+    spread = (math.sqrt(sq_norms(Xc).max()) + math.sqrt(sq_norms(Yc).max())) ** 2 / reg
     if log_u0 is not None and log_v0 is not None:
         kernel.alpha = _check_log_start(log_u0, active_a, "log_u0")
         kernel.beta = _check_log_start(log_v0, active_b, "log_v0")
+    elif log_u0 is None and spread + tau + math.log(max(n, m)) < -LOG_FLOOR[dtype]:
+        # POT's start needs no exact first iteration when no kernel entry can underflow:
+        # K~ = diag(1/n) K, so the first plain iteration is POT's (saves 2 n m exponentials).
+        kernel.alpha = np.where(active_a, -math.log(n), -np.inf)
+        kernel.beta = np.where(active_b, 0.0, -np.inf)
     else:
         log_u = (
             np.where(active_a, -math.log(n), -np.inf)
