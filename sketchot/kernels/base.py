@@ -205,7 +205,10 @@ class KernelOperator(ABC):
         return self._apply_new(points, values, transpose)
 
     def _apply_new(self, points: np.ndarray, values: np.ndarray, transpose: bool) -> np.ndarray:
-        raise NotImplementedError
+        """The out-of-sample product of an operator that declares ``'out_of_sample'``."""
+        raise NotImplementedError(
+            f"backend {self.info.backend!r} declares 'out_of_sample' but does not implement it"
+        )
 
     # -------------------------------------------------------- fused passes
     @abstractmethod
