@@ -43,14 +43,11 @@ class TensorSketch:
 
     Parameters
     ----------
-    input_dim : int
-        Number of input coordinates ``d``.
+    input_dim, sketch_dim, rng
+        As in :class:`CountSketch` (``d``, ``m``, and the source of all ``k`` hash/sign
+        draws).
     degree : int
         Degree ``k >= 0``. Degree 0 is the constant sketch ``T^(0)(u) = [1]``.
-    sketch_dim : int
-        Sketch dimension ``m``.
-    rng : None, int, Generator, ...
-        Source of the hashes and signs (``numpy.random.default_rng`` semantics).
 
     Attributes
     ----------

@@ -53,6 +53,7 @@ from ..gibbs import (
     row_slices,
     sq_norms,
 )
+from .acceleration import AndersonMixer
 
 # Absorption thresholds on |log u~|, |log v~| (see stabilized_sinkhorn, Notes). An entry of K~
 # below the smallest normal number is clamped to it (never denormal: denormal operands make
@@ -286,9 +287,13 @@ class _Loop:
         max_iter: int,
         history: History,
         bound: float | None,
+        mixer: AndersonMixer | None = None,
+        log_offset: np.ndarray | float = 0.0,
     ) -> tuple[str, int, np.ndarray, np.ndarray]:
         """Iterations ``start .. max_iter`` from the iterate of iteration ``start - 1``.
 
+        ``mixer`` (optional) Anderson-mixes the column log-scalings ``log_offset + log v``
+        (``log_offset``: the absorbed ``beta``, so that the history survives absorptions).
         Returns ``(status, n_iter, u, v)``: ``status`` is ``'converged'``, ``'max_iter'``,
         ``'breakdown'`` (the last finite iterate is returned) or ``'bound'``.
         """
@@ -311,6 +316,9 @@ class _Loop:
                     np.divide(self.b, self.Ktu, out=v_next)
                 else:
                     np.divide(self.b, self.Ktu, out=v_next, where=self.active_b)
+                if mixer is not None:
+                    mixed = mixer.step(log_offset + np.log(v), log_offset + np.log(v_next))
+                    np.exp(mixed - log_offset, out=v_next, where=self.active_b)
                 self.ops.sweep(v_next, u_next, self.Ktu_next)
                 # A vanished or overflowed product makes a sum non-finite: O(n + m), no copy.
                 if not (math.isfinite(u_next.sum()) and math.isfinite(v_next.sum())):
@@ -414,6 +422,7 @@ def stabilized_sinkhorn(
     log_u0: np.ndarray | None = None,
     log_v0: np.ndarray | None = None,
     parallel: bool = True,
+    anderson: int = 0,
 ) -> SinkhornPath:
     """Exact Sinkhorn for any ``reg``: multiplicative iterations on an absorbed kernel.
 
@@ -453,6 +462,9 @@ def stabilized_sinkhorn(
         domain (two log-sum-exp passes) and absorbed.
     parallel : bool, default=True
         Split streamed passes over the shared thread pool (deterministic partial sums).
+    anderson : int, default=0
+        Anderson memory on ``log v`` (:class:`~sketchot.solver.acceleration.AndersonMixer`);
+        ``0``: POT's iterates exactly.
 
     Returns
     -------
@@ -537,11 +549,12 @@ def stabilized_sinkhorn(
 
     rebuild()
     loop = _Loop(ops, a, b, tol, check_every)
+    mixer = AndersonMixer(anderson, active_b) if anderson else None
     bound = math.exp(tau)
     absorptions = resets = 0
     n_iter = start - 1
     while True:
-        status, n_iter, u, v = loop.run(u, v, start, max_iter, history, bound)
+        status, n_iter, u, v = loop.run(u, v, start, max_iter, history, bound, mixer, kernel.beta)
         if status == "bound":
             with np.errstate(divide="ignore"):
                 kernel.alpha = kernel.alpha + np.log(u)
@@ -555,6 +568,8 @@ def stabilized_sinkhorn(
             kernel.alpha, kernel.beta = _exact_iteration(kernel, log_u, log_a, log_b)
             n_iter += 1
             resets += 1
+            if mixer is not None:
+                mixer.reset()
         else:
             break
         u = active_a.astype(np.float64)
@@ -572,6 +587,7 @@ def stabilized_sinkhorn(
         "stored": stored,
         "threshold": tau,
         "dtype": dtype.name,
+        "anderson_restarts": 0 if mixer is None else mixer.restarts,
     }
     return SinkhornPath(log_u, log_v, n_iter, status == "converged", history, info)
 
@@ -755,21 +771,20 @@ def exact_sinkhorn(
     b: Any,
     reg: float,
     *,
-    tol: float = 1e-9,
-    max_iter: int = 1000,
-    check_every: int = 10,
-    dtype: Any = np.float64,
-    max_dense_bytes: int = DEFAULT_MAX_DENSE_BYTES,
-    threshold: float | None = None,
     epsilon_scaling: bool = False,
     factor: float = 0.5,
     reg_start: float | None = None,
     stage_tol: float | None = None,
+    **options: Any,
 ) -> SinkhornPath:
     """The exact kernel's solve: :func:`stabilized_sinkhorn`, optionally inside :func:`anneal`.
 
-    Parameters are those of :func:`stabilized_sinkhorn`, plus:
-
+    Parameters
+    ----------
+    Xc, Yc, a, b, reg, **options
+        As in :func:`stabilized_sinkhorn` (``tol``, ``max_iter``, ``check_every``, ``dtype``,
+        ``max_dense_bytes``, ``threshold``, ``anderson``; ``log_u0``/``log_v0`` only
+        without epsilon-scaling).
     epsilon_scaling : bool, default=False
         Solve a sequence of problems with ``reg`` decreasing geometrically from
         ``reg_start`` (default: the squared diameter ``max C_ij``, bounded by
@@ -785,16 +800,13 @@ def exact_sinkhorn(
         Without epsilon-scaling, as :func:`stabilized_sinkhorn`. With it, ``n_iter`` counts
         every stage, ``history`` runs over all stages, and ``info['stages']`` lists them.
     """
-    options = {
-        "check_every": check_every,
-        "dtype": dtype,
-        "max_dense_bytes": max_dense_bytes,
-        "threshold": threshold,
-    }
     if not epsilon_scaling:
-        return stabilized_sinkhorn(Xc, Yc, a, b, reg, tol=tol, max_iter=max_iter, **options)
+        return stabilized_sinkhorn(Xc, Yc, a, b, reg, **options)
     Xc, Yc = _check_points(Xc, Yc)
-    a, b, reg, tol, max_iter, check_every = _check_common(a, b, reg, tol, max_iter, check_every)
+    a, b, reg, tol, max_iter, check_every = _check_common(
+        a, b, reg, options.pop("tol", 1e-9), options.pop("max_iter", 1000),
+        options.pop("check_every", 10),
+    )  # fmt: skip
     if reg_start is None:
         reg_start = float((np.sqrt(sq_norms(Xc).max()) + np.sqrt(sq_norms(Yc).max())) ** 2)
     if stage_tol is None:
@@ -807,10 +819,10 @@ def exact_sinkhorn(
         log_v0 = None if g is None else g / current
         # The check is free (it reuses K^T u), so intermediate stages check every iteration
         # instead of overshooting their loose tolerance by up to check_every - 1 iterations.
-        every = options["check_every"] if current == reg else 1
+        every = check_every if current == reg else 1
         result = stabilized_sinkhorn(
             Xc, Yc, a, b, current, tol=stage_target, max_iter=budget, log_u0=log_u0,
-            log_v0=log_v0, **{**options, "check_every": every},
+            log_v0=log_v0, check_every=every, **options,
         )  # fmt: skip
         for key in info_total:
             info_total[key] += result.info[key]

@@ -12,6 +12,8 @@ ERROR_POLICIES = ("raise", "warn")
 
 #: Default accuracy contract: relative L1 marginal error against the TRUE kernel.
 DEFAULT_ACCURACY = 1e-3
+#: Anderson memory: 5 past iterates (typical 3-8; more costs O(m) per iterate and step).
+DEFAULT_ANDERSON_MEMORY = 5
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,12 @@ class SolverOptions:
     epsilon_scaling : bool, default=False
         For kernels with the ``'exact'`` capability: solve with ``reg`` decreasing
         geometrically from the squared diameter, warm-starting each stage (annealing).
+    anderson : int, default=5
+        Memory of the Anderson acceleration (:mod:`sketchot.solver.acceleration`) on the
+        log-domain paths (kernels with the ``'log_products'`` capability, and the exact
+        kernel's stabilised path): each iteration extrapolates from the last ``anderson``
+        iterates, which cuts the iterations most at small ``reg``. ``0`` runs the plain
+        Sinkhorn iteration. The multiplicative path of signed approximations ignores it.
     accuracy : float or None, default=1e-3
         The contract: relative L1 marginal error of the returned scalings against the TRUE
         kernel, ``max(||u * (K v) - a||_1, ||v * (K^T u) - b||_1) / sum(a)``, estimated on
@@ -68,6 +76,7 @@ class SolverOptions:
     safeguard: str = "exact"
     log_domain: bool | str = "auto"
     epsilon_scaling: bool = False
+    anderson: int = DEFAULT_ANDERSON_MEMORY
     accuracy: float | None = DEFAULT_ACCURACY
     true_kernel_samples: int | str = "auto"
     errors: str = "raise"
@@ -90,6 +99,7 @@ class SolverOptions:
                     f"log_domain must be 'auto', True or False; got {describe(self.log_domain)}"
                 ) from None
         set_(self, "epsilon_scaling", check_bool(self.epsilon_scaling, "epsilon_scaling"))
+        set_(self, "anderson", check_int(self.anderson, "anderson", minimum=0))
         if self.accuracy is not None:
             set_(self, "accuracy", check_float(self.accuracy, "accuracy", positive=True))
         if self.true_kernel_samples != "auto":

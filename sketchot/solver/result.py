@@ -122,21 +122,10 @@ class SinkhornResult:
         with np.errstate(over="ignore"):
             return np.exp(self.potentials[1])
 
-    @property
-    def potential_a(self) -> np.ndarray:
-        return self.potentials[0]
-
-    @property
-    def potential_b(self) -> np.ndarray:
-        return self.potentials[1]
-
-    @property
-    def marginal_a(self) -> np.ndarray:
-        return self.marginals[0]
-
-    @property
-    def marginal_b(self) -> np.ndarray:
-        return self.marginals[1]
+    potential_a = property(lambda self: self.potentials[0], doc="``log u``, shape (n,).")
+    potential_b = property(lambda self: self.potentials[1], doc="``log v``, shape (m,).")
+    marginal_a = property(lambda self: self.marginals[0], doc="Row sums of the plan, (n,).")
+    marginal_b = property(lambda self: self.marginals[1], doc="Column sums of the plan, (m,).")
 
     @property
     def marginal_errors(self) -> tuple[float, float]:

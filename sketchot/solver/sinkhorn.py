@@ -27,6 +27,7 @@ from .._dask import any_dask, require_dask
 from .._validation import check_float, check_matrix, check_weights, describe
 from ..gibbs import GibbsGeometry
 from ..kernels import KernelOperator, build_kernel, get_backend
+from .acceleration import AndersonMixer
 from .advice import advise
 from .auto import solve_auto
 from .errors import AccuracyWarning, InvalidResultError, InvalidResultWarning
@@ -423,7 +424,7 @@ def _repaired(result, side, numerator, other, guard):
 
 def _log_iterations(kernel, a, b, options, tol, printer):
     """Iterations on log-scalings with the operator's log-domain passes (``'log_products'``):
-    finite whatever the spread of the scalings. Starts from ``v = 1/m``."""
+    finite whatever the spread of the scalings, Anderson-mixed. Starts from ``v = 1/m``."""
     n, m = kernel.shape
     mass = float(b.sum())
     with np.errstate(divide="ignore"):
@@ -433,6 +434,7 @@ def _log_iterations(kernel, a, b, options, tol, printer):
     converged = False
     n_iter = 0
     log_u = np.full(n, -np.log(n))
+    mixer = AndersonMixer(options.anderson, b > 0)
     for iteration in range(1, options.max_iter + 1):
         rows = kernel.fused_pass("rows", log_v, log_a, log=True)
         log_u, log_Ktu = rows.ratios, rows.projection
@@ -445,7 +447,7 @@ def _log_iterations(kernel, a, b, options, tol, printer):
             if error < tol:
                 converged = True
                 break
-        log_v = np.where(b > 0, log_b - log_Ktu, -np.inf)
+        log_v = mixer.step(log_v, np.where(b > 0, log_b - log_Ktu, -np.inf))
     return log_u, log_v, n_iter, converged, history
 
 
@@ -458,7 +460,7 @@ def _stabilized(kernel, a, b, options, tol, printer):
         g.Xc, g.Yc, a, b, g.reg,
         tol=tol * mass, max_iter=options.max_iter, check_every=options.check_every,
         dtype=kernel.dtype, max_dense_bytes=kernel.info.params.get("max_dense_bytes", 1 << 30),
-        epsilon_scaling=options.epsilon_scaling,
+        epsilon_scaling=options.epsilon_scaling, anderson=options.anderson,
     )  # fmt: skip
     history = [(iteration, error / mass) for iteration, error in path.history]
     for iteration, error in history:

@@ -58,7 +58,7 @@ def follow(advice: str, kwargs: dict) -> dict:
         {"backend": "polyts", "variant": "paper", "reg": 0.1},
         {"backend": "nystrom", "reg": 0.1},
         {"backend": "rff", "reg": 0.01},
-        {"backend": "exact", "reg": 0.01, "max_iter": 40},
+        {"backend": "exact", "reg": 0.01, "max_iter": 12},
         {"backend": "exact", "reg": 0.01, "max_iter": 5},
     ],
     ids=["polyts", "nystrom-8", "rff", "exact-early-stop", "exact-no-rate"],

@@ -25,6 +25,7 @@ NON_DEFAULTS = {
     "check_every": (3, lambda res: all(it % 3 == 1 for it, _ in res.error_history[1:])),
     "safeguard": ("clip", lambda res: res.safeguard["policy"] == "clip"),
     "log_domain": (np.True_, lambda res: res.log_domain is True),
+    "anderson": (0, lambda res: res.options["anderson"] == 0),
     "accuracy": (0.5, lambda res: res.true_kernel is not None),
     "true_kernel_samples": (5, lambda res: res.true_kernel.n_rows == 5),
     "errors": ("warn", lambda res: res.options["errors"] == "warn"),
@@ -71,7 +72,7 @@ def problem():
 def test_every_solver_option_takes_effect(problem, name, entry, capsys):
     value, took_effect = NON_DEFAULTS[name]
     X, Y = problem
-    backend = "exact" if name == "log_domain" else "nystrom"
+    backend = "exact" if name in ("log_domain", "anderson") else "nystrom"
     with np.errstate(all="ignore"), pytest.warns() if name == "max_iter" else nullcontext():
         if entry == "sinkhorn":
             res = sketchot.sinkhorn(None, None, X, Y, 0.5, backend, rng=0, **{name: value})

@@ -1,0 +1,100 @@
+"""Anderson acceleration of the Sinkhorn fixed-point map on log-scalings.
+
+One Sinkhorn iteration is a map ``T`` on the column log-scalings ``x = log v``:
+``x -> log b - log K^T (a / K e^x)``. Its Jacobian at the solution is symmetric with
+eigenvalues in ``[0, 1]`` (one equal to 1, along the constant shift that leaves the plan
+unchanged), so plain iteration contracts like ``1 - delta`` per step where ``delta`` is the
+spectral gap, which shrinks with ``reg``. Anderson mixing (type II) with memory ``k`` extrapolates
+from the last ``k`` iterates and residuals; on a linear map it is a restarted-GMRES-like
+method (full GMRES would contract like ``1 - 2 sqrt(delta)``), so it pays most where the plain
+iteration is slowest, at small ``reg``, for ``O(k (m + k^2))`` work per step and no extra
+kernel product (measured gains are in ``benchmarks/small_reg.py``).
+
+References
+----------
+H. F. Walker, P. Ni. Anderson acceleration for fixed-point iterations. SIAM J. Numer. Anal.
+49(4), 2011.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+#: Relative Tikhonov term of the mixing least squares (keeps near-collinear histories stable).
+RIDGE = 1e-10
+#: A residual this many times the smallest one since the last restart restarts the history.
+RESTART_GROWTH = 100.0
+
+
+class AndersonMixer:
+    """Anderson mixing (type II) for ``x = T(x)`` on the entries ``active``.
+
+    Parameters
+    ----------
+    memory : int
+        Past iterates used (``0`` returns ``T(x)``: the plain iteration).
+    active : ndarray of bool, shape (m,)
+        Entries that take part; the others (``log v = -inf`` where ``b = 0``) are returned as
+        ``T(x)`` gives them.
+
+    Notes
+    -----
+    Safeguard: when a residual ``||T(x) - x||`` is not finite or exceeds
+    ``RESTART_GROWTH`` times the smallest since the last restart, the history is dropped and
+    the plain step ``T(x)`` is taken, so a bad extrapolation costs one iteration. The count is
+    in ``restarts``.
+    """
+
+    def __init__(self, memory: int, active: np.ndarray) -> None:
+        self.memory = memory
+        self.active = np.asarray(active, dtype=bool)
+        self.all_active = bool(self.active.all())
+        self.restarts = 0
+        self._x: list[np.ndarray] = []
+        self._g: list[np.ndarray] = []
+        self._best = math.inf
+
+    def reset(self) -> None:
+        """Forget the history (after the map itself changed, e.g. a repair)."""
+        self._x.clear()
+        self._g.clear()
+        self._best = math.inf
+
+    def step(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """The next iterate from ``x`` and ``g = T(x)`` (both shape (m,), unchanged)."""
+        if self.memory == 0:
+            return g
+        xa = x if self.all_active else x[self.active]
+        ga = g if self.all_active else g[self.active]
+        residual = float(np.linalg.norm(ga - xa))
+        if not math.isfinite(residual) or residual > RESTART_GROWTH * self._best:
+            if self._x:
+                self.restarts += 1
+            self.reset()
+            return g
+        self._best = min(self._best, residual)
+        self._x.append(np.array(xa, dtype=np.float64))
+        self._g.append(np.array(ga, dtype=np.float64))
+        if len(self._x) > self.memory + 1:
+            del self._x[0], self._g[0]
+        if len(self._x) == 1:
+            return g
+        G = np.array(self._g)
+        F = G - np.array(self._x)
+        dF = np.diff(F, axis=0)
+        dG = np.diff(G, axis=0)
+        gram = dF @ dF.T
+        gram[np.diag_indices_from(gram)] += RIDGE * max(float(np.trace(gram)), np.finfo(float).tiny)
+        gamma = np.linalg.solve(gram, dF @ F[-1])
+        mixed = ga - gamma @ dG
+        if not np.all(np.isfinite(mixed)):
+            self.restarts += 1
+            self.reset()
+            return g
+        if self.all_active:
+            return mixed
+        out = np.array(g, dtype=np.float64)
+        out[self.active] = mixed
+        return out
