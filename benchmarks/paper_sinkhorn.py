@@ -71,7 +71,7 @@ import sys
 import time
 import warnings
 from collections import Counter
-from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,7 @@ from _results import write_json
 
 import sketchot
 from sketchot.color import image_pixels
-from sketchot.solver import plan_summary
+from sketchot.solver import PlainRun, entropic_dual, plain_sinkhorn, plan_summaries
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES_DIR = ROOT / "images"
@@ -116,13 +116,16 @@ LARGE_RANK = 241  # equal rank: one iteration costs O(n * 241) for every backend
 
 
 def _setting(rank: int | None) -> dict[str, dict[str, Any]]:
-    """Parameters of every method: the paper's comparable cost (``None``) or equal ``rank``."""
+    """Parameters of every method: the paper's comparable cost (``None``) or equal ``rank``
+    (polyts: the paper's variant and degree, ``m = (rank - 1) / r``)."""
     out = {}
     for method in BACKENDS:
         backend = BACKEND_OF[method]
-        params = {**PAPER[backend]} if rank is None or backend == "polyts" else {}
-        if rank is not None:
-            params.update(sketchot.get_backend(backend).params_for_rank(rank))
+        params = {**PAPER[backend]}
+        if rank is not None and backend == "polyts":
+            params["sketch_dim"] = (rank - 1) // params["degree"]
+        elif rank is not None:
+            params = sketchot.get_backend(backend).params_for_rank(rank)
         out[method] = {**params, **LANDMARKS.get(method, {})}
     return out
 
@@ -218,49 +221,13 @@ def spread_table(spread: dict[str, dict[str, float]], regs: list[float]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# --------------------------------------------------------------------------------- iterations
-@dataclass
-class Run:
-    """Scalings after the 10 iterations and what happened on the way."""
-
-    u: np.ndarray
-    v: np.ndarray
-    iteration_times: list[float]
-    faults: int = 0  # non-positive or non-finite entries of K v and K^T u, over all iterations
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def valid(self) -> bool:
-        """Objectives are defined only for finite, positive scalings."""
-        return all(np.all(np.isfinite(s) & (s > 0)) for s in (self.u, self.v))
-
-
-def iterate(op, a: np.ndarray, b: np.ndarray, paper_order: bool = True) -> Run:
-    """The plain iteration, each iteration timed, faults counted outside the timed region.
-
-    ``paper_order``: the paper's ``u = a / (K v)``, ``v = b / (K^T u)`` from ``v = 1``;
-    otherwise sketchot's (POT's) ``v = b / (K^T u)``, ``u = a / (K v)`` from ``u = 1 / n`` (the
-    exact reference of the library variant). No safeguard: a bad denominator propagates.
-    """
-    first, num_1, second, num_2 = (op.matvec, a, op.rmatvec, b)
-    y = np.ones(op.shape[1])
-    if not paper_order:
-        first, num_1, second, num_2 = (op.rmatvec, b, op.matvec, a)
-        y = np.full(op.shape[0], 1.0 / op.shape[0])
-    times, faults = [], 0
+# ------------------------------------------------------------------------------------- trial
+def protocol(op, a: np.ndarray, b: np.ndarray, order: str = "paper") -> tuple[PlainRun, list]:
+    """``plain_sinkhorn`` for 10 iterations, every numpy warning on the way recorded."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for _ in range(N_ITER):
-            begin = time.perf_counter()
-            first_den = first(y)
-            x = num_1 / first_den
-            second_den = second(x)
-            y = num_2 / second_den
-            times.append(time.perf_counter() - begin)
-            for den in (first_den, second_den):
-                faults += int(np.count_nonzero(~(np.isfinite(den) & (den > 0))))
-    u, v = (x, y) if paper_order else (y, x)
-    return Run(u, v, times, faults, [str(w.message) for w in caught])
+        run = plain_sinkhorn(op, a, b, N_ITER, order)
+    return run, [str(w.message) for w in caught]
 
 
 def library_solve(op, a: np.ndarray, b: np.ndarray):
@@ -274,40 +241,32 @@ def library_solve(op, a: np.ndarray, b: np.ndarray):
     return result, [str(w.message) for w in caught]
 
 
-def library_iterations(op, a: np.ndarray, b: np.ndarray) -> tuple[Run, dict[str, Any]]:
+def library_run(op, a: np.ndarray, b: np.ndarray) -> tuple[PlainRun, dict[str, Any]]:
     result, caught = library_solve(op, a, b)
     with np.errstate(over="ignore"):
         u, v = np.exp(result.potentials[0]), np.exp(result.potentials[1])
-    guard = result.safeguard
+    guard, per_iteration = result.safeguard, result.timings["per_iteration"]
     repairs = guard["rows_repaired"] + guard["cols_repaired"]
-    run = Run(u, v, [result.timings["per_iteration"]], repairs, caught)
     info = {"n_iter": result.n_iter, "repairs": repairs, "clipped": guard["clipped"]}
-    return run, {**info, "per_iteration": result.timings["per_iteration"]}
+    info = {**info, "per_iteration": per_iteration, "warnings": caught}
+    return PlainRun(u, v, [per_iteration], repairs), info
 
 
-# --------------------------------------------------------------------------------- objectives
-def objectives(run: Run, exact, op, a: np.ndarray, b: np.ndarray, reg: float) -> dict[str, float]:
-    """The four measures of a valid run: plans with the exact kernel and with ``op``."""
-    log_u, log_v = np.log(run.u), np.log(run.v)
-    true = plan_summary(exact, log_u, log_v)
-    approx = true if op is exact else plan_summary(op, log_u, log_v)
-    entropic = a @ log_u + b @ log_v
-    return {
-        "cost_true": true.cost,
-        "cost_approx": approx.cost,
-        "dual_approx": reg * (entropic - (approx.mass - a.sum())),
-        "dual_true": reg * (entropic - (true.mass - a.sum())),
-    }
-
-
-NAN_OBJECTIVES = dict.fromkeys(MEASURES, math.nan)
+def objectives(run: PlainRun, op, *, exact, true_plans, a, b, reg: float) -> dict[str, float]:
+    """The four measures of a run (NaN if it failed); ``true_plans``: plans with the exact
+    kernel by ``id`` of the run."""
+    if not run.valid:
+        return dict.fromkeys(MEASURES, math.nan)
+    true = true_plans[id(run)]
+    approx = true if op is exact else plan_summaries(op, [(run.u, run.v)])[0]
+    duals = [entropic_dual(a, b, run.u, run.v, s.mass, reg) for s in (approx, true)]
+    return dict(zip(MEASURES, [true.cost, approx.cost, *duals], strict=True))
 
 
 def ratios(values: dict[str, float], reference: dict[str, float]) -> dict[str, float]:
     return {k: values[k] / reference[k] for k in MEASURES}
 
 
-# -------------------------------------------------------------------------------------- trial
 def seed_record(seq: np.random.SeedSequence) -> dict[str, Any]:
     return {"entropy": seq.entropy, "spawn_key": list(seq.spawn_key)}
 
@@ -319,82 +278,62 @@ def run_trial(X, Y, method_seeds, check_library_exact: bool, run_library: bool) 
     records = []
     for reg in REGS:
         exact = sketchot.make_kernel(X, Y, reg, "exact")
-        exact_run = iterate(exact, a, b)
-        exact_obj = objectives(exact_run, exact, exact, a, b, reg)
+        exact_run, exact_warnings = protocol(exact, a, b)
+        exact_lib = protocol(exact, a, b, order="pot")[0] if run_library else None
+        methods = []  # (setting, backend, op, protocol run, its warnings, library run, info)
+        for setting, backend in ((s, m) for s in RANK_SETTINGS for m in BACKENDS):
+            params = RANK_SETTINGS[setting][backend]
+            rng = np.random.default_rng(method_seeds[(reg, setting, backend)])
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                op = sketchot.make_kernel(X, Y, reg, BACKEND_OF[backend], rng=rng, **params)
+            run, run_warnings = protocol(op, a, b)
+            lib = library_run(op, a, b) if run_library else (None, None)
+            methods.append((setting, backend, op, run, [str(w.message) for w in caught]
+                            + run_warnings, *lib))  # fmt: skip
+        # One pass over the dense exact kernel for the true plans of every valid run.
+        runs = [exact_run, exact_lib] + [r for m in methods for r in (m[3], m[5])]
+        valid = [r for r in runs if r is not None and r.valid]
+        summaries = plan_summaries(exact, [(r.u, r.v) for r in valid])
+        true = dict(zip(map(id, valid), summaries, strict=True))
+        measure = partial(objectives, exact=exact, true_plans=true, a=a, b=b, reg=reg)
+        exact_obj = measure(exact_run, exact)
+        exact_lib_obj = measure(exact_lib, exact) if run_library else None
+        lib_check = None
+        if run_library and check_library_exact:
+            lib_check = check_against_library(exact, a, b, exact_lib, exact_lib_obj)
         exact_median = float(np.median(exact_run.iteration_times))
         exact_total = exact.info.build_time + float(np.sum(exact_run.iteration_times))
-        exact_lib = lib_check = exact_lib_obj = None
-        if run_library:
-            exact_lib = iterate(exact, a, b, paper_order=False)
-            exact_lib_obj = objectives(exact_lib, exact, exact, a, b, reg)
-            if check_library_exact:
-                lib_check = check_against_library(exact, a, b, exact_lib, exact_lib_obj)
         for setting in RANK_SETTINGS:
-            records.append(
-                {
-                    "reg": reg,
-                    "setting": setting,
-                    "backend": "exact",
-                    "rank": None,
-                    "build_time": exact.info.build_time,
-                    "iter_time": exact_median,
-                    "iteration_times": exact_run.iteration_times,
-                    "faults": exact_run.faults,
-                    "warnings": exact_run.warnings,
-                    "failed": not exact_run.valid,
-                    "values": exact_obj,
-                    "library": run_library
-                    and {"values": exact_lib_obj, "faults": exact_lib.faults},
-                    "library_check": lib_check,
-                }
-            )
-        for setting in RANK_SETTINGS:
-            for backend in BACKENDS:
-                params = RANK_SETTINGS[setting][backend]
-                rng = np.random.default_rng(method_seeds[(reg, setting, backend)])
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    op = sketchot.make_kernel(X, Y, reg, BACKEND_OF[backend], rng=rng, **params)
-                run = iterate(op, a, b)
-                run.warnings = [str(w.message) for w in caught] + run.warnings
-                values = objectives(run, exact, op, a, b, reg) if run.valid else NAN_OBJECTIVES
-                median = float(np.median(run.iteration_times))
-                build = op.info.build_time
-                record = {
-                    "reg": reg,
-                    "setting": setting,
-                    "backend": backend,
-                    "params": params,
-                    "rank": int(op.info.rank),
-                    "build_time": build,
-                    "iter_time": median,
-                    "iteration_times": run.iteration_times,
-                    "speedup_iter": exact_median / median,
-                    "speedup_total": exact_total / (build + float(np.sum(run.iteration_times))),
-                    "faults": run.faults,
-                    "warnings": run.warnings,
-                    "failed": not run.valid,
-                    "values": values,
-                    "ratios": ratios(values, exact_obj),
-                    "library": False,
-                }
-                if run_library:
-                    lib_run, lib_info = library_iterations(op, a, b)
-                    lib_values = NAN_OBJECTIVES
-                    if lib_run.valid:
-                        lib_values = objectives(lib_run, exact, op, a, b, reg)
-                    record["library"] = {
-                        **lib_info,
-                        "failed": not lib_run.valid,
-                        "warnings": lib_run.warnings,
-                        "values": lib_values,
-                        "ratios": ratios(lib_values, exact_lib_obj),
-                    }
-                records.append(record)
+            records.append({
+                "reg": reg, "setting": setting, "backend": "exact", "rank": None,
+                "build_time": exact.info.build_time, "iter_time": exact_median,
+                "iteration_times": exact_run.iteration_times, "faults": exact_run.faults,
+                "warnings": exact_warnings, "failed": not exact_run.valid, "values": exact_obj,
+                "library": run_library and {"values": exact_lib_obj, "faults": exact_lib.faults},
+                "library_check": lib_check,
+            })  # fmt: skip
+        for setting, backend, op, run, run_warnings, lib_run, lib_info in methods:
+            median, build = float(np.median(run.iteration_times)), op.info.build_time
+            record = {
+                "reg": reg, "setting": setting, "backend": backend,
+                "params": RANK_SETTINGS[setting][backend], "rank": int(op.info.rank),
+                "build_time": build, "iter_time": median, "iteration_times": run.iteration_times,
+                "speedup_iter": exact_median / median,
+                "speedup_total": exact_total / (build + float(np.sum(run.iteration_times))),
+                "faults": run.faults, "warnings": run_warnings, "failed": not run.valid,
+                "values": measure(run, op),
+            }  # fmt: skip
+            record.update(ratios=ratios(record["values"], exact_obj), library=False)
+            if run_library:
+                lib_values = measure(lib_run, op)
+                record["library"] = {**lib_info, "failed": not lib_run.valid, "values": lib_values,
+                                     "ratios": ratios(lib_values, exact_lib_obj)}  # fmt: skip
+            records.append(record)
     return records
 
 
-def check_against_library(exact, a, b, exact_lib: Run, exact_lib_obj) -> dict[str, Any]:
+def check_against_library(exact, a, b, exact_lib: PlainRun, exact_lib_obj) -> dict[str, Any]:
     """``sinkhorn_kernel`` on the exact operator vs the same iteration run here; also times
     sketchot's fused exact iteration (one pass over ``K`` per iteration)."""
     result, caught = library_solve(exact, a, b)
