@@ -27,9 +27,10 @@ def md_row(cells: Iterable[Any]) -> str:
     return "| " + " | ".join(str(cell) for cell in cells) + " |"
 
 
-def md_table(header: Iterable[str], rows: Iterable[Iterable[Any]], align: str = "") -> list[str]:
+def md_table(header: Iterable[str], rows: Iterable[Any], align: str = "") -> list[str]:
     """Lines of a markdown table; ``align`` has one of ``l``, ``r``, ``-`` per column
-    (default ``-``: no alignment)."""
+    (default ``-``: no alignment); a row given as a string is used as it is."""
     header = list(header)
     marks = [ALIGN[c] for c in align.ljust(len(header), "-")]
-    return [md_row(header), "|" + "|".join(marks) + "|", *(md_row(row) for row in rows)]
+    lines = [r if isinstance(r, str) else md_row(r) for r in rows]
+    return [md_row(header), "|" + "|".join(marks) + "|", *lines]
