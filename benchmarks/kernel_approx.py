@@ -121,38 +121,20 @@ def approximate_factors(
             1.0, rank=rank, coreset_size=coreset_size, center=None, variant="improved", rng=rng
         ).fit(U, U)
         return sketch.transform_x(U), sketch.transform_y(U)
-    if method == "rff":
-        kernel = sketchot.make_kernel(
-            U, U, 1.0, backend="rff", n_features=1 + degree * sketch_dim, rng=rng
-        )
-        return kernel.factors
-    if method == "nystrom":
-        kernel = sketchot.make_kernel(
-            U, U, 1.0, backend="nystrom", n_landmarks=1 + degree * sketch_dim, rng=rng
-        )
-        return kernel.factors
+    if method in ("rff", "nystrom"):
+        size = {"rff": "n_features", "nystrom": "n_landmarks"}[method]
+        return sketchot.make_kernel(U, U, 1.0, method, rng=rng, **{size: rank}).factors
     if method == "taylor":
         sketch = PolyTensorSketch(
-            Exponential(scale=2.0),
-            degree=degree,
-            sketch_dim=sketch_dim,
-            coefficients="taylor",
-            taylor_center="mean",
-            variant="paper",
-            rng=rng,
-        ).fit(U, U)
+            Exponential(scale=2.0), degree=degree, sketch_dim=sketch_dim, coefficients="taylor",
+            taylor_center="mean", variant="paper", rng=rng,
+        ).fit(U, U)  # fmt: skip
         z = np.exp(-np.einsum("ij,ij->i", U, U))[:, None]
         return z * sketch.left_features(U), z * sketch.right_features(U)
     sketch = GaussianPolySketch(
-        1.0,
-        degree=degree,
-        sketch_dim=sketch_dim,
-        coefficients=method,
-        coreset_size=coreset_size,
-        center=None,
-        variant="paper",
-        rng=rng,
-    ).fit(U, U)
+        1.0, degree=degree, sketch_dim=sketch_dim, coefficients=method,
+        coreset_size=coreset_size, center=None, variant="paper", rng=rng,
+    ).fit(U, U)  # fmt: skip
     return sketch.transform_x(U), sketch.transform_y(U)
 
 
@@ -219,13 +201,8 @@ def run_dimension_sweep(n: int, trials: int, base_seed: int, data_seed: int) -> 
                 }
             rows.append(row)
             print(dim_row_text(row), flush=True)
-    return {
-        "n": n,
-        "trials": trials,
-        "methods": list(DIM_METHODS),
-        "ranks": list(DIM_RANKS),
-        "rows": rows,
-    }
+    return {"n": n, "trials": trials, "methods": list(DIM_METHODS), "ranks": list(DIM_RANKS),
+            "rows": rows}  # fmt: skip
 
 
 def trial_errors(
@@ -280,15 +257,11 @@ def run_trials(
 def summarize(errors: list[float], seeds: list[int]) -> dict[str, Any]:
     values = np.asarray(errors)
     return {
-        "mean": float(values.mean()),
-        "median": float(np.median(values)),
+        "mean": float(values.mean()), "median": float(np.median(values)),
         "std": float(values.std(ddof=1)) if values.size > 1 else 0.0,
-        "min": float(values.min()),
-        "max": float(values.max()),
-        "trials": int(values.size),
-        "seeds": list(seeds),
-        "errors": [float(e) for e in values],
-    }
+        "min": float(values.min()), "max": float(values.max()), "trials": int(values.size),
+        "seeds": list(seeds), "errors": [float(e) for e in values],
+    }  # fmt: skip
 
 
 def run_sweep(
@@ -311,14 +284,8 @@ def run_sweep(
         for method in METHODS:
             results[method]["mean"].append(float(np.mean(errors[method])))
             results[method]["median"].append(float(np.median(errors[method])))
-    return {
-        "parameter": name,
-        "values": list(grid),
-        "fixed": fixed,
-        "trials": len(seeds),
-        "seeds": list(seeds),
-        "results": results,
-    }
+    return {"parameter": name, "values": list(grid), "fixed": fixed, "trials": len(seeds),
+            "seeds": list(seeds), "results": results}  # fmt: skip
 
 
 def markdown_table(summary: dict[str, dict[str, Any]], config: dict[str, Any]) -> str:
@@ -370,25 +337,16 @@ def plot(summary, sweeps, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     styles = {
-        "coreset": ("tab:red", "o"),
-        "rff": ("tab:blue", "s"),
-        "taylor": ("tab:green", "^"),
-        "chebyshev": ("tab:purple", "v"),
-        "optimal": ("tab:gray", "x"),
-        "nystrom": ("tab:orange", "D"),
-        "polyts": ("black", "*"),
-    }
+        "coreset": ("tab:red", "o"), "rff": ("tab:blue", "s"), "taylor": ("tab:green", "^"),
+        "chebyshev": ("tab:purple", "v"), "optimal": ("tab:gray", "x"),
+        "nystrom": ("tab:orange", "D"), "polyts": ("black", "*"),
+    }  # fmt: skip
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for ax, sweep in zip(axes[:2], sweeps, strict=True):
         for method in METHODS:
             color, marker = styles[method]
-            ax.plot(
-                sweep["values"],
-                sweep["results"][method]["mean"],
-                color=color,
-                marker=marker,
-                label=LABELS[method],
-            )
+            means = sweep["results"][method]["mean"]
+            ax.plot(sweep["values"], means, color=color, marker=marker, label=LABELS[method])
         symbol = {"sketch_dim": "sketch dimension m", "degree": "degree r"}[sweep["parameter"]]
         ax.set_xlabel(symbol)
         ax.set_yscale("log")
@@ -442,19 +400,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     n, d, sketch_dim, degree, coreset_size = 1000, 50, 10, 10, 10
     config = {
-        "n": n,
-        "d": d,
-        "sketch_dim": sketch_dim,
-        "degree": degree,
-        "coreset_size": coreset_size,
-        "rank": 1 + degree * sketch_dim,
-        "trials": args.trials,
-        "base_seed": args.seed,
+        "n": n, "d": d, "sketch_dim": sketch_dim, "degree": degree, "coreset_size": coreset_size,
+        "rank": 1 + degree * sketch_dim, "trials": args.trials, "base_seed": args.seed,
         "data_seed": args.data_seed,
         "data": "default_rng(data_seed).standard_normal((n, d)) / sqrt(d) / sqrt(10)",
         "kernel": "exp(-||u_i - u_j||^2), gamma = 1, no centring",
         "seeding": "trial t: default_rng(base_seed + t) for every method",
-    }
+    }  # fmt: skip
     started = time.perf_counter()
     U = synthetic_data(n, d, args.data_seed)
     K = exact_kernel(U)
@@ -488,16 +440,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ratio = summary["rff"]["mean"] / coreset_mean
     improved_mean = summary["polyts"]["mean"]
     targets = {
-        "improved_mean": improved_mean,
-        "improved_mean_target": TARGET_IMPROVED_MEAN,
+        "improved_mean": improved_mean, "improved_mean_target": TARGET_IMPROVED_MEAN,
         "improved_mean_ok": bool(improved_mean <= TARGET_IMPROVED_MEAN),
-        "coreset_mean": coreset_mean,
-        "coreset_mean_target": TARGET_CORESET_MEAN,
+        "coreset_mean": coreset_mean, "coreset_mean_target": TARGET_CORESET_MEAN,
         "coreset_mean_ok": bool(coreset_mean <= TARGET_CORESET_MEAN),
-        "rff_over_coreset": ratio,
-        "rff_over_coreset_target": TARGET_RFF_RATIO,
+        "rff_over_coreset": ratio, "rff_over_coreset_target": TARGET_RFF_RATIO,
         "rff_over_coreset_ok": bool(ratio >= TARGET_RFF_RATIO),
-    }
+    }  # fmt: skip
     total_seconds = time.perf_counter() - started
     print(
         f"Target: Coreset-TS mean <= {TARGET_CORESET_MEAN:.0e}: "
@@ -551,15 +500,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"Table: {args.out_dir / f'{stem}.md'}")
 
     output = {
-        "config": config,
-        **summary,
-        "reference_means": REFERENCE_MEANS,
-        "sweeps": {sweep["parameter"]: sweep for sweep in sweeps},
-        "dimension_sweep": dim_sweep,
-        "targets": targets,
-        "seconds": {"main_trials": main_seconds, "total": total_seconds},
+        "config": config, **summary, "reference_means": REFERENCE_MEANS,
+        "sweeps": {sweep["parameter"]: sweep for sweep in sweeps}, "dimension_sweep": dim_sweep,
+        "targets": targets, "seconds": {"main_trials": main_seconds, "total": total_seconds},
         "versions": {"sketchot": sketchot.__version__, "numpy": np.__version__},
-    }
+    }  # fmt: skip
     if args.json is not None:
         write_json(args.json, output)
     return output

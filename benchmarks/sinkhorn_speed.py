@@ -59,11 +59,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _results import write_json
+from _results import write_json, write_text
 
 import sketchot
-from sketchot.solver import true_kernel_check
-from sketchot.solver.plans import sample_indices
+from sketchot.solver import sampled_true_kernel_check
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 RESULT_MARKER = "RESULT_JSON:"
@@ -107,14 +106,11 @@ def peak_rss_bytes() -> int:
 
 
 def true_kernel_errors(kernel, a, b, log_u, log_v, n_samples: int, seed: list[int]) -> dict:
-    """Sampled L1 marginal errors of scalings against the EXACT kernel
-    (``sketchot.solver.true_kernel_check`` on ``n_samples`` rows and columns drawn as
-    ``SinkhornResult.check_true_kernel`` draws them)."""
+    """Sampled L1 marginal errors of scalings against the EXACT kernel (rows and columns drawn
+    as ``SinkhornResult.check_true_kernel`` draws them)."""
     rng = np.random.default_rng(seed)
-    rows, cols = (sample_indices(size, n_samples, rng) for size in kernel.shape)
-    check = true_kernel_check(kernel, a, b, log_u, log_v, rows, cols)
-    return {"error_a": check.error_a, "error_b": check.error_b, "n_rows": check.n_rows,
-            "n_cols": check.n_cols}  # fmt: skip
+    check = sampled_true_kernel_check(kernel, a, b, log_u, log_v, n_samples, rng)
+    return {k: getattr(check, k) for k in ("error_a", "error_b", "n_rows", "n_cols")}
 
 
 def run_pot_dense(X, Y, reg, iterations):
@@ -140,14 +136,11 @@ def run_pot_dense(X, Y, reg, iterations):
     n_iter = log["niter"] + (0 if numerical else 1)
     loop_seconds = solve_seconds - exp_seconds
     return {
-        "rank": None,
-        "n_iter": n_iter,
-        "build_s": dist_seconds + exp_seconds,
-        "iterations_s": loop_seconds,
-        "per_iteration_s": loop_seconds / max(n_iter, 1),
+        "rank": None, "n_iter": n_iter, "build_s": dist_seconds + exp_seconds,
+        "iterations_s": loop_seconds, "per_iteration_s": loop_seconds / max(n_iter, 1),
         "total_s": dist_seconds + solve_seconds,
         "warnings": [str(w.message)[:200] for w in caught],
-    }, (log["u"], log["v"])
+    }, (log["u"], log["v"])  # fmt: skip
 
 
 def run_pot_nystrom(X, Y, reg, iterations, anchors, seed):
@@ -172,15 +165,11 @@ def run_pot_nystrom(X, Y, reg, iterations, anchors, seed):
     numerical = any("numerical errors" in str(w.message) for w in caught)
     n_iter = log["niter"] + (0 if numerical else 1)
     return {
-        "rank": int(left.shape[1]),
-        "random_state": random_state,
-        "n_iter": n_iter,
-        "build_s": build_seconds,
-        "iterations_s": loop_seconds,
-        "per_iteration_s": loop_seconds / max(n_iter, 1),
-        "total_s": build_seconds + loop_seconds,
+        "rank": int(left.shape[1]), "random_state": random_state, "n_iter": n_iter,
+        "build_s": build_seconds, "iterations_s": loop_seconds,
+        "per_iteration_s": loop_seconds / max(n_iter, 1), "total_s": build_seconds + loop_seconds,
         "warnings": [str(w.message)[:200] for w in caught],
-    }, (u, v)
+    }, (u, v)  # fmt: skip
 
 
 def run_sketchot(X, Y, reg, backend, iterations, params, dtype, safeguard, seed):
@@ -188,35 +177,20 @@ def run_sketchot(X, Y, reg, backend, iterations, params, dtype, safeguard, seed)
         warnings.simplefilter("always")
         start = time.perf_counter()
         result = sketchot.sinkhorn(
-            None,
-            None,
-            X,
-            Y,
-            reg,
-            backend,
-            max_iter=iterations,
-            tol=1e-300,
-            rng=np.random.default_rng(seed),
-            accuracy=None,
-            errors="warn",
-            check_every=iterations,
-            safeguard=safeguard,
-            warn=False,
-            dtype=np.dtype(dtype).type,
-            **params,
-        )
+            None, None, X, Y, reg, backend, max_iter=iterations, tol=1e-300,
+            rng=np.random.default_rng(seed), accuracy=None, errors="warn",
+            check_every=iterations, safeguard=safeguard, warn=False,
+            dtype=np.dtype(dtype).type, **params,
+        )  # fmt: skip
         total_seconds = time.perf_counter() - start
+    timings = result.timings
     return {
-        "rank": result.kernel.info.rank,
-        "n_iter": result.n_iter,
-        "build_s": result.timings["build"],
-        "iterations_s": result.timings["iterations"],
-        "per_iteration_s": result.timings["per_iteration"],
-        "total_s": total_seconds,
-        "safeguard": result.safeguard,
+        "rank": result.kernel.info.rank, "n_iter": result.n_iter, "build_s": timings["build"],
+        "iterations_s": timings["iterations"], "per_iteration_s": timings["per_iteration"],
+        "total_s": total_seconds, "safeguard": result.safeguard,
         "used_kernel_marginal_errors": list(result.marginal_errors),
         "warnings": [str(w.message)[:200] for w in caught],
-    }, result
+    }, result  # fmt: skip
 
 
 def warm_up(config: dict[str, Any]) -> None:
@@ -256,16 +230,9 @@ def run_single(config: dict[str, Any]) -> dict[str, Any]:
         )
     else:
         record, result = run_sketchot(
-            X,
-            Y,
-            reg,
-            method,
-            config["iterations"],
-            config["params"],
-            config["dtype"],
-            config["safeguard_policy"],
-            config["method_seed"],
-        )
+            X, Y, reg, method, config["iterations"], config["params"], config["dtype"],
+            config["safeguard_policy"], config["method_seed"],
+        )  # fmt: skip
     peak = peak_rss_bytes()
     # CPU seconds of all threads: next to the wall time it shows contention on a busy machine.
     record["cpu_s"] = time.process_time() - cpu_start
@@ -282,14 +249,9 @@ def run_single(config: dict[str, Any]) -> dict[str, Any]:
         kernel, a, b, log_u, log_v, config["check_samples"], config["check_seed"]
     )
     record.update(
-        {
-            "baseline_rss_bytes": baseline,
-            "peak_rss_bytes": peak,
-            "delta_rss_bytes": peak - baseline,
-            "true_kernel": errors,
-            "check_seconds": time.perf_counter() - start,
-        }
-    )
+        baseline_rss_bytes=baseline, peak_rss_bytes=peak, delta_rss_bytes=peak - baseline,
+        true_kernel=errors, check_seconds=time.perf_counter() - start,
+    )  # fmt: skip
     return record
 
 
@@ -302,19 +264,12 @@ def check_samples(n: int, args: argparse.Namespace) -> int:
 def make_config(args, n, reg, method, rank_label, dtype="float64", iterations=None):
     params = dict(RANKS[rank_label][method]) if rank_label is not None else {}
     return {
-        "method": method,
-        "n": n,
-        "reg": reg,
-        "rank_label": rank_label,
-        "params": params,
-        "dtype": dtype,
-        "iterations": args.iterations if iterations is None else iterations,
-        "safeguard_policy": args.safeguard,
-        "data_seed": [args.seed, n],
-        "method_seed": [args.seed, n, 1],
-        "check_seed": [args.seed, n, 2],
+        "method": method, "n": n, "reg": reg, "rank_label": rank_label, "params": params,
+        "dtype": dtype, "iterations": args.iterations if iterations is None else iterations,
+        "safeguard_policy": args.safeguard, "data_seed": [args.seed, n],
+        "method_seed": [args.seed, n, 1], "check_seed": [args.seed, n, 2],
         "check_samples": check_samples(n, args),
-    }
+    }  # fmt: skip
 
 
 def plan(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -332,28 +287,16 @@ def plan(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str,
                     make_config(args, n, reg, "pot-dense", None, iterations=args.dense_iterations)
                 )
             else:
-                skipped.append(
-                    {
-                        "method": "pot-dense",
-                        "n": n,
-                        "reg": reg,
-                        "reason": f"dense n x n: ~5 x {8 * n * n / 1e9:.0f} GB at peak",
-                    }
-                )
+                reason = f"dense n x n: ~5 x {8 * n * n / 1e9:.0f} GB at peak"
+                skipped.append({"method": "pot-dense", "n": n, "reg": reg, "reason": reason})
             if n <= EXACT_MAX_N:
                 iterations = args.dense_iterations
                 if 8 * n * n > EXACT_DENSE_BYTES:
                     iterations = min(iterations, STREAMED_EXACT_ITERATIONS)
                 configs.append(make_config(args, n, reg, "exact", None, iterations=iterations))
             else:
-                skipped.append(
-                    {
-                        "method": "exact",
-                        "n": n,
-                        "reg": reg,
-                        "reason": f"streamed: {n * n:.0e} exp per product, minutes per iteration",
-                    }
-                )
+                reason = f"streamed: {n * n:.0e} exp per product, minutes per iteration"
+                skipped.append({"method": "exact", "n": n, "reg": reg, "reason": reason})
             for rank_label in args.ranks:
                 for method in ("pot-nystrom", "nystrom", "rff", "polyts"):
                     configs.append(make_config(args, n, reg, method, rank_label))
@@ -379,7 +322,7 @@ def run_child(config: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 def label(row: dict[str, Any]) -> str:
     method = row["method"]
-    if method == "polyts" and row["params"]:
+    if method == "polyts" and "sketch_dim" in row["params"]:
         return f"polyts (m={row['params']['sketch_dim']}, r={row['params']['degree']})"
     return {"pot-dense": "POT ot.sinkhorn (dense)", "pot-nystrom": "POT nystroem"}.get(
         method, method
@@ -443,15 +386,8 @@ def evaluate_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every target that the rows allow to check, with the numbers behind it."""
     targets = []
     for dtype in ("float64", "float32"):
-        row = find(
-            rows,
-            method="polyts",
-            n=TARGET_N,
-            reg=TARGET_REG,
-            rank_label="61",
-            dtype=dtype,
-            iterations=TARGET_ITERATIONS,
-        )
+        row = find(rows, method="polyts", n=TARGET_N, reg=TARGET_REG, rank_label="61",
+                   dtype=dtype, iterations=TARGET_ITERATIONS)  # fmt: skip
         if row is None:
             continue
         ok_time = row["total_s"] <= TARGET_SECONDS and row["n_iter"] == TARGET_ITERATIONS
@@ -612,26 +548,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             ],
             "",
         ]
-        args.out_md.parent.mkdir(parents=True, exist_ok=True)
-        args.out_md.write_text("\n".join(md))
+        write_text(args.out_md, "\n".join(md))
         print(f"Table: {args.out_md}")
-    output = {
-        "config": {
-            "sizes": args.sizes,
-            "regs": args.regs,
-            "ranks": {label_: RANKS[label_] for label_ in args.ranks},
-            "iterations": args.iterations,
-            "dense_iterations": args.dense_iterations,
-            "safeguard": args.safeguard,
-            "seed": args.seed,
-            "only_target": args.only_target,
-            "quick": args.quick,
-        },
-        "rows": rows,
-        "skipped": skipped,
-        "targets": targets,
-        "seconds": elapsed,
-    }
+    config = {
+        "sizes": args.sizes, "regs": args.regs,
+        "ranks": {label_: RANKS[label_] for label_ in args.ranks},
+        "iterations": args.iterations, "dense_iterations": args.dense_iterations,
+        "safeguard": args.safeguard, "seed": args.seed, "only_target": args.only_target,
+        "quick": args.quick,
+    }  # fmt: skip
+    output = {"config": config, "rows": rows, "skipped": skipped, "targets": targets,
+              "seconds": elapsed}  # fmt: skip
     if args.json is not None:
         write_json(args.json, output)
     return output

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _results import write_json
+from _results import write_json, write_text
 
 import sketchot
 from sketchot.kernels.polyts import DEFAULT_CORESET_SIZE
@@ -136,16 +136,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return count_seconds, fft_seconds
 
     splits = [count_and_fft() for _ in range(args.repeats)]
-    results["  CountSketches, one side"] = {
-        "best": min(s[0] for s in splits),
-        "median": float(np.median([s[0] for s in splits])),
-        "all": [s[0] for s in splits],
-    }
-    results["  FFT convolutions, one side"] = {
-        "best": min(s[1] for s in splits),
-        "median": float(np.median([s[1] for s in splits])),
-        "all": [s[1] for s in splits],
-    }
+    for index, name in enumerate(("  CountSketches, one side", "  FFT convolutions, one side")):
+        times = [s[index] for s in splits]
+        results[name] = {"best": min(times), "median": float(np.median(times)), "all": times}
     kc = results["  k-center (both sides)"]["best"]
     results["  coreset regression (coefficients - k-center)"] = {
         "best": results["  coreset coefficients (incl. k-center)"]["best"] - kc,
@@ -232,13 +225,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(table)
     print(f"\nWall time of the benchmark: {time.perf_counter() - started:.1f} s")
     if args.out_md is not None:
-        args.out_md.parent.mkdir(parents=True, exist_ok=True)
-        args.out_md.write_text(
+        write_text(
+            args.out_md,
             "# Sketch build time\n\nProduced by `python benchmarks/sketch_build.py"
             + (" --quick" if args.quick else f" --n {args.n}")
             + "`.\n\n"
             + table
-            + "\n"
+            + "\n",
         )
     output = {
         "config": {

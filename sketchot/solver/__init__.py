@@ -8,7 +8,15 @@ from .errors import (
     NonPositiveKernelError,
 )
 from .options import SAFEGUARD_POLICIES, SolverOptions
-from .plans import LazyPlan, PlanSummary, TrueKernelCheck, plan_summary, true_kernel_check
+from .plain import PlainRun, entropic_dual, plain_sinkhorn, plan_summaries
+from .plans import (
+    LazyPlan,
+    PlanSummary,
+    TrueKernelCheck,
+    plan_summary,
+    sampled_true_kernel_check,
+    true_kernel_check,
+)
 from .result import SinkhornResult
 from .sinkhorn import check_backend_params, sinkhorn, sinkhorn2, sinkhorn_kernel
 
@@ -20,12 +28,17 @@ __all__ = [
     "KernelSafeguardWarning",
     "LazyPlan",
     "NonPositiveKernelError",
+    "PlainRun",
     "PlanSummary",
     "SinkhornResult",
     "SolverOptions",
     "TrueKernelCheck",
     "check_backend_params",
+    "entropic_dual",
+    "plain_sinkhorn",
+    "plan_summaries",
     "plan_summary",
+    "sampled_true_kernel_check",
     "sinkhorn",
     "sinkhorn2",
     "sinkhorn_kernel",

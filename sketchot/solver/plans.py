@@ -331,6 +331,42 @@ def true_kernel_check(
     return check_from_masses(row_mass, col_mass, a[rows], b[cols], (n, m), float(a.sum()))
 
 
+def sampled_true_kernel_check(
+    kernel: KernelOperator,
+    a: np.ndarray,
+    b: np.ndarray,
+    log_u: np.ndarray,
+    log_v: np.ndarray,
+    n_samples: int,
+    generator: np.random.Generator,
+) -> TrueKernelCheck:
+    """:func:`true_kernel_check` of any scalings on ``n_samples`` rows and columns drawn
+    uniformly without replacement (all of them when there are fewer), rows first, as
+    :meth:`SinkhornResult.check_true_kernel <sketchot.SinkhornResult.check_true_kernel>`
+    draws them.
+
+    Parameters
+    ----------
+    kernel : KernelOperator
+        Any operator of the geometry; the TRUE kernel is evaluated, never the operator.
+    a, b : ndarray
+        Weights.
+    log_u, log_v : ndarray
+        Log-scalings (``-inf`` allowed), e.g. of another solver's plain scalings.
+    n_samples : int
+        Rows and columns to sample.
+    generator : numpy.random.Generator
+        The draw.
+
+    Returns
+    -------
+    TrueKernelCheck
+    """
+    n, m = kernel.shape
+    rows, cols = (sample_indices(size, n_samples, generator) for size in (n, m))
+    return true_kernel_check(kernel, a, b, log_u, log_v, rows, cols)
+
+
 def check_from_masses(
     row_mass: np.ndarray,
     col_mass: np.ndarray,

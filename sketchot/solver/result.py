@@ -16,7 +16,7 @@ from .._validation import check_bool, check_int, check_matrix, check_rng
 from ..kernels import KernelOperator
 from .advice import advise
 from .errors import InvalidResultError, InvalidResultWarning
-from .plans import LazyPlan, TrueKernelCheck, barycentric, sample_indices, true_kernel_check
+from .plans import LazyPlan, TrueKernelCheck, barycentric, sampled_true_kernel_check
 
 # Relative slack of the bounding-box check of mapped points (rounding of the weighted means).
 BOX_SLACK = 1e-9
@@ -205,14 +205,8 @@ class SinkhornResult:
         """
         n_samples = check_int(n_samples, "n_samples", minimum=1)
         generator = check_rng(rng)
-        n, m = self.kernel.shape
-        return true_kernel_check(
-            self.kernel,
-            self.a,
-            self.b,
-            *self.potentials,
-            sample_indices(n, n_samples, generator),
-            sample_indices(m, n_samples, generator),
+        return sampled_true_kernel_check(
+            self.kernel, self.a, self.b, *self.potentials, n_samples, generator
         )
 
     def _check_inside(self, mapped: np.ndarray, cloud: np.ndarray, name: str) -> None:

@@ -1,0 +1,188 @@
+"""The plain Sinkhorn iteration in a fixed order, without safeguard: for protocols and benchmarks.
+
+:func:`~sketchot.sinkhorn_kernel` owns a safeguarded, fused iteration. Reproducing a paper's
+protocol needs the bare update instead: a fixed number of iterations in a fixed order, each one
+timed, bad denominators counted and left to propagate. :func:`plain_sinkhorn` runs it through
+the operator's public products; :func:`plan_summaries` then evaluates the plans of several such
+scaling pairs in one pass over a kernel, from the scalings themselves (not their logarithms, so
+no ``exp(log u)`` rounding enters the costs).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._validation import check_choice, check_int
+from ..gibbs import sq_norms
+from ..kernels import KernelOperator
+from .plans import PlanSummary
+
+#: Orders of :func:`plain_sinkhorn`.
+PLAIN_ORDERS = ("paper", "pot")
+
+
+@dataclass
+class PlainRun:
+    """Scalings after :func:`plain_sinkhorn` and what happened on the way.
+
+    Attributes
+    ----------
+    u, v : ndarray
+        The scalings (plain, not logarithms) after the last iteration.
+    iteration_times : list of float
+        ``time.perf_counter`` seconds of each iteration (both half-steps).
+    faults : int
+        Non-positive or non-finite entries of the denominators ``K v`` and ``K^T u``, summed
+        over all iterations (counted outside the timed region).
+    """
+
+    u: np.ndarray
+    v: np.ndarray
+    iteration_times: list[float]
+    faults: int
+
+    @property
+    def valid(self) -> bool:
+        """Whether every entry of ``u`` and ``v`` is finite and positive (a plan is defined)."""
+        return all(np.all(np.isfinite(s) & (s > 0)) for s in (self.u, self.v))
+
+
+def plain_sinkhorn(
+    kernel: KernelOperator, a: Any, b: Any, n_iter: int = 10, order: str = "paper"
+) -> PlainRun:
+    """``n_iter`` plain Sinkhorn iterations through ``kernel.matvec`` and ``kernel.rmatvec``.
+
+    Parameters
+    ----------
+    kernel : KernelOperator
+        Any operator (exact or approximate, possibly signed).
+    a, b : ndarray of shape (n,) and (m,)
+        Weights.
+    n_iter : int, default=10
+        Iterations (each a pair of half-steps); no convergence test.
+    order : {'paper', 'pot'}, default='paper'
+        ``'paper'``: from ``v = 1``, ``u = a / (K v)`` then ``v = b / (K^T u)`` (Algorithm 1 of
+        Han et al. 2020, the protocol of their Figure 2); ``'pot'``: from ``u = 1 / n``,
+        ``v = b / (K^T u)`` then ``u = a / (K v)`` (POT's and :func:`sketchot.sinkhorn_kernel`'s
+        order, without its fused passes).
+
+    Returns
+    -------
+    PlainRun
+        No safeguard: a non-positive or non-finite denominator is counted in ``faults`` and
+        propagates (numpy's floating-point warnings are raised as usual); check
+        :attr:`PlainRun.valid` before using the scalings.
+
+    Notes
+    -----
+    Two kernel products per iteration: ``O((n + m) r)`` for a rank-``r`` operator.
+
+    Examples
+    --------
+    >>> import numpy as np, sketchot
+    >>> from sketchot.solver import plain_sinkhorn
+    >>> X = np.random.default_rng(0).random((50, 3))
+    >>> kernel = sketchot.make_kernel(X, X, 1.0, "exact")
+    >>> run = plain_sinkhorn(kernel, np.full(50, 0.02), np.full(50, 0.02), n_iter=5)
+    >>> len(run.iteration_times), run.faults, run.valid
+    (5, 0, True)
+    """
+    n_iter = check_int(n_iter, "n_iter", minimum=1)
+    check_choice(order, "order", PLAIN_ORDERS)
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    first, num_1, second, num_2 = (kernel.matvec, a, kernel.rmatvec, b)
+    y = np.ones(kernel.shape[1])
+    if order == "pot":
+        first, num_1, second, num_2 = (kernel.rmatvec, b, kernel.matvec, a)
+        y = np.full(kernel.shape[0], 1.0 / kernel.shape[0])
+    times, faults = [], 0
+    for _ in range(n_iter):
+        begin = time.perf_counter()
+        first_den = first(y)
+        x = num_1 / first_den
+        second_den = second(x)
+        y = num_2 / second_den
+        times.append(time.perf_counter() - begin)
+        for den in (first_den, second_den):
+            faults += int(np.count_nonzero(~(np.isfinite(den) & (den > 0))))
+    u, v = (x, y) if order == "paper" else (y, x)
+    return PlainRun(u, v, times, faults)
+
+
+def plan_summaries(
+    kernel: KernelOperator, scalings: list[tuple[np.ndarray, np.ndarray]]
+) -> list[PlanSummary]:
+    """:class:`PlanSummary` of ``P = diag(u) K diag(v)`` for several plain scaling pairs at once.
+
+    Parameters
+    ----------
+    kernel : KernelOperator
+        The kernel of the plans (the exact one gives the true costs of approximate scalings).
+    scalings : list of (u, v)
+        Plain, finite, positive scalings (e.g. :attr:`PlainRun.u`, :attr:`PlainRun.v`).
+
+    Returns
+    -------
+    list of PlanSummary
+        One per pair, in order. The cost uses ``||x - y||^2 = ||x||^2 + ||y||^2 - 2 x.y`` in
+        centred coordinates: one ``matmat`` with ``d + 1`` columns per pair and one
+        ``rmatmat`` with one column per pair for all of them, i.e. a single pass over a dense
+        kernel. Unlike :func:`plan_summary` (log-scalings, any range) the scalings enter as
+        they are.
+
+    Examples
+    --------
+    >>> import numpy as np, sketchot
+    >>> from sketchot.solver import plan_summaries, plain_sinkhorn
+    >>> X = np.random.default_rng(0).random((40, 2))
+    >>> kernel = sketchot.make_kernel(X, X, 1.0, "exact")
+    >>> run = plain_sinkhorn(kernel, np.full(40, 0.025), np.full(40, 0.025), n_iter=50)
+    >>> [summary] = plan_summaries(kernel, [(run.u, run.v)])
+    >>> round(summary.mass, 6)
+    1.0
+    """
+    if not scalings:
+        return []
+    g = kernel.geometry
+    d = g.Yc.shape[1]
+    right = np.hstack([np.column_stack([v, v[:, None] * g.Yc]) for _, v in scalings])
+    K_right = kernel.matmat(right)
+    Kt_left = kernel.rmatmat(np.column_stack([u for u, _ in scalings]))
+    x_sq, y_sq = sq_norms(g.Xc), sq_norms(g.Yc)
+    out = []
+    for index, (u, v) in enumerate(scalings):
+        block = K_right[:, index * (d + 1) : (index + 1) * (d + 1)]
+        row, col = u * block[:, 0], v * Kt_left[:, index]
+        cross = np.einsum("i,ij,ij->", u, g.Xc, block[:, 1:])
+        cost = float(row @ x_sq + col @ y_sq - 2.0 * cross)
+        out.append(PlanSummary(row, col, cost, float(row.sum())))
+    return out
+
+
+def entropic_dual(
+    a: np.ndarray, b: np.ndarray, u: np.ndarray, v: np.ndarray, mass: float, reg: float
+) -> float:
+    """Dual value ``reg (<a, log u> + <b, log v>) - reg (mass - sum a)`` of plain scalings.
+
+    Parameters
+    ----------
+    a, b : ndarray
+        Weights.
+    u, v : ndarray
+        Positive scalings.
+    mass : float
+        ``u^T K v`` for the kernel of interest (:attr:`PlanSummary.mass`).
+    reg : float
+        Entropic regularisation.
+
+    Returns
+    -------
+    float
+        The entropic dual objective at ``(reg log u, reg log v)``; with uniform weights it is
+        dominated by ``-2 reg log n``.
+    """
+    return float(reg * (a @ np.log(u) + b @ np.log(v) - (mass - a.sum())))
