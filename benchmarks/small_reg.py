@@ -41,6 +41,7 @@ METHODS = {
     "local, no Anderson": {"backend": "polyts", "variant": "local", "anderson": 0},
     "exact": {"backend": "exact"},
     "exact, no Anderson": {"backend": "exact", "anderson": 0},
+    "exact stored 4 GiB": {"backend": "exact", "max_dense_bytes": 4 << 30},
     "exact + eps-scaling": {"backend": "exact", "epsilon_scaling": True},
     "nystrom rank=auto": {"backend": "nystrom", "rank": "auto"},
 }
