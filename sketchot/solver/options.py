@@ -12,7 +12,8 @@ ERROR_POLICIES = ("raise", "warn")
 
 #: Default accuracy contract: relative L1 marginal error against the TRUE kernel.
 DEFAULT_ACCURACY = 1e-3
-#: Anderson memory: 5 past iterates (typical 3-8; more costs O(m) per iterate and step).
+#: Anderson memory of ``anderson='auto'`` on log-domain paths: 5 past iterates (typical 3-8;
+#: each costs O(m) memory and work per step).
 DEFAULT_ANDERSON_MEMORY = 5
 
 
@@ -47,13 +48,17 @@ class SolverOptions:
     epsilon_scaling : bool, default=False
         For kernels with the ``'exact'`` capability: solve with ``reg`` decreasing
         geometrically from the squared diameter, warm-starting each stage (annealing).
-    anderson : int, default=5
+    anderson : int or 'auto', default='auto'
         Memory of the Anderson acceleration of the column log-scalings
         (:mod:`sketchot.solver.acceleration`): each iteration extrapolates from the last
-        ``anderson`` iterates, which cuts the iterations most at small ``reg``. On the
-        multiplicative path of low-rank kernels a mixed ``v`` costs one extra projection
-        ``R^T v`` per iteration, and a repaired pass restarts the history; Dask solves run
-        unmixed. ``0`` runs the plain Sinkhorn iteration (POT's iterates).
+        ``anderson`` iterates, which cuts the iterations most at small ``reg``. ``'auto'``:
+        5 on the log-domain paths (``'log_products'`` kernels, the exact kernel's stabilised
+        path), 0 on the multiplicative path of low-rank kernels (large ``reg``, few
+        iterations; and the Dask solve, which cannot mix without gathering ``v``, then gives
+        the same iterates). An integer applies to every in-memory path (a mixed ``v`` costs
+        the low-rank path one extra projection ``R^T v``; a repaired pass restarts the
+        history); Dask solves accept only ``0`` or ``'auto'``. ``0`` runs the plain Sinkhorn
+        iteration (POT's iterates).
     accuracy : float or None, default=1e-3
         The contract: relative L1 marginal error of the returned scalings against the TRUE
         kernel, ``max(||u * (K v) - a||_1, ||v * (K^T u) - b||_1) / sum(a)``, estimated on
@@ -77,7 +82,7 @@ class SolverOptions:
     safeguard: str = "exact"
     log_domain: bool | str = "auto"
     epsilon_scaling: bool = False
-    anderson: int = DEFAULT_ANDERSON_MEMORY
+    anderson: int | str = "auto"
     accuracy: float | None = DEFAULT_ACCURACY
     true_kernel_samples: int | str = "auto"
     errors: str = "raise"
@@ -100,7 +105,10 @@ class SolverOptions:
                     f"log_domain must be 'auto', True or False; got {describe(self.log_domain)}"
                 ) from None
         set_(self, "epsilon_scaling", check_bool(self.epsilon_scaling, "epsilon_scaling"))
-        set_(self, "anderson", check_int(self.anderson, "anderson", minimum=0))
+        if isinstance(self.anderson, str):
+            check_choice(self.anderson, "anderson", ("auto",))
+        else:
+            set_(self, "anderson", check_int(self.anderson, "anderson", minimum=0))
         if self.accuracy is not None:
             set_(self, "accuracy", check_float(self.accuracy, "accuracy", positive=True))
         if self.true_kernel_samples != "auto":
@@ -112,6 +120,13 @@ class SolverOptions:
         check_choice(self.errors, "errors", ERROR_POLICIES)
         set_(self, "warn", check_bool(self.warn, "warn"))
         set_(self, "verbose", check_bool(self.verbose, "verbose"))
+
+    def anderson_memory(self, log_domain: bool) -> int:
+        """The Anderson memory of a path: ``anderson``, or for ``'auto'`` the default memory
+        on log-domain paths and 0 on the multiplicative one."""
+        if self.anderson == "auto":
+            return DEFAULT_ANDERSON_MEMORY if log_domain else 0
+        return self.anderson
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

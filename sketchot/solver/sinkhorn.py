@@ -385,7 +385,13 @@ def _multiplicative(kernel, a, b, options, tol, guard, printer):
     n_iter = 0
     check_every = options.check_every
     # Mixing needs the scalings in memory; a repaired pass changes the map, so it restarts.
-    mixer = AndersonMixer(options.anderson, b > 0) if options.anderson and not any_dask(a) else None
+    memory = options.anderson_memory(log_domain=False)
+    if memory and any_dask(a):
+        raise ValueError(
+            f"anderson={memory}: Anderson mixing needs the scalings in memory; a Dask solve "
+            "runs the plain iteration (pass anderson=0 or 'auto')"
+        )
+    mixer = AndersonMixer(memory, b > 0) if memory else None
     for iteration in range(1, options.max_iter + 1):
         cols = kernel.fused_pass("cols", z, b)
         # cols.products = K^T u of the previous u: its column marginal is free here.
@@ -445,7 +451,7 @@ def _log_iterations(kernel, a, b, options, tol, printer):
     converged = False
     n_iter = 0
     log_u = np.full(n, -np.log(n))
-    mixer = AndersonMixer(options.anderson, b > 0)
+    mixer = AndersonMixer(options.anderson_memory(log_domain=True), b > 0)
     for iteration in range(1, options.max_iter + 1):
         rows = kernel.fused_pass("rows", log_v, log_a, log=True)
         log_u, log_Ktu = rows.ratios, rows.projection
@@ -471,7 +477,8 @@ def _stabilized(kernel, a, b, options, tol, printer):
         g.Xc, g.Yc, a, b, g.reg,
         tol=tol * mass, max_iter=options.max_iter, check_every=options.check_every,
         dtype=kernel.dtype, max_dense_bytes=kernel.info.params.get("max_dense_bytes", 1 << 30),
-        epsilon_scaling=options.epsilon_scaling, anderson=options.anderson,
+        epsilon_scaling=options.epsilon_scaling,
+        anderson=options.anderson_memory(log_domain=True),
     )  # fmt: skip
     history = [(iteration, error / mass) for iteration, error in path.history]
     for iteration, error in history:

@@ -68,7 +68,7 @@ def test_inactive_entries_are_passed_through_and_bad_steps_restart():
     [
         ("exact", 0.01, {}),  # stabilised path
         ("polyts", 0.01, {"variant": "local"}),  # log-domain passes
-        ("nystrom", 0.1, {"rank": 120}),  # multiplicative passes, mixed v projected again
+        ("nystrom", 0.1, {"rank": 120, "anderson": 5}),  # multiplicative: only when asked
     ],
 )
 def test_solver_paths_reach_the_same_plan_with_fewer_iterations(backend, reg, params):
@@ -76,10 +76,32 @@ def test_solver_paths_reach_the_same_plan_with_fewer_iterations(backend, reg, pa
     X, Y = rng.random((300, 3)), rng.random((250, 3))
     kw = dict(reg=reg, backend=backend, tol=1e-11, max_iter=5000, rng=0, accuracy=None, **params)
     mixed = sketchot.sinkhorn(None, None, X, Y, **kw)
-    plain = sketchot.sinkhorn(None, None, X, Y, anderson=0, **kw)
+    plain = sketchot.sinkhorn(None, None, X, Y, **{**kw, "anderson": 0})
     assert mixed.converged and plain.converged
     assert mixed.n_iter < plain.n_iter / 2  # measured: 3x (reg 0.1) to 10x (reg 0.01) fewer
     # marginal errors 1e-11 on both: potentials agree up to the constant shift
     shift = np.mean(mixed.potentials[0] - plain.potentials[0])
     np.testing.assert_allclose(mixed.potentials[0] - shift, plain.potentials[0], atol=1e-6)
     assert mixed.value_linear == pytest.approx(plain.value_linear, rel=1e-8)
+
+
+def test_auto_mixes_the_log_domain_paths_only():
+    """``'auto'``: the low-rank multiplicative path keeps POT's iterates (and so the Dask
+    solve's), the log-domain paths mix."""
+    rng = np.random.default_rng(4)
+    X, Y = rng.random((200, 3)), rng.random((150, 3))
+    kw = dict(reg=0.1, tol=1e-11, rng=0, accuracy=None)
+    auto = sketchot.sinkhorn(None, None, X, Y, backend="nystrom", rank=80, **kw)
+    plain = sketchot.sinkhorn(None, None, X, Y, backend="nystrom", rank=80, anderson=0, **kw)
+    assert auto.n_iter == plain.n_iter
+    np.testing.assert_array_equal(auto.potentials[1], plain.potentials[1])
+    exact = sketchot.sinkhorn(None, None, X, Y, backend="exact", **kw)
+    exact_plain = sketchot.sinkhorn(None, None, X, Y, backend="exact", anderson=0, **kw)
+    assert exact.n_iter < exact_plain.n_iter
+
+
+@pytest.mark.parametrize("value", [-1, 2.5, "yes", True])
+def test_anderson_rejects_what_is_not_a_memory(value):
+    X = np.random.default_rng(5).random((20, 2))
+    with pytest.raises((TypeError, ValueError), match="anderson"):
+        sketchot.sinkhorn(None, None, X, X, reg=0.1, backend="exact", anderson=value)
