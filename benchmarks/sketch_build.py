@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _results import write_json, write_text
+from _results import timed, write_json, write_text
 
 import sketchot
 from sketchot.kernels.polyts import DEFAULT_CORESET_SIZE
@@ -50,12 +50,6 @@ def best_of(repeats: int, step: Callable[[], float]) -> dict[str, Any]:
     """Run ``step`` (which returns its own elapsed seconds) ``repeats`` times."""
     times = [step() for _ in range(repeats)]
     return {"best": min(times), "median": float(np.median(times)), "all": times}
-
-
-def timed(function: Callable[[], Any]) -> tuple[float, Any]:
-    start = time.perf_counter()
-    value = function()
-    return time.perf_counter() - start, value
 
 
 def sketch_parameters(args: argparse.Namespace) -> dict[str, Any]:
