@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _results import write_json
+from _results import md_row, md_table, write_json, write_text
 
 import sketchot
 from sketchot.color.images import sample_pixels
@@ -87,6 +87,8 @@ TARGET_RFF_RATIO = 5.0
 
 # Target of issue 12: the improved variant at rank 101 at most this mean error.
 TARGET_IMPROVED_MEAN = 1e-6
+
+SYMBOLS = {"sketch_dim": "m", "degree": "r", "coreset_size": "k"}
 
 # Sweep grids of the figure's panels: error vs m at r = 10 and error vs r at m = 10.
 SWEEP_SKETCH_DIMS = (5, 10, 20, 40, 80)
@@ -213,21 +215,17 @@ def trial_errors(
 
 
 def dim_row_text(row: dict[str, Any]) -> str:
-    cells = " | ".join(f"{row[m]['rel_mse']:.2e} / {row[m]['frobenius']:.2e}" for m in DIM_METHODS)
-    return f"| {row['data']} | {row['rank']} | {cells} |"
+    cells = [f"{row[m]['rel_mse']:.2e} / {row[m]['frobenius']:.2e}" for m in DIM_METHODS]
+    return md_row([row["data"], row["rank"], *cells])
 
 
 def dim_table(sweep: dict[str, Any]) -> str:
-    lines = [
+    return "\n".join([
         f"Equal-rank sweep (n = {sweep['n']}, {sweep['trials']} trials per cell): mean "
         "rel-MSE / mean relative Frobenius error. polyts = improved variant; coreset = paper "
-        "variant (r = 10, m = (rank - 1) / 10).",
-        "",
-        "| data | rank | " + " | ".join(DIM_METHODS) + " |",
-        "|---|---|" + "---|" * len(DIM_METHODS),
-    ]
-    lines += [dim_row_text(row) for row in sweep["rows"]]
-    return "\n".join(lines)
+        "variant (r = 10, m = (rank - 1) / 10).", "",
+        *md_table(["data", "rank", *DIM_METHODS], map(dim_row_text, sweep["rows"])),
+    ])  # fmt: skip
 
 
 def relative_mse(K_approx: np.ndarray, K: np.ndarray) -> float:
@@ -289,45 +287,29 @@ def run_sweep(
 
 
 def markdown_table(summary: dict[str, dict[str, Any]], config: dict[str, Any]) -> str:
-    lines = [
+    rows = []
+    for method in METHODS:
+        s, ref = summary[method], REFERENCE_MEANS.get(method)
+        stats = [f"{s[k]:.3e}" for k in ("mean", "median", "std", "min", "max")]
+        rows.append([LABELS[method], *stats, "-" if ref is None else f"{ref:.1e}"])
+    return "\n".join([
         f"Gaussian kernel, synthetic U ({config['n']} x {config['d']}), "
         f"m = {config['sketch_dim']}, r = {config['degree']}, k = {config['coreset_size']}, "
         f"rank {config['rank']}, "
-        f"{config['trials']} trials. Error = mean over all n^2 entries of ((K~ - K) / K)^2.",
-        "",
-        "| method | mean | median | std | min | max | reference mean |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for method in METHODS:
-        s = summary[method]
-        reference = REFERENCE_MEANS.get(method)
-        ref = f"{reference:.1e}" if reference is not None else "-"
-        lines.append(
-            f"| {LABELS[method]} | {s['mean']:.3e} | {s['median']:.3e} | {s['std']:.3e} | "
-            f"{s['min']:.3e} | {s['max']:.3e} | {ref} |"
-        )
-    return "\n".join(lines)
+        f"{config['trials']} trials. Error = mean over all n^2 entries of ((K~ - K) / K)^2.", "",
+        *md_table(["method", "mean", "median", "std", "min", "max", "reference mean"], rows),
+    ])  # fmt: skip
 
 
 def sweep_table(sweep: dict[str, Any]) -> str:
     name = sweep["parameter"]
-    symbol = {"sketch_dim": "m", "degree": "r"}[name]
-    fixed = ", ".join(
-        f"{ {'sketch_dim': 'm', 'degree': 'r', 'coreset_size': 'k'}[key] } = {value}"
-        for key, value in sweep["fixed"].items()
-        if key != name
-    )
-    header = "| method | " + " | ".join(f"{symbol} = {v}" for v in sweep["values"]) + " |"
-    lines = [
-        f"Mean error vs {symbol} ({fixed}, {sweep['trials']} trials per point)",
-        "",
-        header,
-        "|---|" + "---|" * len(sweep["values"]),
-    ]
-    for method in METHODS:
-        means = sweep["results"][method]["mean"]
-        lines.append(f"| {LABELS[method]} | " + " | ".join(f"{v:.2e}" for v in means) + " |")
-    return "\n".join(lines)
+    fixed = ", ".join(f"{SYMBOLS[key]} = {value}" for key, value in sweep["fixed"].items()
+                      if key != name)  # fmt: skip
+    rows = [[LABELS[m], *(f"{v:.2e}" for v in sweep["results"][m]["mean"])] for m in METHODS]
+    return "\n".join([
+        f"Mean error vs {SYMBOLS[name]} ({fixed}, {sweep['trials']} trials per point)", "",
+        *md_table(["method", *(f"{SYMBOLS[name]} = {v}" for v in sweep["values"])], rows),
+    ])  # fmt: skip
 
 
 def plot(summary, sweeps, path: Path) -> None:
@@ -351,8 +333,7 @@ def plot(summary, sweeps, path: Path) -> None:
         ax.set_xlabel(symbol)
         ax.set_yscale("log")
         ax.set_ylabel("mean relative squared error")
-        symbols = {"sketch_dim": "m", "degree": "r", "coreset_size": "k"}
-        fixed = [f"{symbols[k]}={v}" for k, v in sweep["fixed"].items() if k != sweep["parameter"]]
+        fixed = [f"{SYMBOLS[k]}={v}" for k, v in sweep["fixed"].items() if k != sweep["parameter"]]
         ax.set_title(
             f"error vs {symbol} ({', '.join(fixed)}; {sweep['trials']} trials)", fontsize=9
         )
@@ -378,18 +359,17 @@ def plot(summary, sweeps, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--trials", type=int, default=100, help="trials at m = r = k = 10")
-    parser.add_argument("--sweep-trials", type=int, default=20, help="trials per sweep point")
-    parser.add_argument("--quick", action="store_true", help="10 trials, 3 per sweep point")
-    parser.add_argument("--no-sweeps", action="store_true", help="skip the m and r sweeps")
-    parser.add_argument("--no-dim-sweep", action="store_true", help="skip the d x rank sweep")
-    parser.add_argument("--dim-trials", type=int, default=5, help="trials per d x rank cell")
-    parser.add_argument("--seed", type=int, default=0, help="base seed: trial t uses seed + t")
-    parser.add_argument("--data-seed", type=int, default=2020, help="seed of the data U")
-    parser.add_argument("--json", type=Path, default=None, help="write the numbers here")
-    parser.add_argument(
-        "--out-dir", type=Path, default=RESULTS_DIR, help="figure and markdown directory"
-    )
+    add = parser.add_argument
+    add("--trials", type=int, default=100, help="trials at m = r = k = 10")
+    add("--sweep-trials", type=int, default=20, help="trials per sweep point")
+    add("--quick", action="store_true", help="10 trials, 3 per sweep point")
+    add("--no-sweeps", action="store_true", help="skip the m and r sweeps")
+    add("--no-dim-sweep", action="store_true", help="skip the d x rank sweep")
+    add("--dim-trials", type=int, default=5, help="trials per d x rank cell")
+    add("--seed", type=int, default=0, help="base seed: trial t uses seed + t")
+    add("--data-seed", type=int, default=2020, help="seed of the data U")
+    add("--json", type=Path, default=None, help="write the numbers here")
+    add("--out-dir", type=Path, default=RESULTS_DIR, help="figure and markdown directory")
     args = parser.parse_args(argv)
     if args.quick:
         args.trials = min(args.trials, 10)
@@ -448,55 +428,39 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "rff_over_coreset_ok": bool(ratio >= TARGET_RFF_RATIO),
     }  # fmt: skip
     total_seconds = time.perf_counter() - started
+    verdict = {key: "HOLDS" if targets[f"{key}_ok"] else "FAILS" for key in targets
+               if f"{key}_ok" in targets}  # fmt: skip
     print(
-        f"Target: Coreset-TS mean <= {TARGET_CORESET_MEAN:.0e}: "
-        f"{'HOLDS' if targets['coreset_mean_ok'] else 'FAILS'} (mean {coreset_mean:.3e})"
-    )
-    print(
-        f"Target: RFF mean / Coreset-TS mean >= {TARGET_RFF_RATIO:g}: "
-        f"{'HOLDS' if targets['rff_over_coreset_ok'] else 'FAILS'} (ratio {ratio:.1f})"
-    )
-    print(
+        f"Target: Coreset-TS mean <= {TARGET_CORESET_MEAN:.0e}: {verdict['coreset_mean']} "
+        f"(mean {coreset_mean:.3e})\nTarget: RFF mean / Coreset-TS mean >= "
+        f"{TARGET_RFF_RATIO:g}: {verdict['rff_over_coreset']} (ratio {ratio:.1f})\n"
         f"Target: polyts (improved) mean <= {TARGET_IMPROVED_MEAN:.0e} at rank "
-        f"{config['rank']}: {'HOLDS' if targets['improved_mean_ok'] else 'FAILS'} "
-        f"(mean {improved_mean:.3e})"
+        f"{config['rank']}: {verdict['improved_mean']} (mean {improved_mean:.3e})\n"
+        f"Time: {main_seconds:.1f} s for {args.trials} trials, {total_seconds:.1f} s in total"
     )
-    print(f"Time: {main_seconds:.1f} s for {args.trials} trials, {total_seconds:.1f} s in total")
 
     # --quick writes kernel_approx_quick.* so that it never overwrites the full results.
     stem = "kernel_approx_quick" if args.quick else "kernel_approx"
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    md_lines = [
-        "# Kernel approximation (Han et al. 2020, Figure 1a, synthetic)",
-        "",
-        "Produced by `python benchmarks/kernel_approx.py"
-        + (" --quick" if args.quick else "")
-        + "`.",
-        "",
-        markdown_table(summary, config),
-        "",
-    ]
-    for sweep in sweeps:
-        md_lines += [sweep_table(sweep), ""]
-    if dim_sweep is not None:
-        md_lines += [dim_table(dim_sweep), ""]
+    sections = [markdown_table(summary, config), *map(sweep_table, sweeps)]
+    sections += [dim_table(dim_sweep)] if dim_sweep is not None else []
+    md_lines = ["# Kernel approximation (Han et al. 2020, Figure 1a, synthetic)", ""]
+    md_lines += [f"Produced by `python benchmarks/kernel_approx.py{' --quick' * args.quick}`.", ""]
+    for section in sections:
+        md_lines += [section, ""]
     md_lines += [
         f"- polyts (improved) mean <= {TARGET_IMPROVED_MEAN:.0e}: "
-        f"{'holds' if targets['improved_mean_ok'] else 'fails'} ({improved_mean:.3e})",
+        f"{verdict['improved_mean'].lower()} ({improved_mean:.3e})",
         f"- Coreset-TS mean <= {TARGET_CORESET_MEAN:.0e}: "
-        f"{'holds' if targets['coreset_mean_ok'] else 'fails'} ({coreset_mean:.3e})",
+        f"{verdict['coreset_mean'].lower()} ({coreset_mean:.3e})",
         f"- RFF / Coreset-TS >= {TARGET_RFF_RATIO:g}: "
-        f"{'holds' if targets['rff_over_coreset_ok'] else 'fails'} ({ratio:.1f}x)",
+        f"{verdict['rff_over_coreset'].lower()} ({ratio:.1f}x)",
         f"- Wall time {total_seconds:.1f} s ({platform.processor() or platform.machine()}).",
-        "",
     ]
     if sweeps:
-        figure = args.out_dir / f"{stem}.png"
-        plot(summary, sweeps, figure)
-        md_lines.insert(-1, "")
-        md_lines.insert(-1, f"![kernel approximation]({stem}.png)")
-        print(f"Figure: {figure}")
-    (args.out_dir / f"{stem}.md").write_text("\n".join(md_lines))
+        plot(summary, sweeps, args.out_dir / f"{stem}.png")
+        md_lines += ["", f"![kernel approximation]({stem}.png)"]
+        print(f"Figure: {args.out_dir / f'{stem}.png'}")
+    write_text(args.out_dir / f"{stem}.md", "\n".join([*md_lines, ""]))
     print(f"Table: {args.out_dir / f'{stem}.md'}")
 
     output = {
