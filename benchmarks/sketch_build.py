@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _results import timed, write_json, write_text
+from _results import md_table, timed, write_json, write_text
 
 import sketchot
 from sketchot.kernels.polyts import DEFAULT_CORESET_SIZE
@@ -48,24 +48,20 @@ PAPER = sketchot.comparable_parameters()["polyts"]
 
 def best_of(repeats: int, step: Callable[[], float]) -> dict[str, Any]:
     """Run ``step`` (which returns its own elapsed seconds) ``repeats`` times."""
-    times = [step() for _ in range(repeats)]
+    return best_and_median([step() for _ in range(repeats)])
+
+
+def best_and_median(times: list[float]) -> dict[str, Any]:
     return {"best": min(times), "median": float(np.median(times)), "all": times}
-
-
-def sketch_parameters(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "degree": args.degree,
-        "sketch_dim": args.sketch_dim,
-        "coreset_size": args.coreset_size,
-        "variant": "paper",  # the paper's Coreset-TS, whose cost breakdown follows
-    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     data_rng = np.random.default_rng(args.seed)
     X = data_rng.random((args.n, args.dim))
     Y = data_rng.random((args.n, args.dim))
-    params = sketch_parameters(args)
+    # The paper's Coreset-TS, whose cost breakdown follows.
+    params = {"degree": args.degree, "sketch_dim": args.sketch_dim,
+              "coreset_size": args.coreset_size, "variant": "paper"}  # fmt: skip
     sketch_seed = args.seed + 1
     results: dict[str, dict[str, Any]] = {}
 
@@ -98,10 +94,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     def kcenter_both() -> float:
         rng = np.random.default_rng(sketch_seed)
-        return (
-            timed(lambda: greedy_k_center(U, args.coreset_size, rng))[0]
-            + timed(lambda: greedy_k_center(V, args.coreset_size, rng))[0]
-        )
+        return sum(timed(lambda Z=Z: greedy_k_center(Z, args.coreset_size, rng))[0] for Z in (U, V))
 
     def coefficients() -> float:
         rng = np.random.default_rng(sketch_seed)
@@ -131,22 +124,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     splits = [count_and_fft() for _ in range(args.repeats)]
     for index, name in enumerate(("  CountSketches, one side", "  FFT convolutions, one side")):
-        times = [s[index] for s in splits]
-        results[name] = {"best": min(times), "median": float(np.median(times)), "all": times}
-    kc = results["  k-center (both sides)"]["best"]
-    results["  coreset regression (coefficients - k-center)"] = {
-        "best": results["  coreset coefficients (incl. k-center)"]["best"] - kc,
-        "derived": True,
-    }
-    rest = (
-        results["transform_x"]["best"]
-        - results["  CountSketches, one side"]["best"]
-        - results["  FFT convolutions, one side"]["best"]
-    )
-    results["  scaling + copy, one side (transform_x - CS - FFT)"] = {
-        "best": rest,
-        "derived": True,
-    }
+        results[name] = best_and_median([s[index] for s in splits])
+    best = {name: entry["best"] for name, entry in results.items()}
+    regression = best["  coreset coefficients (incl. k-center)"] - best["  k-center (both sides)"]
+    derived = {
+        "  coreset regression (coefficients - k-center)": regression,
+        "  scaling + copy, one side (transform_x - CS - FFT)": best["transform_x"]
+        - best["  CountSketches, one side"] - best["  FFT convolutions, one side"],
+    }  # fmt: skip
+    results.update({name: {"best": value, "derived": True} for name, value in derived.items()})
     return results
 
 
@@ -166,26 +152,22 @@ ORDER = (
 
 def markdown(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
     total = results["make_kernel polyts float64"]["best"]
-    lines = [
-        f"Poly-TensorSketch Gaussian feature map, n = {args.n:,} points per side in "
-        f"[0,1]^{args.dim}, m = {args.sketch_dim}, r = {args.degree}, k = {args.coreset_size} "
-        f"(rank {1 + args.degree * args.sketch_dim}); best of {args.repeats}; indented rows "
-        "are the breakdown (derived rows are differences).",
-        "",
-        "| step | best s | median s | % of make_kernel float64 | Mpoints/s |",
-        "|---|---|---|---|---|",
-    ]
+    rows = []
     for name in ORDER:
         entry = results[name]
         median = "-" if entry.get("derived") else f"{entry['median']:.3f}"
         points = 2 * args.n if name in ("fit",) or name.startswith("make_kernel") else args.n
         rate = points / entry["best"] / 1e6 if entry["best"] > 0 else float("inf")
         label = name.strip() if not name.startswith("  ") else "- " + name.strip()
-        lines.append(
-            f"| {label} | {entry['best']:.3f} | {median} | {100 * entry['best'] / total:.0f}% "
-            f"| {rate:.2f} |"
-        )
-    return "\n".join(lines)
+        rows.append([label, f"{entry['best']:.3f}", median,
+                     f"{100 * entry['best'] / total:.0f}%", f"{rate:.2f}"])  # fmt: skip
+    return "\n".join([
+        f"Poly-TensorSketch Gaussian feature map, n = {args.n:,} points per side in "
+        f"[0,1]^{args.dim}, m = {args.sketch_dim}, r = {args.degree}, k = {args.coreset_size} "
+        f"(rank {1 + args.degree * args.sketch_dim}); best of {args.repeats}; indented rows "
+        "are the breakdown (derived rows are differences).", "",
+        *md_table(["step", "best s", "median s", "% of make_kernel float64", "Mpoints/s"], rows),
+    ])  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -199,12 +181,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--coreset-size", type=int, default=DEFAULT_CORESET_SIZE)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument(
-        "--out-md",
-        type=Path,
-        default=None,
-        help="also write the table here (default without --quick: results/sketch_build.md)",
-    )
+    parser.add_argument("--out-md", type=Path, default=None,
+                        help="also write the table here (default without --quick: "
+                        "results/sketch_build.md)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.quick:
         args.n = min(args.n, 10**5)
@@ -219,29 +198,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(table)
     print(f"\nWall time of the benchmark: {time.perf_counter() - started:.1f} s")
     if args.out_md is not None:
-        write_text(
-            args.out_md,
-            "# Sketch build time\n\nProduced by `python benchmarks/sketch_build.py"
-            + (" --quick" if args.quick else f" --n {args.n}")
-            + "`.\n\n"
-            + table
-            + "\n",
-        )
-    output = {
-        "config": {
-            "n": args.n,
-            "dim": args.dim,
-            "sketch_dim": args.sketch_dim,
-            "degree": args.degree,
-            "coreset_size": args.coreset_size,
-            "repeats": args.repeats,
-            "data_seed": args.seed,
-            "sketch_seed": args.seed + 1,
-            "gamma": 1.0,
-        },
-        "seconds": results,
-        "versions": {"sketchot": sketchot.__version__, "numpy": np.__version__},
-    }
+        command = "sketch_build.py" + (" --quick" if args.quick else f" --n {args.n}")
+        write_text(args.out_md, f"# Sketch build time\n\nProduced by `python benchmarks/"
+                   f"{command}`.\n\n{table}\n")  # fmt: skip
+    config = {
+        "n": args.n, "dim": args.dim, "sketch_dim": args.sketch_dim, "degree": args.degree,
+        "coreset_size": args.coreset_size, "repeats": args.repeats, "data_seed": args.seed,
+        "sketch_seed": args.seed + 1, "gamma": 1.0,
+    }  # fmt: skip
+    versions = {"sketchot": sketchot.__version__, "numpy": np.__version__}
+    output = {"config": config, "seconds": results, "versions": versions}
     if args.json is not None:
         write_json(args.json, output)
     return output
