@@ -62,31 +62,23 @@ BACKENDS = ("exact", "nystrom", "rff", "polyts")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="color_mapping.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
-    parser.add_argument("--target", type=Path, default=DEFAULT_TARGET)
-    parser.add_argument("--n-samples", type=positive_int, default=10_000)
-    parser.add_argument("--reg", type=positive_float, default=0.1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-iter", type=positive_int, default=1000)
-    parser.add_argument(
-        "--exact-pixels",
-        type=positive_int,
-        default=100_000,
-        help="pixels timed for the exact per-pixel map, extrapolated to all (default 1e5)",
-    )
-    parser.add_argument(
-        "--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS), metavar="BACKEND"
-    )
-    parser.add_argument(
-        "--quick", action="store_true", help="source downscaled 4x per side, 2000 samples"
-    )
-    parser.add_argument("--json", type=Path, help="write the results as JSON")
+    add = parser.add_argument
+    add("--source", type=Path, default=DEFAULT_SOURCE)
+    add("--target", type=Path, default=DEFAULT_TARGET)
+    add("--n-samples", type=positive_int, default=10_000)
+    add("--reg", type=positive_float, default=0.1)
+    add("--seed", type=int, default=0)
+    add("--max-iter", type=positive_int, default=1000)
+    add("--exact-pixels", type=positive_int, default=100_000,
+        help="pixels timed for the exact per-pixel map, extrapolated to all "
+        "(default 1e5)")  # fmt: skip
+    add("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS), metavar="BACKEND")
+    add("--quick", action="store_true", help="source downscaled 4x per side, 2000 samples")
+    add("--json", type=Path, help="write the results as JSON")
     return parser
 
 
-def fit(
-    source_pixels: np.ndarray, target_pixels: np.ndarray, backend: str, args
-) -> tuple[Any, dict]:
+def fit(source_pixels: np.ndarray, target_pixels: np.ndarray, backend: str, args) -> tuple:
     rng = np.random.default_rng(args.seed)
     xs = sample_pixels(source_pixels, args.n_samples, rng=rng, name="source")
     xt = sample_pixels(target_pixels, args.n_samples, rng=rng, name="target")
@@ -94,18 +86,9 @@ def fit(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = sketchot.sinkhorn(
-            xs.weights,
-            xt.weights,
-            xs.colors,
-            xt.colors,
-            reg=args.reg,
-            backend=backend,
-            max_iter=args.max_iter,
-            rng=rng,
-            safeguard="clip",
-            errors="warn",
-            **params,
-        )
+            xs.weights, xt.weights, xs.colors, xt.colors, reg=args.reg, backend=backend,
+            max_iter=args.max_iter, rng=rng, safeguard="clip", errors="warn", **params,
+        )  # fmt: skip
     return result, params
 
 
@@ -126,18 +109,12 @@ def bench_backend(source: np.ndarray, target: np.ndarray, backend: str, args) ->
     _, raw_fallbacks = result.barycentric_map(X_new=subset, return_fallbacks=True)
     raw_seconds = (time.perf_counter() - tick) * n_pixels / subset.shape[0]
     return {
-        "backend": backend,
-        "params": params,
-        "n_iter": result.n_iter,
-        "fit_s": fit_seconds,
-        "n_pixels": n_pixels,
-        "n_colors": mapped.n_colors,
-        "map_image_s": mapped.seconds,
-        "map_image_fallbacks": mapped.n_fallbacks,
-        "per_pixel_s": raw_seconds,
+        "backend": backend, "params": params, "n_iter": result.n_iter, "fit_s": fit_seconds,
+        "n_pixels": n_pixels, "n_colors": mapped.n_colors, "map_image_s": mapped.seconds,
+        "map_image_fallbacks": mapped.n_fallbacks, "per_pixel_s": raw_seconds,
         "per_pixel_extrapolated_from": int(subset.shape[0]) if subset is not pixels else None,
         "per_pixel_fallbacks": raw_fallbacks,
-    }
+    }  # fmt: skip
 
 
 def print_table(records: list[dict[str, Any]], header_note: str) -> None:
