@@ -1,46 +1,27 @@
 """Gaussian-kernel approximation error: the synthetic panel of Figure 1 of Han et al. (2020).
 
 Protocol (the authors' reference implementation, ``run_kernel_approx.m``):
+``U = randn(1000, 50) / sqrt(50) / sqrt(10)``; ``K_ij = exp(-||u_i - u_j||^2) = z_i exp(2 u_i .
+u_j) z_j`` with ``z_i = exp(-||u_i||^2)`` (``gamma = 1``, ``f(t) = exp(2 t)``, no centring);
+``m = r = k = 10`` (sketch dimension, degree, coreset size); error of one trial: the mean over
+all ``n^2`` entries of ``((K~ - K) / K)^2``, averaged over trials that redraw the sketch, not
+the data.
 
-* ``U = randn(1000, 50) / sqrt(50) / sqrt(10)``;
-* ``K_ij = exp(-||u_i - u_j||^2) = z_i exp(2 u_i . u_j) z_j`` with ``z_i = exp(-||u_i||^2)``
-  (``gamma = 1``, ``f(t) = exp(2 t)``), no centring;
-* ``m = r = k = 10``: sketch dimension, polynomial degree, coreset size;
-* error of one trial: ``mean over all n^2 entries of ((K~ - K) / K)^2``, averaged over trials
-  (every trial redraws the sketch, not the data).
+Methods, rank ``1 + r m`` each (Nystrom at most that: its pseudo-inverse drops null
+directions): ``coreset``, ``chebyshev``, ``optimal`` (ridge on all ``n^2`` entries):
+``GaussianPolySketch(variant='paper', center=None, coefficients=<method>)``; ``taylor``:
+``PolyTensorSketch`` of ``exp(2 t)`` around the mean entry of ``U U^T``
+(``taylor_center='mean'``), ``z`` applied here; ``polyts``: sketchot's improved default at the
+same rank (not in the paper); ``rff`` and ``nystrom`` (k-center landmarks; not in the paper's
+figure): ``sketchot.make_kernel`` with ``1 + r m`` features / landmarks. The classes'
+docstrings say what each does. Trial ``t`` gives every method ``default_rng(base_seed + t)``,
+so the four TensorSketch variants share their hashes and signs in a trial; the data come from
+``default_rng(data_seed)``.
 
-Methods (rank ``1 + r m`` each; Nystrom at most that, its pseudo-inverse drops null directions):
-
-``coreset``, ``chebyshev``, ``optimal``
-    :class:`sketchot.sketch.GaussianPolySketch` with ``variant='paper'``, ``gamma = 1``,
-    ``center=None`` and ``coefficients`` = the method (``optimal``: ridge regression on all
-    ``n^2`` entries, the paper's appendix).
-``taylor``
-    :class:`sketchot.sketch.PolyTensorSketch` of ``exp(2 t)`` with ``variant='paper'``,
-    ``taylor_center='mean'`` (the mean entry of ``U U^T``) and the ``z`` scalings applied
-    here, because ``GaussianPolySketch`` does not expose ``taylor_center``.
-``polyts``
-    sketchot's default, the improved variant (``GaussianPolySketch(variant='improved',
-    rank=1 + r m, center=None)``, same coreset size): exact monomial features for the
-    degrees that fit, per-degree sketch sizes, relative-error coefficients. Not in the paper.
-``rff``
-    ``sketchot.make_kernel(U, U, reg=1, backend='rff', n_features=1 + r m)``: frequencies
-    ``N(0, 2 I)``, phases ``U[0, 2 pi)``, ``phi = sqrt(2 / D) cos(W x + b)``.
-``nystrom``
-    ``sketchot.make_kernel(U, U, reg=1, backend='nystrom', n_landmarks=1 + r m)`` (k-center
-    landmarks, the backend's default). Not in the paper's figure: added so that the README's
-    advice on dimension rests on a measurement (here d = 50).
-
-Trial ``t`` gives every method a fresh ``numpy.random.default_rng(base_seed + t)``, so in one
-trial the four TensorSketch variants share their hashes and signs (common random numbers)
-and differ only by their coefficients. The data come from ``default_rng(data_seed)``.
-
-Dimension sweep (``--no-dim-sweep`` skips it): equal-rank comparison of ``polyts`` (improved),
-``coreset`` (paper, ``r = 10``, ``m = (R - 1) / 10``), ``nystrom`` and ``rff`` at ranks
-``R`` in 21, 61, 101, on isotropic Gaussian data ``randn(n, d) / sqrt(d) / sqrt(10)`` for
-``d`` in 3, 10, 20, 50, 100 (the protocol's scaling, ``E||u||^2 = 0.1``) and on the colours of
-``images/`` (``n`` pixels of the default source vs ``n`` of the default target, ``[0, 1]^3``,
-``gamma`` 1 and 10, i.e. ``reg`` 1 and 0.1, centred as each method does by default).
+Dimension sweep (``--no-dim-sweep`` skips it): equal-rank ``polyts`` (improved), ``coreset``
+(paper, ``r = 10``, ``m = (R - 1) / 10``), ``nystrom`` and ``rff`` at ranks ``R`` in 21, 61, 101,
+on ``randn(n, d) / sqrt(d) / sqrt(10)`` for ``d`` in 3, 10, 20, 50, 100 and on the colours of
+``images/`` (``n`` pixels of the default source and target, ``gamma`` 1 and 10).
 
 Run ``python benchmarks/kernel_approx.py`` (100 trials plus the sweeps, several minutes on two
 cores) or ``--quick``; ``--json PATH`` writes every number. The figure and the markdown table

@@ -1,37 +1,29 @@
 """Sinkhorn speed, memory and true-kernel accuracy: sketchot's backends next to POT's solvers.
 
-For ``n`` points per side drawn uniformly from ``[0, 1]^3`` (``default_rng([seed, n])``), uniform
-weights and ``reg`` in ``{1, 0.1}`` (kernel ``exp(-||x - y||^2 / reg)``), every configuration is
-run for a fixed number of iterations (``tol=1e-300``: never met) in its own subprocess, which
-reports
-
-* build time (kernel or factors), time per iteration, total wall time;
-* the child's peak RSS (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) and its increase over
-  the child's baseline after imports, a small warm-up and data generation;
-* the L1 marginal errors of the returned scalings against the EXACT kernel, estimated on
-  sampled rows and columns (``sketchot.solver.true_kernel_check``, the same draw for every
-  method: ``SinkhornResult.check_true_kernel``'s).
-
-Methods:
+``n`` points per side uniform in ``[0, 1]^3`` (``default_rng([seed, n])``), uniform weights,
+``reg`` in ``{1, 0.1}``; every configuration runs a fixed number of iterations (``tol=1e-300``)
+in its own subprocess, which reports build time, time per iteration and total wall time; peak
+RSS (``ru_maxrss``) and its increase over the child's baseline after imports, a small warm-up
+and data generation; and the L1 marginal errors of the returned scalings against the EXACT
+kernel on sampled rows and columns (``sketchot.solver.sampled_true_kernel_check``, the draw
+of ``SinkhornResult.check_true_kernel``, the same for every method). Methods:
 
 ``pot-dense``
-    ``ot.dist`` then ``ot.sinkhorn(a, b, M, reg)`` (POT 0.9: dense ``n x n``, ~5 such float64
-    arrays at peak). Build = ``ot.dist`` + one ``exp(-M / reg)`` timed separately (the kernel
+    ``ot.dist`` then ``ot.sinkhorn(a, b, M, reg)`` (dense ``n x n``, ~5 such float64 arrays at
+    peak). Build = ``ot.dist`` + one ``exp(-M / reg)`` timed separately (the kernel
     ``ot.sinkhorn`` computes first); per iteration = (solve - that exp) / iterations.
 ``pot-nystrom``
-    ``ot.lowrank.kernel_nystroem`` + ``ot.lowrank.sinkhorn_low_rank_kernel``: the two calls
-    ``ot.bregman.empirical_sinkhorn_nystroem2`` makes, with its ``sigma = sqrt(reg / 2)`` (so that
-    ``exp(-d^2 / (2 sigma^2)) = exp(-d^2 / reg)``), timed separately. POT draws ``anchors // 2``
-    landmarks per cloud, so it gets the even number of anchors at or above the rank.
-    ``random_state`` seeds POT's own NumpyBackend generator (not numpy's global one).
+    ``ot.lowrank.kernel_nystroem`` + ``sinkhorn_low_rank_kernel`` (the two calls of
+    ``ot.bregman.empirical_sinkhorn_nystroem2``) with ``sigma = sqrt(reg / 2)``, timed
+    separately; POT draws ``anchors // 2`` landmarks per cloud, so it gets the even number of
+    anchors at or above the rank; ``random_state`` seeds POT's own NumpyBackend generator.
 ``exact``, ``rff``, ``nystrom``, ``polyts``
     ``sketchot.sinkhorn(None, None, X, Y, reg, backend, max_iter, tol=1e-300,
-    check_every=max_iter, safeguard=..., accuracy=None, errors='warn')``; ``check_every=max_iter``
-    so that float32's tolerance floor cannot stop the run early. Low-rank backends at equal
-    rank 61 and 199, each with its record's ``params_for_rank`` (polyts ``m = 20`` and ``66``,
-    ``r = 3``; ``rff`` and ``nystrom`` with as many features / landmarks). Default safeguard
-    ``'clip'``: ``'exact'`` recomputes each non-positive entry with an ``O(n d)`` exact row,
-    which would dominate the timings of RFF at ``reg = 0.1``; the number of repairs is reported.
+    check_every=max_iter, safeguard=..., accuracy=None, errors='warn')`` (``check_every``: the
+    float32 tolerance floor cannot stop a run early). Low-rank backends at equal rank 61 and
+    199 (each record's ``params_for_rank``: polyts ``m = 20`` and ``66``, ``r = 3``). Safeguard
+    ``'clip'`` by default (``'exact'`` repairs would dominate RFF's timings at ``reg = 0.1``);
+    the number of repairs is reported.
 
 Targets printed (computed, not asserted): polyts, ``n = 10^6``, ``reg = 1``, 100 iterations,
 build included, at most 15 s and 2 GB peak RSS in float64 and float32; low-rank backends at
