@@ -40,7 +40,7 @@ import numpy as np
 from _results import md_row, md_table, write_json, write_text
 
 import sketchot
-from sketchot.color.images import sample_pixels
+from sketchot.color import load_image_pair, sample_pixels
 from sketchot.sketch import Exponential, GaussianPolySketch, PolyTensorSketch
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -147,14 +147,6 @@ def kernel_errors(K_approx: np.ndarray, K: np.ndarray) -> tuple[float, float]:
     return relative_mse(K_approx, K), float(np.linalg.norm(K_approx - K) / np.linalg.norm(K))
 
 
-def colour_pixels(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` pixels of the default source and ``n`` of the default target, in ``[0, 1]^3``."""
-    rng = np.random.default_rng(seed)
-    X = sample_pixels(IMAGES_DIR / "default_source.png", n, rng=rng).colors
-    Y = sample_pixels(IMAGES_DIR / "default_target.png", n, rng=rng).colors
-    return X, Y
-
-
 def run_dimension_sweep(n: int, trials: int, base_seed: int, data_seed: int) -> dict[str, Any]:
     """Mean rel-MSE and relative Frobenius error of every equal-rank method on every data set.
 
@@ -166,7 +158,10 @@ def run_dimension_sweep(n: int, trials: int, base_seed: int, data_seed: int) -> 
     for d in DIM_DIMS:
         U = synthetic_data(n, d, data_seed + d)
         datasets.append((f"gaussian d={d}", U, U, 1.0))
-    X, Y = colour_pixels(n, data_seed)
+    # n pixels of the default source and n of the default target, in [0, 1]^3.
+    rng = np.random.default_rng(data_seed)
+    pair = load_image_pair(IMAGES_DIR, "default", dtype=None)
+    X, Y = (sample_pixels(image, n, rng=rng).colors for image in pair)
     for gamma in COLOUR_GAMMAS:
         datasets.append((f"colours gamma={gamma:g}", X, Y, gamma))
     rows = []
@@ -215,20 +210,13 @@ def relative_mse(K_approx: np.ndarray, K: np.ndarray) -> float:
     return float(np.mean(relative * relative))
 
 
-def run_trials(
-    U: np.ndarray,
-    K: np.ndarray,
-    methods: tuple[str, ...],
-    sketch_dim: int,
-    degree: int,
-    coreset_size: int,
-    seeds: list[int],
-) -> dict[str, list[float]]:
-    """Per-trial errors of each method (trial ``t`` uses ``seeds[t]`` for every method)."""
-    errors: dict[str, list[float]] = {method: [] for method in methods}
+def run_trials(U: np.ndarray, K: np.ndarray, params: dict[str, int], seeds: list[int]) -> dict:
+    """Per-trial errors of every method with ``params`` (``sketch_dim``, ``degree``,
+    ``coreset_size``); trial ``t`` uses ``seeds[t]`` for every method."""
+    errors: dict[str, list[float]] = {method: [] for method in METHODS}
     for seed in seeds:
-        for method in methods:
-            A, B = approximate_factors(method, U, sketch_dim, degree, coreset_size, seed)
+        for method in METHODS:
+            A, B = approximate_factors(method, U, **params, seed=seed)
             errors[method].append(relative_mse(A @ B.T, K))
     return errors
 
@@ -257,9 +245,7 @@ def run_sweep(
     }
     for value in grid:
         params = {**fixed, name: value}
-        errors = run_trials(
-            U, K, METHODS, params["sketch_dim"], params["degree"], params["coreset_size"], seeds
-        )
+        errors = run_trials(U, K, params, seeds)
         for method in METHODS:
             results[method]["mean"].append(float(np.mean(errors[method])))
             results[method]["median"].append(float(np.median(errors[method])))
@@ -375,7 +361,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     config["mean_data_entry"] = float(U.mean())  # the reference code's Taylor anchor
 
     seeds = [args.seed + t for t in range(args.trials)]
-    errors = run_trials(U, K, METHODS, sketch_dim, degree, coreset_size, seeds)
+    fixed = {"sketch_dim": sketch_dim, "degree": degree, "coreset_size": coreset_size}
+    errors = run_trials(U, K, fixed, seeds)
     summary = {method: summarize(errors[method], seeds) for method in METHODS}
     main_seconds = time.perf_counter() - started
 
@@ -385,7 +372,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sweeps = []
     if not args.no_sweeps:
         sweep_seeds = [args.seed + t for t in range(args.sweep_trials)]
-        fixed = {"sketch_dim": sketch_dim, "degree": degree, "coreset_size": coreset_size}
         for name, grid in (("sketch_dim", SWEEP_SKETCH_DIMS), ("degree", SWEEP_DEGREES)):
             sweeps.append(run_sweep(U, K, name, grid, fixed, sweep_seeds))
             print(sweep_table(sweeps[-1]))

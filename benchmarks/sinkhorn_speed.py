@@ -173,28 +173,26 @@ def run_sketchot(X, Y, reg, backend, iterations, params, dtype, safeguard, seed)
     }, result  # fmt: skip
 
 
-def warm_up(config: dict[str, Any]) -> None:
-    """A tiny run of the same method: one-time costs (lazy imports, FFT set-up) stay out."""
-    rng = np.random.default_rng(12345)
-    X, Y = rng.random((200, 3)), rng.random((200, 3))
-    method = config["method"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if method == "pot-dense":
-            run_pot_dense(X, Y, config["reg"], 2)
-        elif method == "pot-nystrom":
-            run_pot_nystrom(X, Y, config["reg"], 2, config["params"]["anchors"], [0])
-        else:
-            run_sketchot(
-                X, Y, config["reg"], method, 2, config["params"], config["dtype"], "clip", [0]
-            )
+def solve(config: dict[str, Any], X, Y, iterations: int, seed, safeguard: str) -> tuple:
+    """``(record, (u, v))`` of a POT method, ``(record, SinkhornResult)`` of a sketchot one."""
+    method, reg, params = config["method"], config["reg"], config["params"]
+    if method == "pot-dense":
+        return run_pot_dense(X, Y, reg, iterations)
+    if method == "pot-nystrom":
+        return run_pot_nystrom(X, Y, reg, iterations, params["anchors"], seed)
+    return run_sketchot(X, Y, reg, method, iterations, params, config["dtype"], safeguard, seed)
 
 
 def run_single(config: dict[str, Any]) -> dict[str, Any]:
     """One configuration (in a fresh process): timings, peak memory, true-kernel errors."""
     import ot  # noqa: F401  (imported before the baseline so every child counts the same)
 
-    warm_up(config)
+    # Warm-up: a tiny run of the same method, so that one-time costs (lazy imports, FFT
+    # set-up) stay out.
+    rng = np.random.default_rng(12345)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        solve(config, rng.random((200, 3)), rng.random((200, 3)), 2, [0], "clip")
     n, reg, method = config["n"], config["reg"], config["method"]
     data_rng = np.random.default_rng(config["data_seed"])
     X = data_rng.random((n, 3))
@@ -202,17 +200,8 @@ def run_single(config: dict[str, Any]) -> dict[str, Any]:
     baseline = peak_rss_bytes()
 
     cpu_start = time.process_time()
-    if method == "pot-dense":
-        record, (u, v) = run_pot_dense(X, Y, reg, config["iterations"])
-    elif method == "pot-nystrom":
-        record, (u, v) = run_pot_nystrom(
-            X, Y, reg, config["iterations"], config["params"]["anchors"], config["method_seed"]
-        )
-    else:
-        record, result = run_sketchot(
-            X, Y, reg, method, config["iterations"], config["params"], config["dtype"],
-            config["safeguard_policy"], config["method_seed"],
-        )  # fmt: skip
+    record, result = solve(config, X, Y, config["iterations"], config["method_seed"],
+                           config["safeguard_policy"])  # fmt: skip
     peak = peak_rss_bytes()
     # CPU seconds of all threads: next to the wall time it shows contention on a busy machine.
     record["cpu_s"] = time.process_time() - cpu_start
@@ -224,7 +213,7 @@ def run_single(config: dict[str, Any]) -> dict[str, Any]:
         kernel = sketchot.make_kernel(X, Y, reg, "exact", max_dense_bytes=0)
         a = b = np.full(n, 1.0 / n)
         with np.errstate(divide="ignore", invalid="ignore"):
-            log_u, log_v = np.log(u), np.log(v)
+            log_u, log_v = np.log(result[0]), np.log(result[1])
     errors = true_kernel_errors(
         kernel, a, b, log_u, log_v, config["check_samples"], config["check_seed"]
     )
