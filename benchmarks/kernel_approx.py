@@ -297,9 +297,7 @@ def plot(summary, sweeps, path: Path) -> None:
             means = sweep["results"][method]["mean"]
             ax.plot(sweep["values"], means, color=color, marker=marker, label=LABELS[method])
         symbol = {"sketch_dim": "sketch dimension m", "degree": "degree r"}[sweep["parameter"]]
-        ax.set_xlabel(symbol)
-        ax.set_yscale("log")
-        ax.set_ylabel("mean relative squared error")
+        ax.set(xlabel=symbol, yscale="log", ylabel="mean relative squared error")
         fixed = [f"{SYMBOLS[k]}={v}" for k, v in sweep["fixed"].items() if k != sweep["parameter"]]
         ax.set_title(
             f"error vs {symbol} ({', '.join(fixed)}; {sweep['trials']} trials)", fontsize=9
@@ -311,8 +309,7 @@ def plot(summary, sweeps, path: Path) -> None:
     axes[0].minorticks_off()
     axes[0].legend(fontsize=8)
     ax = axes[2]
-    data = [summary[method]["errors"] for method in METHODS]
-    ax.boxplot(data, whis=(5, 95), showfliers=True)
+    ax.boxplot([summary[method]["errors"] for method in METHODS], whis=(5, 95), showfliers=True)
     ax.set_xticks(range(1, len(METHODS) + 1), [LABELS[m].split()[0].split("-")[0] for m in METHODS])
     ax.set_yscale("log")
     ax.set_title(f"per-trial error at m=r=k=10 ({summary['coreset']['trials']} trials)", fontsize=9)
@@ -366,22 +363,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summary = {method: summarize(errors[method], seeds) for method in METHODS}
     main_seconds = time.perf_counter() - started
 
-    print(markdown_table(summary, config))
-    print()
+    print(markdown_table(summary, config) + "\n")
 
     sweeps = []
     if not args.no_sweeps:
         sweep_seeds = [args.seed + t for t in range(args.sweep_trials)]
         for name, grid in (("sketch_dim", SWEEP_SKETCH_DIMS), ("degree", SWEEP_DEGREES)):
             sweeps.append(run_sweep(U, K, name, grid, fixed, sweep_seeds))
-            print(sweep_table(sweeps[-1]))
-            print()
+            print(sweep_table(sweeps[-1]) + "\n")
 
     dim_sweep = None
     if not args.no_dim_sweep:
         dim_sweep = run_dimension_sweep(n, args.dim_trials, args.seed, args.data_seed)
-        print(dim_table(dim_sweep))
-        print()
+        print(dim_table(dim_sweep) + "\n")
 
     coreset_mean = summary["coreset"]["mean"]
     ratio = summary["rff"]["mean"] / coreset_mean
