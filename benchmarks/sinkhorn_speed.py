@@ -47,6 +47,7 @@ import subprocess
 import sys
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,7 @@ RESULT_MARKER = "RESULT_JSON:"
 
 SKETCHOT_BACKENDS = ("exact", "nystrom", "rff", "polyts")
 LOW_RANK = ("nystrom", "rff", "polyts")
+POT_LABELS = {"pot-dense": "POT ot.sinkhorn (dense)", "pot-nystrom": "POT nystroem"}
 
 
 def equal_rank_settings(rank: int) -> dict[str, dict[str, int]]:
@@ -225,19 +227,16 @@ def run_single(config: dict[str, Any]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- parent process
-def check_samples(n: int, args: argparse.Namespace) -> int:
-    """Rows (and columns) of the true-kernel check: at most ``check_budget / n`` (>= 100)."""
-    return int(min(args.check_samples, max(100, args.check_budget // n)))
-
-
 def make_config(args, n, reg, method, rank_label, dtype="float64", iterations=None):
     params = dict(RANKS[rank_label][method]) if rank_label is not None else {}
+    # Rows (and columns) of the true-kernel check: at most check_budget / n (>= 100).
+    check_samples = int(min(args.check_samples, max(100, args.check_budget // n)))
     return {
         "method": method, "n": n, "reg": reg, "rank_label": rank_label, "params": params,
         "dtype": dtype, "iterations": args.iterations if iterations is None else iterations,
         "safeguard_policy": args.safeguard, "data_seed": [args.seed, n],
         "method_seed": [args.seed, n, 1], "check_seed": [args.seed, n, 2],
-        "check_samples": check_samples(n, args),
+        "check_samples": check_samples,
     }  # fmt: skip
 
 
@@ -249,30 +248,25 @@ def plan(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str,
             for dtype in ("float64", "float32")
         ], []
     configs, skipped = [], []
-    for n in args.sizes:
-        for reg in args.regs:
-            if n <= POT_DENSE_MAX_N:
-                configs.append(
-                    make_config(args, n, reg, "pot-dense", None, iterations=args.dense_iterations)
-                )
-            else:
-                reason = f"dense n x n: ~5 x {8 * n * n / 1e9:.0f} GB at peak"
-                skipped.append({"method": "pot-dense", "n": n, "reg": reg, "reason": reason})
-            if n <= EXACT_MAX_N:
-                iterations = args.dense_iterations
-                if 8 * n * n > EXACT_DENSE_BYTES:
-                    iterations = min(iterations, STREAMED_EXACT_ITERATIONS)
-                configs.append(make_config(args, n, reg, "exact", None, iterations=iterations))
-            else:
-                reason = f"streamed: {n * n:.0e} exp per product, minutes per iteration"
-                skipped.append({"method": "exact", "n": n, "reg": reg, "reason": reason})
-            for rank_label in args.ranks:
-                for method in ("pot-nystrom", "nystrom", "rff", "polyts"):
-                    configs.append(make_config(args, n, reg, method, rank_label))
-            if n == TARGET_N and reg == TARGET_REG and "61" in args.ranks:
-                configs.append(
-                    make_config(args, n, reg, "polyts", "61", "float32", TARGET_ITERATIONS)
-                )
+    for n, reg in ((n, reg) for n in args.sizes for reg in args.regs):
+        config = partial(make_config, args, n, reg)
+        if n <= POT_DENSE_MAX_N:
+            configs.append(config("pot-dense", None, iterations=args.dense_iterations))
+        else:
+            reason = f"dense n x n: ~5 x {8 * n * n / 1e9:.0f} GB at peak"
+            skipped.append({"method": "pot-dense", "n": n, "reg": reg, "reason": reason})
+        if n <= EXACT_MAX_N:
+            iterations = args.dense_iterations
+            if 8 * n * n > EXACT_DENSE_BYTES:
+                iterations = min(iterations, STREAMED_EXACT_ITERATIONS)
+            configs.append(config("exact", None, iterations=iterations))
+        else:
+            reason = f"streamed: {n * n:.0e} exp per product, minutes per iteration"
+            skipped.append({"method": "exact", "n": n, "reg": reg, "reason": reason})
+        methods = ("pot-nystrom", "nystrom", "rff", "polyts")
+        configs += [config(method, rank_label) for rank_label in args.ranks for method in methods]
+        if n == TARGET_N and reg == TARGET_REG and "61" in args.ranks:
+            configs.append(config("polyts", "61", "float32", TARGET_ITERATIONS))
     return configs, skipped
 
 
@@ -290,12 +284,10 @@ def run_child(config: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 
 def label(row: dict[str, Any]) -> str:
-    method = row["method"]
-    if method == "polyts" and "sketch_dim" in row["params"]:
-        return f"polyts (m={row['params']['sketch_dim']}, r={row['params']['degree']})"
-    return {"pot-dense": "POT ot.sinkhorn (dense)", "pot-nystrom": "POT nystroem"}.get(
-        method, method
-    )
+    method, params = row["method"], row["params"]
+    if method == "polyts" and "sketch_dim" in params:
+        return f"polyts (m={params['sketch_dim']}, r={params['degree']})"
+    return POT_LABELS.get(method, method)
 
 
 def find(rows, **criteria) -> dict[str, Any] | None:
