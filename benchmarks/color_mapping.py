@@ -117,15 +117,13 @@ def bench_backend(source: np.ndarray, target: np.ndarray, backend: str, args) ->
     }  # fmt: skip
 
 
-def print_table(records: list[dict[str, Any]], header_note: str) -> None:
-    print(header_note)
+def print_table(records: list[dict[str, Any]]) -> None:
     header = (
         f"{'backend':<9}{'params':<24}{'fit s':>8}{'iters':>6}{'map_image s':>13}"
         f"{'colours':>9}{'fallbk':>8}{'per-pixel s':>13}{'Mpx/s':>8}{'fallbk':>8}"
         f"{'vs exact':>10}"
     )
-    print(header)
-    print("-" * len(header))
+    print(header + "\n" + "-" * len(header))
     exact = next((r for r in records if r["backend"] == "exact"), None)
     for r in records:
         params = ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "-"
@@ -137,8 +135,8 @@ def print_table(records: list[dict[str, Any]], header_note: str) -> None:
             f"{r['per_pixel_s']:>12.2f}{star}{r['n_pixels'] / r['per_pixel_s'] / 1e6:>8.2f}"
             f"{r['per_pixel_fallbacks']:>8d}{ratio:>10}"
         )
-    if any(r["per_pixel_extrapolated_from"] for r in records):
-        sample = next(r for r in records if r["per_pixel_extrapolated_from"])
+    sample = next((r for r in records if r["per_pixel_extrapolated_from"]), None)
+    if sample is not None:
         print(
             f"* timed on {sample['per_pixel_extrapolated_from']} random pixels and extrapolated "
             "linearly (the exact map streams row blocks: cost linear in the rows)"
@@ -173,8 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for backend in args.backends:
         print(f"{backend} ...", flush=True)
         records.append(bench_backend(source, target, backend, args))
-    print()
-    print_table(records, note)
+    print("\n" + note)
+    print_table(records)
     if args.json is not None:
         text = json.dumps({"setting": note, "results": records}, indent=2)
         atomic_write_with(args.json, lambda stream: stream.write(text.encode()))

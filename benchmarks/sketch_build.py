@@ -136,18 +136,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+# Rows of the table: a step, then its breakdown (indented names).
 ORDER = (
-    "fit",
-    "  k-center (both sides)",
-    "  coreset regression (coefficients - k-center)",
-    "transform_x",
-    "  CountSketches, one side",
-    "  FFT convolutions, one side",
-    "  scaling + copy, one side (transform_x - CS - FFT)",
-    "transform_y",
-    "make_kernel polyts float64",
-    "make_kernel polyts float32",
-)
+    "fit", "  k-center (both sides)", "  coreset regression (coefficients - k-center)",
+    "transform_x", "  CountSketches, one side", "  FFT convolutions, one side",
+    "  scaling + copy, one side (transform_x - CS - FFT)", "transform_y",
+    "make_kernel polyts float64", "make_kernel polyts float32",
+)  # fmt: skip
 
 
 def markdown(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
