@@ -2,24 +2,19 @@
 
 For each backend, fit the colour transport between ``--n-samples`` pixels of the default source
 (images/default_source.png, 1200 x 800 = 960,000 pixels) and of the default target at
-``--reg``, then time
+``--reg`` (``safeguard='clip'``, at most ``--max-iter`` iterations, ``errors='warn'``: the fit
+is not what is timed, and exact repairs of a broken approximation such as RFF at reg = 0.1
+would take minutes), then time
 
 * ``map_image``: the library path, which maps each DISTINCT colour once through the
   out-of-sample operator and gathers (exact, since the map depends on the colour only);
 * ``per-pixel``: ``SinkhornResult.barycentric_map(X_new=pixels)`` on every pixel without
   de-duplication, the worst case of an image whose colours are all different.
 
-The exact backend (the baseline; the same computation as POT's continuous out-of-sample map)
-streams an ``N x n`` softmax, ``O(N n d)``: on the per-pixel path it is timed on a random
-subset of ``--exact-pixels`` pixels and extrapolated linearly to all pixels (marked ``*``);
-its cost is linear in the number of rows mapped, block by block.
-
-Fitting uses ``safeguard='clip'`` and at most ``--max-iter`` iterations: this benchmark times
-the mapping, and with the default ``'exact'`` safeguard a broken approximation (RFF at
-reg = 0.1) would spend minutes recomputing exact rows during the fit; ``errors='warn'`` maps
-such an approximation anyway (with a warning). Colours whose approximate denominator is not
-positive are mapped with the exact kernel (column "fallbacks"); that is part of the timed
-mapping.
+Colours whose approximate denominator is not positive are mapped with the exact kernel (column
+"fallbacks", inside the timed mapping). The exact backend (the baseline, POT's continuous
+out-of-sample map) streams an ``N x n`` softmax, linear in the rows mapped: its per-pixel time
+is measured on ``--exact-pixels`` random pixels and extrapolated to all (marked ``*``).
 
 Usage::
 

@@ -403,12 +403,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         print(RESULT_MARKER + json.dumps(record))
         return None
 
-    if args.sizes is None:
-        args.sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000, 1_000_000]
+    args.sizes = args.sizes or ([1_000, 10_000] if args.quick else [1_000, 10_000, 10**5, 10**6])
+    args.ranks = args.ranks or (["61"] if args.quick else list(RANKS))
     if args.dense_iterations is None:
         args.dense_iterations = 10 if args.quick else args.iterations
-    if args.ranks is None:
-        args.ranks = ["61"] if args.quick else list(RANKS)
     full = not args.quick and not args.only_target
     if args.out_md is None and full:
         args.out_md = RESULTS_DIR / "sinkhorn_speed.md"

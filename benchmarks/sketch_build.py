@@ -5,17 +5,14 @@
 ``1 + r m = 61``. Timed, best of ``--repeats``:
 
 * ``GaussianPolySketch(...).fit(X, Y)``, ``transform_x(X)``, ``transform_y(Y)``;
-* ``sketchot.make_kernel(X, Y, reg=1.0, backend='polyts')`` (float64 and float32), which does
-  all three plus the operator set-up;
-* a breakdown from the public pieces the fit and the transforms are made of: greedy k-center
-  on each side, the coreset regression (``coreset_coefficients`` minus its two k-centers),
-  and, for one side's features, the CountSketches (sparse products) and the FFT convolutions
-  (``convolve_count_sketches``) over the same row blocks the library uses; the remainder of
-  ``transform_x`` is the coefficient and row scaling and the copy into the output.
+* ``sketchot.make_kernel(X, Y, reg=1.0, backend='polyts')`` (float64 and float32);
+* a breakdown from the public pieces: greedy k-center on each side, the coreset regression
+  (``coreset_coefficients`` minus its two k-centers), and for one side's features the
+  CountSketches and the FFT convolutions (``convolve_count_sketches``) over the library's row
+  blocks; the rest of ``transform_x`` is the coefficient and row scaling and the copy.
 
 ``--quick`` uses ``n = 10^5``; ``--n`` sets the size; ``--json PATH`` writes the numbers.
-Data come from ``numpy.random.default_rng(seed)``, every sketch from
-``default_rng(seed + 1)``.
+Data come from ``numpy.random.default_rng(seed)``, every sketch from ``default_rng(seed + 1)``.
 """
 
 from __future__ import annotations
