@@ -515,15 +515,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
                 ax.set_yscale("log", nonpositive="clip")
             ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
             low, high = ax.get_ylim()
-            # A log axis spanning less than two decades has at most two major ticks: label
-            # the minor ticks too (all of them within a decade, else only 2x and 5x).
-            ax.yaxis.set_minor_formatter(
-                ticker.FormatStrFormatter("%g")
-                if high / low < 10
-                else ticker.FuncFormatter(_label_2_and_5)
-                if high / low < 100
-                else ticker.NullFormatter()
-            )
+            ax.yaxis.set_minor_formatter(ticker.FuncFormatter(partial(_minor_label, high / low)))
             ax.legend(fontsize=7)
             ax.grid(alpha=0.3, which="both")
     fig.suptitle(
@@ -536,12 +528,13 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def _label_2_and_5(value: float, _position: int) -> str:
-    """Tick label for 2x and 5x powers of ten only."""
-    if value <= 0:
+def _minor_label(span: float, value: float, _position: int) -> str:
+    """A log axis spanning less than two decades (``span``: top / bottom) has at most two major
+    ticks: label the minor ticks too, all of them within a decade, else only 2x and 5x."""
+    if value <= 0 or span >= 100:
         return ""
     leading = round(value / 10 ** math.floor(math.log10(value)))
-    return f"{value:g}" if leading in (2, 5) else ""
+    return f"{value:g}" if span < 10 or leading in (2, 5) else ""
 
 
 # -------------------------------------------------------------------------------------- main
