@@ -555,7 +555,6 @@ def main(argv: list[str] | None = None) -> int:
         help="rebuild the tables, the markdown file and the figure from a --json file of an "
         "earlier run, without running anything")  # fmt: skip
     args = parser.parse_args(argv)
-    limiter = limit_blas_threads(args.threads)
     print(
         f"sketchot {sketchot.__version__}, numpy {np.__version__}, Python "
         f"{platform.python_version()}, base seed {args.seed}"
@@ -569,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         args.synthetic = data["config"]["synthetic"]
         args.seed = data["config"]["base_seed"]
     else:
-        with limiter:
+        with limit_blas_threads(args.threads):
             data = sweep(args)
         data["config"]["blas_threads"] = args.threads
     rows = summarize(data["records"])

@@ -189,8 +189,7 @@ def run_single(config: dict[str, Any]) -> dict[str, Any]:
         solve(config, rng.random((200, 3)), rng.random((200, 3)), 2, [0], "clip")
     n, reg, method = config["n"], config["reg"], config["method"]
     data_rng = np.random.default_rng(config["data_seed"])
-    X = data_rng.random((n, 3))
-    Y = data_rng.random((n, 3))
+    X, Y = (data_rng.random((n, 3)) for _ in range(2))
     baseline = peak_rss_bytes()
 
     cpu_start = time.process_time()

@@ -54,8 +54,7 @@ def best_and_median(times: list[float]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     data_rng = np.random.default_rng(args.seed)
-    X = data_rng.random((args.n, args.dim))
-    Y = data_rng.random((args.n, args.dim))
+    X, Y = (data_rng.random((args.n, args.dim)) for _ in range(2))
     # The paper's Coreset-TS, whose cost breakdown follows.
     params = {"degree": args.degree, "sketch_dim": args.sketch_dim,
               "coreset_size": args.coreset_size, "variant": "paper"}  # fmt: skip
