@@ -18,7 +18,6 @@ reported as such (the table says so; it is never dropped).
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import time
 import warnings
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import ot
-from _results import write_json
+from _results import CellRunner, write_json
 
 import sketchot
 from sketchot.color import load_image, sample_pixels
@@ -149,26 +148,9 @@ def run_pot_nystroem(X, Y, reg, seed) -> dict[str, Any]:
     }
 
 
-class CellRunner:
-    """Runs cells in one child process; a cell past ``budget`` seconds kills it (and a fresh
-    child serves the next cell)."""
-
-    def __init__(self, budget: float) -> None:
-        self.budget = budget
-        self.pool: Any = None
-
-    def __call__(self, label: str, function: Any, *args: Any) -> dict[str, Any]:
-        if self.pool is None:
-            self.pool = multiprocessing.get_context("spawn").Pool(1)
-        pending = self.pool.apply_async(function, args)
-        try:
-            return pending.get(timeout=self.budget)
-        except multiprocessing.TimeoutError:
-            self.pool.terminate()
-            self.pool = None
-            return {"backend": label, "used": "-", "seconds": self.budget,
-                    "error_bound": float("nan"), "cost": float("nan"),
-                    "status": f"stopped after the {self.budget:g} s budget"}  # fmt: skip
+def stopped(label: str, budget: float) -> dict[str, Any]:
+    return {"backend": label, "used": "-", "seconds": budget, "error_bound": float("nan"),
+            "cost": float("nan"), "status": f"stopped after the {budget:g} s budget"}  # fmt: skip
 
 
 def main() -> None:
@@ -198,7 +180,11 @@ def main() -> None:
         "cost / exact | status |\n|---|---:|---:|---|---|---:|---:|---:|---|"
     )
     print(header)
-    run = CellRunner(args.budget)
+    runner = CellRunner(args.budget)
+
+    def run(label: str, function: Any, *cell_args: Any) -> dict[str, Any]:
+        return runner(function, *cell_args) or stopped(label, args.budget)
+
     for name in datasets:
         for n in sizes:
             X, Y = dataset(name, n, np.random.default_rng(args.seed))
@@ -233,8 +219,7 @@ def main() -> None:
                         f"{ratio:.4f} | {cell['status']} |",
                         flush=True,
                     )
-    if run.pool is not None:
-        run.pool.close()
+    runner.close()
     if args.json is not None:
         write_json(args.json, {"seed": args.seed, "quick": args.quick, "rows": rows})
 

@@ -22,14 +22,12 @@ import argparse
 import resource
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import ot
-from _results import write_json
+from _results import CellRunner, write_json
 
 import sketchot
 from sketchot.color import load_image, sample_pixels
@@ -121,7 +119,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--budget", type=float, default=900.0, help="skip slower cells (s)")
+    parser.add_argument("--budget", type=float, default=900.0, help="skip or stop slower cells (s)")
     parser.add_argument("--data", nargs="+", default=["photo", "uniform"])
     parser.add_argument("--sizes", nargs="+", type=int, default=[10_000, 20_000, 10**5, 10**6])
     parser.add_argument("--regs", nargs="+", type=float, default=list(REGS))
@@ -135,19 +133,20 @@ def main() -> None:
     rows = []
     print("| data | n | reg | method | time s | iterations | certified error | peak MiB | notes |")
     print("|---|---:|---:|---|---:|---:|---:|---:|---|")
-    context = get_context("spawn")
+    runner = CellRunner(args.budget, fresh=True)
     for data, n, reg in grid:
         for method in methods:
             if method == "POT stabilised" and n > 10_000:
                 continue
-            if estimated_seconds(method, n, reg) > args.budget:
-                row = {"data": data, "n": n, "reg": reg, "method": method, "skipped": True}
+            estimate = estimated_seconds(method, n, reg)
+            out = None if estimate > args.budget else runner(cell, data, n, reg, method, args.seed)
+            if out is None:
+                why = f"estimated {estimate:.0f} s" if estimate > args.budget else "stopped"
+                row = {"data": data, "n": n, "reg": reg, "method": method, "skipped": why}
                 rows.append(row)
-                print(f"| {data} | {n} | {reg:g} | {method} | skipped (estimated over "
+                print(f"| {data} | {n} | {reg:g} | {method} | skipped ({why}; budget "
                       f"{args.budget:g} s) | | | | |", flush=True)  # fmt: skip
                 continue
-            with ProcessPoolExecutor(1, mp_context=context) as pool:
-                out = pool.submit(cell, data, n, reg, method, args.seed).result()
             rows.append({"data": data, "n": n, "reg": reg, "method": method, **out})
             print(
                 f"| {data} | {n} | {reg:g} | {method} | {out['seconds']:.2f} | "
@@ -155,6 +154,7 @@ def main() -> None:
                 f"{out['peak_mib']:.0f} | {out['detail']} |",
                 flush=True,
             )
+    runner.close()
     if args.json is not None:
         write_json(args.json, {"seed": args.seed, "quick": args.quick, "rows": rows})
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from .._validation import check_choice, check_float, check_int, check_rng
 from ..gibbs import GibbsGeometry
-from ..sketch import GaussianPolySketch
+from ..sketch import GaussianPolySketch, VanishingFunctionError
 from .auto import kernel_error
 from .base import KernelInfo, KernelOperator
 from .local import build_local
@@ -118,15 +118,23 @@ def build_polyts(
     if variant == "local":
         return build_local(geometry, rng=rng, dtype=dtype)
     chosen = "improved" if variant == "auto" else variant
-    kernel = _build_global(
-        geometry, rng, dtype, sketch_dim, degree, coreset_size, coefficients, regularizer,
-        nonnegative, taylor_center, center, chosen, rank,
-    )  # fmt: skip
+    local_possible = variant == "auto" and d <= LOCAL_MAX_DIMENSION
+    try:
+        kernel = _build_global(
+            geometry, rng, dtype, sketch_dim, degree, coreset_size, coefficients, regularizer,
+            nonnegative, taylor_center, center, chosen, rank,
+        )  # fmt: skip
+    except VanishingFunctionError as error:
+        if not local_possible or getattr(geometry, "distributed", False):
+            raise
+        local = build_local(geometry, rng=rng, dtype=dtype)
+        local.info.reason = f"no global sketch ({error}): block-local expansion"
+        return local
     if variant != "auto" or getattr(geometry, "distributed", False):
         return kernel
     accuracy = check_float(accuracy, "accuracy", positive=True)
     error = kernel_error(kernel, rng)
-    if error <= accuracy or d > LOCAL_MAX_DIMENSION:
+    if error <= accuracy or not local_possible:
         kernel.info.reason = f"global improved sketch: sampled product error {error:.2g}"
         return kernel
     local = build_local(geometry, rng=rng, dtype=dtype)

@@ -15,7 +15,7 @@ from .coefficients import (
 from .countsketch import CountSketch
 from .functions import CallableFunction, ElementwiseFunction, Exponential, Sigmoid, as_function
 from .gaussian import GaussianPolySketch
-from .improved import ImprovedPlan, allocate_sizes, plan_improved
+from .improved import ImprovedPlan, VanishingFunctionError, allocate_sizes, plan_improved
 from .kcenter import KCenterResult, greedy_k_center
 from .local import LocalGaussianExpansion
 from .monomials import monomial_count, monomial_features, stacked_monomial_features
@@ -38,6 +38,7 @@ __all__ = [
     "PolyTensorSketch",
     "Sigmoid",
     "TensorSketch",
+    "VanishingFunctionError",
     "allocate_sizes",
     "as_function",
     "chebyshev_to_monomial",

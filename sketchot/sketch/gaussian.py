@@ -17,16 +17,18 @@ which is bounded by ``e^a``.
 
 from __future__ import annotations
 
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import numpy as np
 
 from .._validation import check_dtype, check_float, check_matrix, describe
 from .functions import Exponential
-from .poly import PolyTensorSketch
+from .poly import PolySketchParameters, PolyTensorSketch
 
 
-class GaussianPolySketch:
+@dataclass(eq=False)
+class GaussianPolySketch(PolySketchParameters):
     """Feature maps ``phi_X, phi_Y`` with ``exp(-gamma ||x - y||^2) ~ phi_X(x) . phi_Y(y)``.
 
     Parameters
@@ -64,34 +66,9 @@ class GaussianPolySketch:
         ``1 + r m`` (``'paper'``), at most ``rank`` (``'improved'``).
     """
 
-    def __init__(
-        self,
-        gamma: float = 1.0,
-        *,
-        degree: int | None = None,
-        sketch_dim: int | None = None,
-        coefficients: str = "coreset",
-        coreset_size: int = 10,
-        regularizer: str | None = "shifted",
-        nonnegative: bool = False,
-        taylor_center: float | str = 0.0,
-        center: Any = "auto",
-        variant: str = "improved",
-        rank: int | None = None,
-        rng: Any = None,
-    ) -> None:
-        self.gamma = gamma
-        self.degree = degree
-        self.sketch_dim = sketch_dim
-        self.coefficients = coefficients
-        self.coreset_size = coreset_size
-        self.regularizer = regularizer
-        self.nonnegative = nonnegative
-        self.taylor_center = taylor_center
-        self.center = center
-        self.variant = variant
-        self.rank = rank
-        self.rng = rng
+    gamma: float = 1.0
+    _: KW_ONLY
+    center: Any = "auto"
 
     def fit(self, X: Any, Y: Any = None) -> GaussianPolySketch:
         """Centre, scale and fit the polynomial sketch of ``exp(2 u.v)`` (``Y = X`` if omitted)."""

@@ -72,6 +72,11 @@ MAX_WEIGHT_RATIO = 1e200
 QR_BLOCK_ROWS = 256
 
 
+class VanishingFunctionError(ValueError):
+    """``f`` is zero (or underflows) on every sampled entry of ``U V^T``: there is nothing to
+    fit, and a global expansion cannot represent ``f`` on this data."""
+
+
 @dataclass
 class ImprovedPlan:
     """Degrees, sizes and coefficients of the improved sketch.
@@ -168,10 +173,16 @@ def plan_improved(
         others = others[np.sort(rng.choice(others.shape[0], size=pool_size, replace=False))]
     t = entries.centers @ others.T  # (k, P)
     values = evaluate_finite(f, t).ravel()
-    magnitude = np.abs(values)
-    floor = magnitude.max() / np.sqrt(MAX_WEIGHT_RATIO) if magnitude.max() > 0 else 1.0
+    # relative to the largest value, so that squaring neither underflows nor overflows
+    largest = float(np.abs(values).max())
+    if largest == 0.0:
+        raise VanishingFunctionError(
+            f"f is 0 in float64 on all {values.size} sampled entries of U V^T (entries in "
+            f"[{t.min():.3g}, {t.max():.3g}]); a global polynomial of f cannot be fitted here"
+        )
+    relative = np.abs(values) / largest
     weights = np.repeat(entries.cluster_sizes * pool_weight, others.shape[0])
-    weights = weights / np.maximum(magnitude, floor) ** 2
+    weights = weights / np.maximum(relative, 1.0 / np.sqrt(MAX_WEIGHT_RATIO)) ** 2
     weights /= weights.max()
     weights[weights < 1e-100] = 0.0  # nothing at float64 precision next to the largest, 1
     t = t.ravel()
@@ -188,7 +199,8 @@ def plan_improved(
     augmented = np.zeros((max(t.shape[0], r_max + 2), r_max + 2))
     augmented[: t.shape[0], :-1] = C.chebvander(np.clip(t / half_width, -1.0, 1.0), r_max)
     augmented[: t.shape[0], :-1] *= root[:, None]
-    augmented[: t.shape[0], -1] = values * root
+    # f / max|f|: the fit is linear in f, and tiny values would underflow when squared
+    augmented[: t.shape[0], -1] = values / largest * root
     reduced = triangular_factor(augmented)
     triangle, projection = reduced[: r_max + 1, : r_max + 1], reduced[: r_max + 1, -1]
     energy = float(augmented[:, -1] @ augmented[:, -1])
@@ -229,6 +241,7 @@ def plan_improved(
     assert best is not None  # e = 0, r = 0 is always feasible for rank >= 1
     objective, (e, r, coef, cheb, sizes, bias, variance) = best
     coef = np.maximum(coef, 0.0) if nonnegative else coef  # NNLS zeros can come back as -1e-17
+    coef, cheb = coef * largest, cheb * largest  # undo the scaling of f (ratios below keep it)
     n_features = 1 + sum(counts[1 : e + 1]) + int(sizes.sum())
     details = {
         **entries.details(),

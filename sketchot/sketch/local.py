@@ -52,7 +52,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from math import comb, factorial
 from typing import Any
 
@@ -80,6 +80,7 @@ _MAX_DEGREE = 30
 _FEATURE_BLOCK = 2048
 
 
+@dataclass(eq=False)
 class LocalGaussianExpansion:
     """Gibbs kernel ``K_ij = exp(-||x_i - y_j||^2 / reg)`` to a small *relative* error per entry.
 
@@ -155,26 +156,15 @@ class LocalGaussianExpansion:
     >>> log_Kv = kernel.log_matvec(np.zeros(400))  # log(K 1), entries to ~5e-10 relative
     """
 
-    def __init__(
-        self,
-        reg: float = 1.0,
-        *,
-        tau: float = 1.0,
-        degree: int | None = None,
-        rtol: float = 1e-9,
-        max_features: int = 1000,
-        max_feature_bytes: int = 1 << 31,
-        exact_below: int = 8,
-        rng: Any = None,
-    ) -> None:
-        self.reg = reg
-        self.tau = tau
-        self.degree = degree
-        self.rtol = rtol
-        self.max_features = max_features
-        self.max_feature_bytes = max_feature_bytes
-        self.exact_below = exact_below
-        self.rng = rng
+    reg: float = 1.0
+    _: KW_ONLY
+    tau: float = 1.0
+    degree: int | None = None
+    rtol: float = 1e-9
+    max_features: int = 1000
+    max_feature_bytes: int = 1 << 31
+    exact_below: int = 8
+    rng: Any = None
 
     # ------------------------------------------------------------------ fitting
     def fit(self, X: Any, Y: Any = None) -> LocalGaussianExpansion:

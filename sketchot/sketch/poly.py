@@ -17,6 +17,7 @@ per-degree sizes for the others, and a relative-error coefficient fit.
 
 from __future__ import annotations
 
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import numpy as np
@@ -54,7 +55,27 @@ DEFAULT_DEGREE = 3
 DEFAULT_SKETCH_DIM = 20
 
 
-class PolyTensorSketch:
+@dataclass(eq=False)
+class PolySketchParameters:
+    """The parameters :class:`PolyTensorSketch` and
+    :class:`~sketchot.sketch.GaussianPolySketch` share, declared once (keyword-only; see
+    :class:`PolyTensorSketch` for their meaning)."""
+
+    _: KW_ONLY
+    degree: int | None = None
+    sketch_dim: int | None = None
+    coefficients: str = "coreset"
+    coreset_size: int = 10
+    regularizer: str | None = "shifted"
+    nonnegative: bool = False
+    taylor_center: float | str = 0.0
+    variant: str = "improved"
+    rank: int | None = None
+    rng: Any = None
+
+
+@dataclass(eq=False)
+class PolyTensorSketch(PolySketchParameters):
     """Low-rank sketch ``f(U V^T) ~ F_U F_V^T`` for any element-wise ``f``.
 
     Parameters
@@ -129,32 +150,7 @@ class PolyTensorSketch:
     Matrix. ICML 2020.
     """
 
-    def __init__(
-        self,
-        function: Any = "exp",
-        *,
-        degree: int | None = None,
-        sketch_dim: int | None = None,
-        coefficients: str = "coreset",
-        coreset_size: int = 10,
-        regularizer: str | None = "shifted",
-        nonnegative: bool = False,
-        taylor_center: float | str = 0.0,
-        variant: str = "improved",
-        rank: int | None = None,
-        rng: Any = None,
-    ) -> None:
-        self.function = function
-        self.degree = degree
-        self.sketch_dim = sketch_dim
-        self.coefficients = coefficients
-        self.coreset_size = coreset_size
-        self.regularizer = regularizer
-        self.nonnegative = nonnegative
-        self.taylor_center = taylor_center
-        self.variant = variant
-        self.rank = rank
-        self.rng = rng
+    function: Any = "exp"
 
     # ------------------------------------------------------------------ fitting
     def fit(self, U: Any, V: Any = None) -> PolyTensorSketch:

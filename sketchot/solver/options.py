@@ -48,11 +48,12 @@ class SolverOptions:
         For kernels with the ``'exact'`` capability: solve with ``reg`` decreasing
         geometrically from the squared diameter, warm-starting each stage (annealing).
     anderson : int, default=5
-        Memory of the Anderson acceleration (:mod:`sketchot.solver.acceleration`) on the
-        log-domain paths (kernels with the ``'log_products'`` capability, and the exact
-        kernel's stabilised path): each iteration extrapolates from the last ``anderson``
-        iterates, which cuts the iterations most at small ``reg``. ``0`` runs the plain
-        Sinkhorn iteration. The multiplicative path of signed approximations ignores it.
+        Memory of the Anderson acceleration of the column log-scalings
+        (:mod:`sketchot.solver.acceleration`): each iteration extrapolates from the last
+        ``anderson`` iterates, which cuts the iterations most at small ``reg``. On the
+        multiplicative path of low-rank kernels a mixed ``v`` costs one extra projection
+        ``R^T v`` per iteration, and a repaired pass restarts the history; Dask solves run
+        unmixed. ``0`` runs the plain Sinkhorn iteration (POT's iterates).
     accuracy : float or None, default=1e-3
         The contract: relative L1 marginal error of the returned scalings against the TRUE
         kernel, ``max(||u * (K v) - a||_1, ||v * (K^T u) - b||_1) / sum(a)``, estimated on

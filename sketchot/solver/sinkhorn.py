@@ -372,8 +372,8 @@ def _warn_accuracy(result: SinkhornResult, options: SolverOptions) -> None:
 
 
 def _multiplicative(kernel, a, b, options, tol, guard, printer):
-    """Kernel-space iterations in POT's order, one fused pass per half-step; bad
-    denominators go to the safeguard."""
+    """Kernel-space iterations in POT's order, one fused pass per half-step (plus one
+    projection of the Anderson-mixed ``v``); bad denominators go to the safeguard."""
     n, m = kernel.shape
     # full_like: NumPy weights give np.full exactly; Dask weights keep their chunks.
     u = np.full_like(a, 1.0 / n)
@@ -384,6 +384,8 @@ def _multiplicative(kernel, a, b, options, tol, guard, printer):
     converged = False
     n_iter = 0
     check_every = options.check_every
+    # Mixing needs the scalings in memory; a repaired pass changes the map, so it restarts.
+    mixer = AndersonMixer(options.anderson, b > 0) if options.anderson and not any_dask(a) else None
     for iteration in range(1, options.max_iter + 1):
         cols = kernel.fused_pass("cols", z, b)
         # cols.products = K^T u of the previous u: its column marginal is free here.
@@ -395,7 +397,16 @@ def _multiplicative(kernel, a, b, options, tol, guard, printer):
             if error < tol:
                 converged = True
                 break
+        v_previous = v
         v, y = _repaired(cols, "cols", b, u, guard)
+        if mixer is not None and cols.n_bad:
+            mixer.reset()
+        elif mixer is not None:
+            log_v = _log_scaling(v)
+            mixed = mixer.step(_log_scaling(v_previous), log_v)
+            if mixed is not log_v:  # an extrapolated v needs its own projection
+                v = np.exp(mixed)
+                y = kernel.project("cols", v)
         u, z = _repaired(kernel.fused_pass("rows", y, a), "rows", a, v, guard)
         n_iter = iteration
         if guard.repaired:

@@ -1,11 +1,19 @@
 """The improved variant: exact low degrees, per-degree sketch sizes, relative-error fit."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.polynomial import polynomial as P
 
-from sketchot.sketch import PolyTensorSketch, TensorSketch, allocate_sizes, fold_buckets
+from sketchot.sketch import (
+    GaussianPolySketch,
+    PolyTensorSketch,
+    TensorSketch,
+    VanishingFunctionError,
+    allocate_sizes,
+    fold_buckets,
+)
 
 
 @settings(max_examples=80, deadline=None)
@@ -109,3 +117,20 @@ def test_blocked_qr_gives_the_triangular_factor():
     np.testing.assert_array_equal(np.tril(R, -1), 0.0)
     # rounding of a 1000-row Gram matrix of unit-variance entries
     np.testing.assert_allclose(R.T @ R, A.T @ A, rtol=1e-12, atol=1e-10)
+
+
+def test_fit_survives_values_that_underflow_when_squared():
+    """A 2-D Gaussian cloud at 1% of its mean squared distance: ``exp(2 t - 2 a)`` with
+    ``a ~ 370`` is below 1e-160 on every sampled entry (its square underflows). The fit
+    must stay finite (it divided 0 by 0 before)."""
+    rng = np.random.default_rng(0)  # the gaussian d=2 cloud of benchmarks/accuracy.py
+    X, Y = rng.standard_normal((2000, 2)), rng.standard_normal((2000, 2)) * 0.8 + [1.0, 0.0]
+    sketch = GaussianPolySketch(1 / 0.0437, rank=61, variant="improved", rng=0).fit(X, Y)
+    assert np.all(np.isfinite(sketch.transform_x(X))) and np.all(np.isfinite(sketch.transform_y(Y)))
+
+
+def test_a_function_zero_on_every_entry_is_refused_clearly():
+    U = np.random.default_rng(9).random((50, 3))
+    sketch = PolyTensorSketch(lambda t: 0.0 * t, rank=20, variant="improved", rng=0)
+    with pytest.raises(VanishingFunctionError, match="f is 0 in float64 on all"):
+        sketch.fit(U)

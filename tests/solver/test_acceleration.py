@@ -63,15 +63,22 @@ def test_inactive_entries_are_passed_through_and_bad_steps_restart():
     assert mixer.restarts == 1
 
 
-@pytest.mark.parametrize("backend, params", [("exact", {}), ("polyts", {"variant": "local"})])
-def test_solver_paths_reach_the_same_plan_with_fewer_iterations(backend, params):
+@pytest.mark.parametrize(
+    "backend, reg, params",
+    [
+        ("exact", 0.01, {}),  # stabilised path
+        ("polyts", 0.01, {"variant": "local"}),  # log-domain passes
+        ("nystrom", 0.1, {"rank": 120}),  # multiplicative passes, mixed v projected again
+    ],
+)
+def test_solver_paths_reach_the_same_plan_with_fewer_iterations(backend, reg, params):
     rng = np.random.default_rng(3)
     X, Y = rng.random((300, 3)), rng.random((250, 3))
-    kw = dict(reg=0.01, backend=backend, tol=1e-11, max_iter=5000, rng=0, **params)
+    kw = dict(reg=reg, backend=backend, tol=1e-11, max_iter=5000, rng=0, accuracy=None, **params)
     mixed = sketchot.sinkhorn(None, None, X, Y, **kw)
     plain = sketchot.sinkhorn(None, None, X, Y, anderson=0, **kw)
     assert mixed.converged and plain.converged
-    assert mixed.n_iter < plain.n_iter / 2  # measured: about 10x fewer at this reg
+    assert mixed.n_iter < plain.n_iter / 2  # measured: 3x (reg 0.1) to 10x (reg 0.01) fewer
     # marginal errors 1e-11 on both: potentials agree up to the constant shift
     shift = np.mean(mixed.potentials[0] - plain.potentials[0])
     np.testing.assert_allclose(mixed.potentials[0] - shift, plain.potentials[0], atol=1e-6)
