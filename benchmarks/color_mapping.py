@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _results import timed
 
 import sketchot
 from sketchot.color import (
@@ -88,15 +89,12 @@ def fit(source_pixels: np.ndarray, target_pixels: np.ndarray, backend: str, args
 
 
 def bench_backend(source: np.ndarray, target: np.ndarray, backend: str, args) -> dict[str, Any]:
-    start = time.perf_counter()
-    result, params = fit(source, target, backend, args)
-    fit_seconds = time.perf_counter() - start
+    fit_seconds, (result, params) = timed(lambda: fit(source, target, backend, args))
 
     mapped = map_image(result, source, name="source")
 
-    pixels = image_pixels(source)
+    pixels = subset = image_pixels(source)
     n_pixels = pixels.shape[0]
-    subset = pixels
     if backend == "exact" and args.exact_pixels < n_pixels:
         pick = np.random.default_rng(args.seed).choice(n_pixels, args.exact_pixels, replace=False)
         subset = pixels[pick]

@@ -93,9 +93,7 @@ def exact_kernel(X: np.ndarray, Y: np.ndarray, gamma: float = 1.0) -> np.ndarray
     return sketchot.make_kernel(X, Y, 1.0 / gamma, backend="exact").to_dense()
 
 
-def approximate_factors(
-    method: str, U: np.ndarray, sketch_dim: int, degree: int, coreset_size: int, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
+def approximate_factors(method: str, U, sketch_dim: int, degree: int, coreset_size: int, seed):
     """Factors ``(A, B)`` with ``K ~ A B^T`` of one method, drawn with ``default_rng(seed)``."""
     rng = np.random.default_rng(seed)
     rank = 1 + degree * sketch_dim
@@ -121,9 +119,7 @@ def approximate_factors(
     return sketch.transform_x(U), sketch.transform_y(U)
 
 
-def equal_rank_factors(
-    method: str, X: np.ndarray, Y: np.ndarray, gamma: float, rank: int, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
+def equal_rank_factors(method: str, X, Y, gamma: float, rank: int, seed: int) -> tuple:
     """Factors of ``exp(-gamma ||x - y||^2)`` with ``rank`` features, each method's defaults.
 
     ``coreset`` is the paper's variant at ``r = 10``, ``m = (rank - 1) / 10``, ``k = 10``.
@@ -178,9 +174,7 @@ def run_dimension_sweep(n: int, trials: int, base_seed: int, data_seed: int) -> 
             "rows": rows}  # fmt: skip
 
 
-def trial_errors(
-    method: str, X: np.ndarray, Y: np.ndarray, gamma: float, rank: int, seed: int, K: np.ndarray
-) -> tuple[float, float]:
+def trial_errors(method: str, X, Y, gamma: float, rank: int, seed: int, K) -> tuple[float, float]:
     """``(relative MSE, ||K~ - K||_F / ||K||_F)`` of one equal-rank trial."""
     A, B = equal_rank_factors(method, X, Y, gamma, rank, seed)
     K_approx = A @ B.T
@@ -228,18 +222,9 @@ def summarize(errors: list[float], seeds: list[int]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def run_sweep(
-    U: np.ndarray,
-    K: np.ndarray,
-    name: str,
-    grid: tuple[int, ...],
-    fixed: dict[str, int],
-    seeds: list[int],
-) -> dict[str, Any]:
+def run_sweep(U, K, name: str, grid: tuple[int, ...], fixed: dict, seeds: list[int]) -> dict:
     """Mean and median error of every method along one parameter (``m`` or ``r``)."""
-    results: dict[str, dict[str, list[float]]] = {
-        method: {"mean": [], "median": []} for method in METHODS
-    }
+    results: dict[str, dict] = {method: {"mean": [], "median": []} for method in METHODS}
     for value in grid:
         params = {**fixed, name: value}
         errors = run_trials(U, K, params, seeds)

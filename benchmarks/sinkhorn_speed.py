@@ -283,10 +283,9 @@ def label(row: dict[str, Any]) -> str:
 
 
 def find(rows, **criteria) -> dict[str, Any] | None:
-    for row in rows:
-        if "error" not in row and all(row.get(k) == v for k, v in criteria.items()):
-            return row
-    return None
+    """The first row without an error that matches every ``key=value`` of ``criteria``."""
+    fits = (r for r in rows if "error" not in r and all(r.get(k) == v for k, v in criteria.items()))
+    return next(fits, None)
 
 
 def speedup(rows, row) -> float | None:
