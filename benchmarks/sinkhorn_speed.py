@@ -450,8 +450,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "safeguard": args.safeguard, "seed": args.seed, "only_target": args.only_target,
         "quick": args.quick,
     }  # fmt: skip
-    output = {"config": config, "rows": rows, "skipped": skipped, "targets": targets,
-              "seconds": elapsed}  # fmt: skip
+    output = dict(config=config, rows=rows, skipped=skipped, targets=targets, seconds=elapsed)
     if args.json is not None:
         write_json(args.json, output)
     return output
