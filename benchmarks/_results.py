@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,13 @@ def md_table(header: Iterable[str], rows: Iterable[Any], align: str = "") -> lis
     marks = [ALIGN[c] for c in align.ljust(len(header), "-")]
     lines = [r if isinstance(r, str) else md_row(r) for r in rows]
     return [md_row(header), "|" + "|".join(marks) + "|", *lines]
+
+
+def timed(function: Callable[[], Any]) -> tuple[float, Any]:
+    """``(seconds, value)`` of one call of ``function`` (``time.perf_counter``)."""
+    start = time.perf_counter()
+    value = function()
+    return time.perf_counter() - start, value
 
 
 class CellRunner:

@@ -2,24 +2,19 @@
 
 For each backend, fit the colour transport between ``--n-samples`` pixels of the default source
 (images/default_source.png, 1200 x 800 = 960,000 pixels) and of the default target at
-``--reg``, then time
+``--reg`` (``safeguard='clip'``, at most ``--max-iter`` iterations, ``errors='warn'``: the fit
+is not what is timed, and exact repairs of a broken approximation such as RFF at reg = 0.1
+would take minutes), then time
 
 * ``map_image``: the library path, which maps each DISTINCT colour once through the
   out-of-sample operator and gathers (exact, since the map depends on the colour only);
 * ``per-pixel``: ``SinkhornResult.barycentric_map(X_new=pixels)`` on every pixel without
   de-duplication, the worst case of an image whose colours are all different.
 
-The exact backend (the baseline; the same computation as POT's continuous out-of-sample map)
-streams an ``N x n`` softmax, ``O(N n d)``: on the per-pixel path it is timed on a random
-subset of ``--exact-pixels`` pixels and extrapolated linearly to all pixels (marked ``*``);
-its cost is linear in the number of rows mapped, block by block.
-
-Fitting uses ``safeguard='clip'`` and at most ``--max-iter`` iterations: this benchmark times
-the mapping, and with the default ``'exact'`` safeguard a broken approximation (RFF at
-reg = 0.1) would spend minutes recomputing exact rows during the fit; ``errors='warn'`` maps
-such an approximation anyway (with a warning). Colours whose approximate denominator is not
-positive are mapped with the exact kernel (column "fallbacks"); that is part of the timed
-mapping.
+Colours whose approximate denominator is not positive are mapped with the exact kernel (column
+"fallbacks", inside the timed mapping). The exact backend (the baseline, POT's continuous
+out-of-sample map) streams an ``N x n`` softmax, linear in the rows mapped: its per-pixel time
+is measured on ``--exact-pixels`` random pixels and extrapolated to all (marked ``*``).
 
 Usage::
 
@@ -41,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _results import timed
 
 import sketchot
 from sketchot.color import (
@@ -62,31 +58,23 @@ BACKENDS = ("exact", "nystrom", "rff", "polyts")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="color_mapping.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
-    parser.add_argument("--target", type=Path, default=DEFAULT_TARGET)
-    parser.add_argument("--n-samples", type=positive_int, default=10_000)
-    parser.add_argument("--reg", type=positive_float, default=0.1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-iter", type=positive_int, default=1000)
-    parser.add_argument(
-        "--exact-pixels",
-        type=positive_int,
-        default=100_000,
-        help="pixels timed for the exact per-pixel map, extrapolated to all (default 1e5)",
-    )
-    parser.add_argument(
-        "--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS), metavar="BACKEND"
-    )
-    parser.add_argument(
-        "--quick", action="store_true", help="source downscaled 4x per side, 2000 samples"
-    )
-    parser.add_argument("--json", type=Path, help="write the results as JSON")
+    add = parser.add_argument
+    add("--source", type=Path, default=DEFAULT_SOURCE)
+    add("--target", type=Path, default=DEFAULT_TARGET)
+    add("--n-samples", type=positive_int, default=10_000)
+    add("--reg", type=positive_float, default=0.1)
+    add("--seed", type=int, default=0)
+    add("--max-iter", type=positive_int, default=1000)
+    add("--exact-pixels", type=positive_int, default=100_000,
+        help="pixels timed for the exact per-pixel map, extrapolated to all "
+        "(default 1e5)")  # fmt: skip
+    add("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS), metavar="BACKEND")
+    add("--quick", action="store_true", help="source downscaled 4x per side, 2000 samples")
+    add("--json", type=Path, help="write the results as JSON")
     return parser
 
 
-def fit(
-    source_pixels: np.ndarray, target_pixels: np.ndarray, backend: str, args
-) -> tuple[Any, dict]:
+def fit(source_pixels: np.ndarray, target_pixels: np.ndarray, backend: str, args) -> tuple:
     rng = np.random.default_rng(args.seed)
     xs = sample_pixels(source_pixels, args.n_samples, rng=rng, name="source")
     xt = sample_pixels(target_pixels, args.n_samples, rng=rng, name="target")
@@ -94,31 +82,19 @@ def fit(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = sketchot.sinkhorn(
-            xs.weights,
-            xt.weights,
-            xs.colors,
-            xt.colors,
-            reg=args.reg,
-            backend=backend,
-            max_iter=args.max_iter,
-            rng=rng,
-            safeguard="clip",
-            errors="warn",
-            **params,
-        )
+            xs.weights, xt.weights, xs.colors, xt.colors, reg=args.reg, backend=backend,
+            max_iter=args.max_iter, rng=rng, safeguard="clip", errors="warn", **params,
+        )  # fmt: skip
     return result, params
 
 
 def bench_backend(source: np.ndarray, target: np.ndarray, backend: str, args) -> dict[str, Any]:
-    start = time.perf_counter()
-    result, params = fit(source, target, backend, args)
-    fit_seconds = time.perf_counter() - start
+    fit_seconds, (result, params) = timed(lambda: fit(source, target, backend, args))
 
     mapped = map_image(result, source, name="source")
 
-    pixels = image_pixels(source)
+    pixels = subset = image_pixels(source)
     n_pixels = pixels.shape[0]
-    subset = pixels
     if backend == "exact" and args.exact_pixels < n_pixels:
         pick = np.random.default_rng(args.seed).choice(n_pixels, args.exact_pixels, replace=False)
         subset = pixels[pick]
@@ -126,29 +102,21 @@ def bench_backend(source: np.ndarray, target: np.ndarray, backend: str, args) ->
     _, raw_fallbacks = result.barycentric_map(X_new=subset, return_fallbacks=True)
     raw_seconds = (time.perf_counter() - tick) * n_pixels / subset.shape[0]
     return {
-        "backend": backend,
-        "params": params,
-        "n_iter": result.n_iter,
-        "fit_s": fit_seconds,
-        "n_pixels": n_pixels,
-        "n_colors": mapped.n_colors,
-        "map_image_s": mapped.seconds,
-        "map_image_fallbacks": mapped.n_fallbacks,
-        "per_pixel_s": raw_seconds,
+        "backend": backend, "params": params, "n_iter": result.n_iter, "fit_s": fit_seconds,
+        "n_pixels": n_pixels, "n_colors": mapped.n_colors, "map_image_s": mapped.seconds,
+        "map_image_fallbacks": mapped.n_fallbacks, "per_pixel_s": raw_seconds,
         "per_pixel_extrapolated_from": int(subset.shape[0]) if subset is not pixels else None,
         "per_pixel_fallbacks": raw_fallbacks,
-    }
+    }  # fmt: skip
 
 
-def print_table(records: list[dict[str, Any]], header_note: str) -> None:
-    print(header_note)
+def print_table(records: list[dict[str, Any]]) -> None:
     header = (
         f"{'backend':<9}{'params':<24}{'fit s':>8}{'iters':>6}{'map_image s':>13}"
         f"{'colours':>9}{'fallbk':>8}{'per-pixel s':>13}{'Mpx/s':>8}{'fallbk':>8}"
         f"{'vs exact':>10}"
     )
-    print(header)
-    print("-" * len(header))
+    print(header + "\n" + "-" * len(header))
     exact = next((r for r in records if r["backend"] == "exact"), None)
     for r in records:
         params = ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "-"
@@ -160,8 +128,8 @@ def print_table(records: list[dict[str, Any]], header_note: str) -> None:
             f"{r['per_pixel_s']:>12.2f}{star}{r['n_pixels'] / r['per_pixel_s'] / 1e6:>8.2f}"
             f"{r['per_pixel_fallbacks']:>8d}{ratio:>10}"
         )
-    if any(r["per_pixel_extrapolated_from"] for r in records):
-        sample = next(r for r in records if r["per_pixel_extrapolated_from"])
+    sample = next((r for r in records if r["per_pixel_extrapolated_from"]), None)
+    if sample is not None:
         print(
             f"* timed on {sample['per_pixel_extrapolated_from']} random pixels and extrapolated "
             "linearly (the exact map streams row blocks: cost linear in the rows)"
@@ -196,8 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for backend in args.backends:
         print(f"{backend} ...", flush=True)
         records.append(bench_backend(source, target, backend, args))
-    print()
-    print_table(records, note)
+    print("\n" + note)
+    print_table(records)
     if args.json is not None:
         text = json.dumps({"setting": note, "results": records}, indent=2)
         atomic_write_with(args.json, lambda stream: stream.write(text.encode()))

@@ -1,46 +1,27 @@
 """Gaussian-kernel approximation error: the synthetic panel of Figure 1 of Han et al. (2020).
 
 Protocol (the authors' reference implementation, ``run_kernel_approx.m``):
+``U = randn(1000, 50) / sqrt(50) / sqrt(10)``; ``K_ij = exp(-||u_i - u_j||^2) = z_i exp(2 u_i .
+u_j) z_j`` with ``z_i = exp(-||u_i||^2)`` (``gamma = 1``, ``f(t) = exp(2 t)``, no centring);
+``m = r = k = 10`` (sketch dimension, degree, coreset size); error of one trial: the mean over
+all ``n^2`` entries of ``((K~ - K) / K)^2``, averaged over trials that redraw the sketch, not
+the data.
 
-* ``U = randn(1000, 50) / sqrt(50) / sqrt(10)``;
-* ``K_ij = exp(-||u_i - u_j||^2) = z_i exp(2 u_i . u_j) z_j`` with ``z_i = exp(-||u_i||^2)``
-  (``gamma = 1``, ``f(t) = exp(2 t)``), no centring;
-* ``m = r = k = 10``: sketch dimension, polynomial degree, coreset size;
-* error of one trial: ``mean over all n^2 entries of ((K~ - K) / K)^2``, averaged over trials
-  (every trial redraws the sketch, not the data).
+Methods, rank ``1 + r m`` each (Nystrom at most that: its pseudo-inverse drops null
+directions): ``coreset``, ``chebyshev``, ``optimal`` (ridge on all ``n^2`` entries):
+``GaussianPolySketch(variant='paper', center=None, coefficients=<method>)``; ``taylor``:
+``PolyTensorSketch`` of ``exp(2 t)`` around the mean entry of ``U U^T``
+(``taylor_center='mean'``), ``z`` applied here; ``polyts``: sketchot's improved default at the
+same rank (not in the paper); ``rff`` and ``nystrom`` (k-center landmarks; not in the paper's
+figure): ``sketchot.make_kernel`` with ``1 + r m`` features / landmarks. The classes'
+docstrings say what each does. Trial ``t`` gives every method ``default_rng(base_seed + t)``,
+so the four TensorSketch variants share their hashes and signs in a trial; the data come from
+``default_rng(data_seed)``.
 
-Methods (rank ``1 + r m`` each; Nystrom at most that, its pseudo-inverse drops null directions):
-
-``coreset``, ``chebyshev``, ``optimal``
-    :class:`sketchot.sketch.GaussianPolySketch` with ``variant='paper'``, ``gamma = 1``,
-    ``center=None`` and ``coefficients`` = the method (``optimal``: ridge regression on all
-    ``n^2`` entries, the paper's appendix).
-``taylor``
-    :class:`sketchot.sketch.PolyTensorSketch` of ``exp(2 t)`` with ``variant='paper'``,
-    ``taylor_center='mean'`` (the mean entry of ``U U^T``) and the ``z`` scalings applied
-    here, because ``GaussianPolySketch`` does not expose ``taylor_center``.
-``polyts``
-    sketchot's default, the improved variant (``GaussianPolySketch(variant='improved',
-    rank=1 + r m, center=None)``, same coreset size): exact monomial features for the
-    degrees that fit, per-degree sketch sizes, relative-error coefficients. Not in the paper.
-``rff``
-    ``sketchot.make_kernel(U, U, reg=1, backend='rff', n_features=1 + r m)``: frequencies
-    ``N(0, 2 I)``, phases ``U[0, 2 pi)``, ``phi = sqrt(2 / D) cos(W x + b)``.
-``nystrom``
-    ``sketchot.make_kernel(U, U, reg=1, backend='nystrom', n_landmarks=1 + r m)`` (k-center
-    landmarks, the backend's default). Not in the paper's figure: added so that the README's
-    advice on dimension rests on a measurement (here d = 50).
-
-Trial ``t`` gives every method a fresh ``numpy.random.default_rng(base_seed + t)``, so in one
-trial the four TensorSketch variants share their hashes and signs (common random numbers)
-and differ only by their coefficients. The data come from ``default_rng(data_seed)``.
-
-Dimension sweep (``--no-dim-sweep`` skips it): equal-rank comparison of ``polyts`` (improved),
-``coreset`` (paper, ``r = 10``, ``m = (R - 1) / 10``), ``nystrom`` and ``rff`` at ranks
-``R`` in 21, 61, 101, on isotropic Gaussian data ``randn(n, d) / sqrt(d) / sqrt(10)`` for
-``d`` in 3, 10, 20, 50, 100 (the protocol's scaling, ``E||u||^2 = 0.1``) and on the colours of
-``images/`` (``n`` pixels of the default source vs ``n`` of the default target, ``[0, 1]^3``,
-``gamma`` 1 and 10, i.e. ``reg`` 1 and 0.1, centred as each method does by default).
+Dimension sweep (``--no-dim-sweep`` skips it): equal-rank ``polyts`` (improved), ``coreset``
+(paper, ``r = 10``, ``m = (R - 1) / 10``), ``nystrom`` and ``rff`` at ranks ``R`` in 21, 61, 101,
+on ``randn(n, d) / sqrt(d) / sqrt(10)`` for ``d`` in 3, 10, 20, 50, 100 and on the colours of
+``images/`` (``n`` pixels of the default source and target, ``gamma`` 1 and 10).
 
 Run ``python benchmarks/kernel_approx.py`` (100 trials plus the sweeps, several minutes on two
 cores) or ``--quick``; ``--json PATH`` writes every number. The figure and the markdown table
@@ -56,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _results import write_json
+from _results import md_row, md_table, write_json, write_text
 
 import sketchot
-from sketchot.color.images import sample_pixels
+from sketchot.color import load_image_pair, sample_pixels
 from sketchot.sketch import Exponential, GaussianPolySketch, PolyTensorSketch
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -88,6 +69,8 @@ TARGET_RFF_RATIO = 5.0
 # Target of issue 12: the improved variant at rank 101 at most this mean error.
 TARGET_IMPROVED_MEAN = 1e-6
 
+SYMBOLS = {"sketch_dim": "m", "degree": "r", "coreset_size": "k"}
+
 # Sweep grids of the figure's panels: error vs m at r = 10 and error vs r at m = 10.
 SWEEP_SKETCH_DIMS = (5, 10, 20, 40, 80)
 SWEEP_DEGREES = (2, 4, 6, 8, 10)
@@ -105,14 +88,12 @@ def synthetic_data(n: int, d: int, data_seed: int) -> np.ndarray:
     return rng.standard_normal((n, d)) / np.sqrt(d) / np.sqrt(10.0)
 
 
-def exact_kernel(U: np.ndarray) -> np.ndarray:
-    """``exp(-||u_i - u_j||^2)`` (sketchot's exact backend, ``reg = 1``)."""
-    return sketchot.make_kernel(U, U, 1.0, backend="exact").to_dense()
+def exact_kernel(X: np.ndarray, Y: np.ndarray, gamma: float = 1.0) -> np.ndarray:
+    """``exp(-gamma ||x_i - y_j||^2)`` (sketchot's exact backend, ``reg = 1 / gamma``)."""
+    return sketchot.make_kernel(X, Y, 1.0 / gamma, backend="exact").to_dense()
 
 
-def approximate_factors(
-    method: str, U: np.ndarray, sketch_dim: int, degree: int, coreset_size: int, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
+def approximate_factors(method: str, U, sketch_dim: int, degree: int, coreset_size: int, seed):
     """Factors ``(A, B)`` with ``K ~ A B^T`` of one method, drawn with ``default_rng(seed)``."""
     rng = np.random.default_rng(seed)
     rank = 1 + degree * sketch_dim
@@ -138,9 +119,7 @@ def approximate_factors(
     return sketch.transform_x(U), sketch.transform_y(U)
 
 
-def equal_rank_factors(
-    method: str, X: np.ndarray, Y: np.ndarray, gamma: float, rank: int, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
+def equal_rank_factors(method: str, X, Y, gamma: float, rank: int, seed: int) -> tuple:
     """Factors of ``exp(-gamma ||x - y||^2)`` with ``rank`` features, each method's defaults.
 
     ``coreset`` is the paper's variant at ``r = 10``, ``m = (rank - 1) / 10``, ``k = 10``.
@@ -159,19 +138,6 @@ def equal_rank_factors(
     return kernel.factors
 
 
-def kernel_errors(K_approx: np.ndarray, K: np.ndarray) -> tuple[float, float]:
-    """``(relative MSE, ||K~ - K||_F / ||K||_F)``."""
-    return relative_mse(K_approx, K), float(np.linalg.norm(K_approx - K) / np.linalg.norm(K))
-
-
-def colour_pixels(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` pixels of the default source and ``n`` of the default target, in ``[0, 1]^3``."""
-    rng = np.random.default_rng(seed)
-    X = sample_pixels(IMAGES_DIR / "default_source.png", n, rng=rng).colors
-    Y = sample_pixels(IMAGES_DIR / "default_target.png", n, rng=rng).colors
-    return X, Y
-
-
 def run_dimension_sweep(n: int, trials: int, base_seed: int, data_seed: int) -> dict[str, Any]:
     """Mean rel-MSE and relative Frobenius error of every equal-rank method on every data set.
 
@@ -183,12 +149,15 @@ def run_dimension_sweep(n: int, trials: int, base_seed: int, data_seed: int) -> 
     for d in DIM_DIMS:
         U = synthetic_data(n, d, data_seed + d)
         datasets.append((f"gaussian d={d}", U, U, 1.0))
-    X, Y = colour_pixels(n, data_seed)
+    # n pixels of the default source and n of the default target, in [0, 1]^3.
+    rng = np.random.default_rng(data_seed)
+    pair = load_image_pair(IMAGES_DIR, "default", dtype=None)
+    X, Y = (sample_pixels(image, n, rng=rng).colors for image in pair)
     for gamma in COLOUR_GAMMAS:
         datasets.append((f"colours gamma={gamma:g}", X, Y, gamma))
     rows = []
     for name, X, Y, gamma in datasets:
-        K = sketchot.make_kernel(X, Y, 1.0 / gamma, backend="exact").to_dense()
+        K = exact_kernel(X, Y, gamma)
         for rank in DIM_RANKS:
             row: dict[str, Any] = {"data": name, "rank": rank}
             for method in DIM_METHODS:
@@ -205,29 +174,25 @@ def run_dimension_sweep(n: int, trials: int, base_seed: int, data_seed: int) -> 
             "rows": rows}  # fmt: skip
 
 
-def trial_errors(
-    method: str, X: np.ndarray, Y: np.ndarray, gamma: float, rank: int, seed: int, K: np.ndarray
-) -> tuple[float, float]:
+def trial_errors(method: str, X, Y, gamma: float, rank: int, seed: int, K) -> tuple[float, float]:
+    """``(relative MSE, ||K~ - K||_F / ||K||_F)`` of one equal-rank trial."""
     A, B = equal_rank_factors(method, X, Y, gamma, rank, seed)
-    return kernel_errors(A @ B.T, K)
+    K_approx = A @ B.T
+    return relative_mse(K_approx, K), float(np.linalg.norm(K_approx - K) / np.linalg.norm(K))
 
 
 def dim_row_text(row: dict[str, Any]) -> str:
-    cells = " | ".join(f"{row[m]['rel_mse']:.2e} / {row[m]['frobenius']:.2e}" for m in DIM_METHODS)
-    return f"| {row['data']} | {row['rank']} | {cells} |"
+    cells = [f"{row[m]['rel_mse']:.2e} / {row[m]['frobenius']:.2e}" for m in DIM_METHODS]
+    return md_row([row["data"], row["rank"], *cells])
 
 
 def dim_table(sweep: dict[str, Any]) -> str:
-    lines = [
+    return "\n".join([
         f"Equal-rank sweep (n = {sweep['n']}, {sweep['trials']} trials per cell): mean "
         "rel-MSE / mean relative Frobenius error. polyts = improved variant; coreset = paper "
-        "variant (r = 10, m = (rank - 1) / 10).",
-        "",
-        "| data | rank | " + " | ".join(DIM_METHODS) + " |",
-        "|---|---|" + "---|" * len(DIM_METHODS),
-    ]
-    lines += [dim_row_text(row) for row in sweep["rows"]]
-    return "\n".join(lines)
+        "variant (r = 10, m = (rank - 1) / 10).", "",
+        *md_table(["data", "rank", *DIM_METHODS], map(dim_row_text, sweep["rows"])),
+    ])  # fmt: skip
 
 
 def relative_mse(K_approx: np.ndarray, K: np.ndarray) -> float:
@@ -236,20 +201,13 @@ def relative_mse(K_approx: np.ndarray, K: np.ndarray) -> float:
     return float(np.mean(relative * relative))
 
 
-def run_trials(
-    U: np.ndarray,
-    K: np.ndarray,
-    methods: tuple[str, ...],
-    sketch_dim: int,
-    degree: int,
-    coreset_size: int,
-    seeds: list[int],
-) -> dict[str, list[float]]:
-    """Per-trial errors of each method (trial ``t`` uses ``seeds[t]`` for every method)."""
-    errors: dict[str, list[float]] = {method: [] for method in methods}
+def run_trials(U: np.ndarray, K: np.ndarray, params: dict[str, int], seeds: list[int]) -> dict:
+    """Per-trial errors of every method with ``params`` (``sketch_dim``, ``degree``,
+    ``coreset_size``); trial ``t`` uses ``seeds[t]`` for every method."""
+    errors: dict[str, list[float]] = {method: [] for method in METHODS}
     for seed in seeds:
-        for method in methods:
-            A, B = approximate_factors(method, U, sketch_dim, degree, coreset_size, seed)
+        for method in METHODS:
+            A, B = approximate_factors(method, U, **params, seed=seed)
             errors[method].append(relative_mse(A @ B.T, K))
     return errors
 
@@ -264,23 +222,12 @@ def summarize(errors: list[float], seeds: list[int]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def run_sweep(
-    U: np.ndarray,
-    K: np.ndarray,
-    name: str,
-    grid: tuple[int, ...],
-    fixed: dict[str, int],
-    seeds: list[int],
-) -> dict[str, Any]:
+def run_sweep(U, K, name: str, grid: tuple[int, ...], fixed: dict, seeds: list[int]) -> dict:
     """Mean and median error of every method along one parameter (``m`` or ``r``)."""
-    results: dict[str, dict[str, list[float]]] = {
-        method: {"mean": [], "median": []} for method in METHODS
-    }
+    results: dict[str, dict] = {method: {"mean": [], "median": []} for method in METHODS}
     for value in grid:
         params = {**fixed, name: value}
-        errors = run_trials(
-            U, K, METHODS, params["sketch_dim"], params["degree"], params["coreset_size"], seeds
-        )
+        errors = run_trials(U, K, params, seeds)
         for method in METHODS:
             results[method]["mean"].append(float(np.mean(errors[method])))
             results[method]["median"].append(float(np.median(errors[method])))
@@ -289,45 +236,29 @@ def run_sweep(
 
 
 def markdown_table(summary: dict[str, dict[str, Any]], config: dict[str, Any]) -> str:
-    lines = [
+    rows = []
+    for method in METHODS:
+        s, ref = summary[method], REFERENCE_MEANS.get(method)
+        stats = [f"{s[k]:.3e}" for k in ("mean", "median", "std", "min", "max")]
+        rows.append([LABELS[method], *stats, "-" if ref is None else f"{ref:.1e}"])
+    return "\n".join([
         f"Gaussian kernel, synthetic U ({config['n']} x {config['d']}), "
         f"m = {config['sketch_dim']}, r = {config['degree']}, k = {config['coreset_size']}, "
         f"rank {config['rank']}, "
-        f"{config['trials']} trials. Error = mean over all n^2 entries of ((K~ - K) / K)^2.",
-        "",
-        "| method | mean | median | std | min | max | reference mean |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for method in METHODS:
-        s = summary[method]
-        reference = REFERENCE_MEANS.get(method)
-        ref = f"{reference:.1e}" if reference is not None else "-"
-        lines.append(
-            f"| {LABELS[method]} | {s['mean']:.3e} | {s['median']:.3e} | {s['std']:.3e} | "
-            f"{s['min']:.3e} | {s['max']:.3e} | {ref} |"
-        )
-    return "\n".join(lines)
+        f"{config['trials']} trials. Error = mean over all n^2 entries of ((K~ - K) / K)^2.", "",
+        *md_table(["method", "mean", "median", "std", "min", "max", "reference mean"], rows),
+    ])  # fmt: skip
 
 
 def sweep_table(sweep: dict[str, Any]) -> str:
     name = sweep["parameter"]
-    symbol = {"sketch_dim": "m", "degree": "r"}[name]
-    fixed = ", ".join(
-        f"{ {'sketch_dim': 'm', 'degree': 'r', 'coreset_size': 'k'}[key] } = {value}"
-        for key, value in sweep["fixed"].items()
-        if key != name
-    )
-    header = "| method | " + " | ".join(f"{symbol} = {v}" for v in sweep["values"]) + " |"
-    lines = [
-        f"Mean error vs {symbol} ({fixed}, {sweep['trials']} trials per point)",
-        "",
-        header,
-        "|---|" + "---|" * len(sweep["values"]),
-    ]
-    for method in METHODS:
-        means = sweep["results"][method]["mean"]
-        lines.append(f"| {LABELS[method]} | " + " | ".join(f"{v:.2e}" for v in means) + " |")
-    return "\n".join(lines)
+    fixed = ", ".join(f"{SYMBOLS[key]} = {value}" for key, value in sweep["fixed"].items()
+                      if key != name)  # fmt: skip
+    rows = [[LABELS[m], *(f"{v:.2e}" for v in sweep["results"][m]["mean"])] for m in METHODS]
+    return "\n".join([
+        f"Mean error vs {SYMBOLS[name]} ({fixed}, {sweep['trials']} trials per point)", "",
+        *md_table(["method", *(f"{SYMBOLS[name]} = {v}" for v in sweep["values"])], rows),
+    ])  # fmt: skip
 
 
 def plot(summary, sweeps, path: Path) -> None:
@@ -348,11 +279,8 @@ def plot(summary, sweeps, path: Path) -> None:
             means = sweep["results"][method]["mean"]
             ax.plot(sweep["values"], means, color=color, marker=marker, label=LABELS[method])
         symbol = {"sketch_dim": "sketch dimension m", "degree": "degree r"}[sweep["parameter"]]
-        ax.set_xlabel(symbol)
-        ax.set_yscale("log")
-        ax.set_ylabel("mean relative squared error")
-        symbols = {"sketch_dim": "m", "degree": "r", "coreset_size": "k"}
-        fixed = [f"{symbols[k]}={v}" for k, v in sweep["fixed"].items() if k != sweep["parameter"]]
+        ax.set(xlabel=symbol, yscale="log", ylabel="mean relative squared error")
+        fixed = [f"{SYMBOLS[k]}={v}" for k, v in sweep["fixed"].items() if k != sweep["parameter"]]
         ax.set_title(
             f"error vs {symbol} ({', '.join(fixed)}; {sweep['trials']} trials)", fontsize=9
         )
@@ -363,8 +291,7 @@ def plot(summary, sweeps, path: Path) -> None:
     axes[0].minorticks_off()
     axes[0].legend(fontsize=8)
     ax = axes[2]
-    data = [summary[method]["errors"] for method in METHODS]
-    ax.boxplot(data, whis=(5, 95), showfliers=True)
+    ax.boxplot([summary[method]["errors"] for method in METHODS], whis=(5, 95), showfliers=True)
     ax.set_xticks(range(1, len(METHODS) + 1), [LABELS[m].split()[0].split("-")[0] for m in METHODS])
     ax.set_yscale("log")
     ax.set_title(f"per-trial error at m=r=k=10 ({summary['coreset']['trials']} trials)", fontsize=9)
@@ -378,18 +305,17 @@ def plot(summary, sweeps, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--trials", type=int, default=100, help="trials at m = r = k = 10")
-    parser.add_argument("--sweep-trials", type=int, default=20, help="trials per sweep point")
-    parser.add_argument("--quick", action="store_true", help="10 trials, 3 per sweep point")
-    parser.add_argument("--no-sweeps", action="store_true", help="skip the m and r sweeps")
-    parser.add_argument("--no-dim-sweep", action="store_true", help="skip the d x rank sweep")
-    parser.add_argument("--dim-trials", type=int, default=5, help="trials per d x rank cell")
-    parser.add_argument("--seed", type=int, default=0, help="base seed: trial t uses seed + t")
-    parser.add_argument("--data-seed", type=int, default=2020, help="seed of the data U")
-    parser.add_argument("--json", type=Path, default=None, help="write the numbers here")
-    parser.add_argument(
-        "--out-dir", type=Path, default=RESULTS_DIR, help="figure and markdown directory"
-    )
+    add = parser.add_argument
+    add("--trials", type=int, default=100, help="trials at m = r = k = 10")
+    add("--sweep-trials", type=int, default=20, help="trials per sweep point")
+    add("--quick", action="store_true", help="10 trials, 3 per sweep point")
+    add("--no-sweeps", action="store_true", help="skip the m and r sweeps")
+    add("--no-dim-sweep", action="store_true", help="skip the d x rank sweep")
+    add("--dim-trials", type=int, default=5, help="trials per d x rank cell")
+    add("--seed", type=int, default=0, help="base seed: trial t uses seed + t")
+    add("--data-seed", type=int, default=2020, help="seed of the data U")
+    add("--json", type=Path, default=None, help="write the numbers here")
+    add("--out-dir", type=Path, default=RESULTS_DIR, help="figure and markdown directory")
     args = parser.parse_args(argv)
     if args.quick:
         args.trials = min(args.trials, 10)
@@ -409,32 +335,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }  # fmt: skip
     started = time.perf_counter()
     U = synthetic_data(n, d, args.data_seed)
-    K = exact_kernel(U)
+    K = exact_kernel(U, U)
     config["taylor_center"] = float(U.sum(axis=0) @ U.sum(axis=0)) / n**2
     config["mean_data_entry"] = float(U.mean())  # the reference code's Taylor anchor
 
     seeds = [args.seed + t for t in range(args.trials)]
-    errors = run_trials(U, K, METHODS, sketch_dim, degree, coreset_size, seeds)
+    fixed = {"sketch_dim": sketch_dim, "degree": degree, "coreset_size": coreset_size}
+    errors = run_trials(U, K, fixed, seeds)
     summary = {method: summarize(errors[method], seeds) for method in METHODS}
     main_seconds = time.perf_counter() - started
 
-    print(markdown_table(summary, config))
-    print()
+    print(markdown_table(summary, config) + "\n")
 
     sweeps = []
     if not args.no_sweeps:
         sweep_seeds = [args.seed + t for t in range(args.sweep_trials)]
-        fixed = {"sketch_dim": sketch_dim, "degree": degree, "coreset_size": coreset_size}
         for name, grid in (("sketch_dim", SWEEP_SKETCH_DIMS), ("degree", SWEEP_DEGREES)):
             sweeps.append(run_sweep(U, K, name, grid, fixed, sweep_seeds))
-            print(sweep_table(sweeps[-1]))
-            print()
+            print(sweep_table(sweeps[-1]) + "\n")
 
     dim_sweep = None
     if not args.no_dim_sweep:
         dim_sweep = run_dimension_sweep(n, args.dim_trials, args.seed, args.data_seed)
-        print(dim_table(dim_sweep))
-        print()
+        print(dim_table(dim_sweep) + "\n")
 
     coreset_mean = summary["coreset"]["mean"]
     ratio = summary["rff"]["mean"] / coreset_mean
@@ -448,55 +371,39 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "rff_over_coreset_ok": bool(ratio >= TARGET_RFF_RATIO),
     }  # fmt: skip
     total_seconds = time.perf_counter() - started
+    verdict = {key: "HOLDS" if targets[f"{key}_ok"] else "FAILS" for key in targets
+               if f"{key}_ok" in targets}  # fmt: skip
     print(
-        f"Target: Coreset-TS mean <= {TARGET_CORESET_MEAN:.0e}: "
-        f"{'HOLDS' if targets['coreset_mean_ok'] else 'FAILS'} (mean {coreset_mean:.3e})"
-    )
-    print(
-        f"Target: RFF mean / Coreset-TS mean >= {TARGET_RFF_RATIO:g}: "
-        f"{'HOLDS' if targets['rff_over_coreset_ok'] else 'FAILS'} (ratio {ratio:.1f})"
-    )
-    print(
+        f"Target: Coreset-TS mean <= {TARGET_CORESET_MEAN:.0e}: {verdict['coreset_mean']} "
+        f"(mean {coreset_mean:.3e})\nTarget: RFF mean / Coreset-TS mean >= "
+        f"{TARGET_RFF_RATIO:g}: {verdict['rff_over_coreset']} (ratio {ratio:.1f})\n"
         f"Target: polyts (improved) mean <= {TARGET_IMPROVED_MEAN:.0e} at rank "
-        f"{config['rank']}: {'HOLDS' if targets['improved_mean_ok'] else 'FAILS'} "
-        f"(mean {improved_mean:.3e})"
+        f"{config['rank']}: {verdict['improved_mean']} (mean {improved_mean:.3e})\n"
+        f"Time: {main_seconds:.1f} s for {args.trials} trials, {total_seconds:.1f} s in total"
     )
-    print(f"Time: {main_seconds:.1f} s for {args.trials} trials, {total_seconds:.1f} s in total")
 
     # --quick writes kernel_approx_quick.* so that it never overwrites the full results.
     stem = "kernel_approx_quick" if args.quick else "kernel_approx"
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    md_lines = [
-        "# Kernel approximation (Han et al. 2020, Figure 1a, synthetic)",
-        "",
-        "Produced by `python benchmarks/kernel_approx.py"
-        + (" --quick" if args.quick else "")
-        + "`.",
-        "",
-        markdown_table(summary, config),
-        "",
-    ]
-    for sweep in sweeps:
-        md_lines += [sweep_table(sweep), ""]
-    if dim_sweep is not None:
-        md_lines += [dim_table(dim_sweep), ""]
+    sections = [markdown_table(summary, config), *map(sweep_table, sweeps)]
+    sections += [dim_table(dim_sweep)] if dim_sweep is not None else []
+    md_lines = ["# Kernel approximation (Han et al. 2020, Figure 1a, synthetic)", ""]
+    md_lines += [f"Produced by `python benchmarks/kernel_approx.py{' --quick' * args.quick}`.", ""]
+    for section in sections:
+        md_lines += [section, ""]
     md_lines += [
         f"- polyts (improved) mean <= {TARGET_IMPROVED_MEAN:.0e}: "
-        f"{'holds' if targets['improved_mean_ok'] else 'fails'} ({improved_mean:.3e})",
+        f"{verdict['improved_mean'].lower()} ({improved_mean:.3e})",
         f"- Coreset-TS mean <= {TARGET_CORESET_MEAN:.0e}: "
-        f"{'holds' if targets['coreset_mean_ok'] else 'fails'} ({coreset_mean:.3e})",
+        f"{verdict['coreset_mean'].lower()} ({coreset_mean:.3e})",
         f"- RFF / Coreset-TS >= {TARGET_RFF_RATIO:g}: "
-        f"{'holds' if targets['rff_over_coreset_ok'] else 'fails'} ({ratio:.1f}x)",
+        f"{verdict['rff_over_coreset'].lower()} ({ratio:.1f}x)",
         f"- Wall time {total_seconds:.1f} s ({platform.processor() or platform.machine()}).",
-        "",
     ]
     if sweeps:
-        figure = args.out_dir / f"{stem}.png"
-        plot(summary, sweeps, figure)
-        md_lines.insert(-1, "")
-        md_lines.insert(-1, f"![kernel approximation]({stem}.png)")
-        print(f"Figure: {figure}")
-    (args.out_dir / f"{stem}.md").write_text("\n".join(md_lines))
+        plot(summary, sweeps, args.out_dir / f"{stem}.png")
+        md_lines += ["", f"![kernel approximation]({stem}.png)"]
+        print(f"Figure: {args.out_dir / f'{stem}.png'}")
+    write_text(args.out_dir / f"{stem}.md", "\n".join([*md_lines, ""]))
     print(f"Table: {args.out_dir / f'{stem}.md'}")
 
     output = {

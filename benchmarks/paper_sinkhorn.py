@@ -1,52 +1,20 @@
 """Sinkhorn on sampled RGB pixels: the experiment of Figure 2 of Han et al. (2020), made explicit.
 
-The paper samples ``n`` pixels of a source and ``n`` of a target image, runs 10 Sinkhorn
-iterations with the exact Gibbs kernel and with three approximations of it (Coreset-TS, RFF,
-Nystrom), and reports (a) the speedup per iteration over the exact computation and (b) the
-ratio of the approximate objective to the exact one, averaged over 3 image pairs and 10 trials.
-This script adds a fourth line, Nystrom with sketchot's default k-center landmarks. The paper
-leaves open the values of ``n``, the pixel scaling, which objective, the start of the
-iteration, the handling of non-positive ``K~ v`` and the timing method; this script fixes them
-(the README repeats the list):
-
-Data
-    Three image pairs (``images/{default,pair2,pair3}_{source,target}.png``), read with
-    ``sketchot.load_image`` (RGB in ``[0, 1]``). Per trial, ``n`` pixels are drawn WITHOUT
-    replacement from each image (``sketchot.sample_pixels``, fresh samples every trial);
-    weights ``a = b = 1 / n``. Kernel ``K = exp(-||x - y||^2 / reg)`` (the paper's
-    ``gamma = 1 / reg``).
-Iteration (the protocol)
-    ``sketchot.solver.plain_sinkhorn(op, a, b, 10, order='paper')``: the paper's update from
-    ``v = 1``, ``u = a / (K v)``, ``v = b / (K^T u)``, each iteration timed; no safeguard, bad
-    denominators counted ("faults") and propagated, as the paper's RFF and Nystrom would. A
-    trial whose final ``u`` or ``v`` is not finite and positive FAILED: NaN objectives, counted.
-Library variant (``n <= --library-max-n``, 5000)
-    ``sketchot.sinkhorn_kernel(a, b, op, max_iter=10, tol=1e-300, safeguard='exact',
-    accuracy=None, errors='warn', warn=False)``: POT's order, fused passes, exact-kernel repair
-    of bad denominators. Its exact reference: ``plain_sinkhorn(..., order='pot')`` on the exact
-    operator (checked against ``sinkhorn_kernel`` once per ``(reg, n)``).
-Objectives after 10 iterations (ratio = approximate / exact, same samples, same iterations)
-    ``cost (true K)`` (primary) and ``cost (approx K)``: ``<P, M>`` of ``P = diag(u) K diag(v)``
-    with the exact / approximate kernel; ``dual (approx K)``, ``dual (true K)``: ``reg (<a, log
-    u> + <b, log v>) - reg (u^T K v - 1)`` (``sketchot.solver.plan_summaries`` from the plain
-    scalings, all plans of a trial in one exact pass, and ``entropic_dual``). With uniform
-    weights the dual is dominated by ``-2 reg log n``: its ratio stays near 1 for poor plans.
-Timing
-    Each iteration is timed with ``time.perf_counter``; a trial's per-iteration time is the
-    MEDIAN of its 10. Speedup per iteration = exact median / approximate median in the same
-    trial; including the build = (build + 10 iterations) ratio, the exact build being the dense
-    ``n x n`` kernel. BLAS runs on one thread (``--threads``).
-Settings (from the backend records of ``sketchot``)
-    ``paper``: ``sketchot.comparable_parameters()`` (polyts ``m = 20, r = 3``, RFF ``D = m r``,
-    Nystrom ``s = ceil(max(sqrt(r m), r))``: the paper's comparable BUILD cost); ``rank241``:
-    equal per-iteration cost ``O(n rank)``, each record's ``params_for_rank(241)`` (polyts: the
-    paper's variant at ``r = 3``, ``m = 80``). Both at
-    ``reg = 1`` and ``reg = 0.1``. Nystrom runs with uniformly drawn landmarks (``nystrom``: the
-    paper's and POT's method) and sketchot's default k-center landmarks (``nystrom_kc``).
-Seeds
-    ``numpy.random.SeedSequence(base).spawn`` per pair, per ``n``, per trial, and per trial one
-    child for the pixel samples and one per (reg, setting, backend). Every spawn key is in the
-    JSON. ``--quick`` uses the same seeds for the points it runs.
+``n`` pixels of a source and ``n`` of a target image (``images/{default,pair2,pair3}``), 10
+Sinkhorn iterations with the exact Gibbs kernel ``exp(-||x - y||^2 / reg)`` and with its
+approximations Coreset-TS (``polyts``), RFF and Nystrom (uniform landmarks as in the paper,
+and sketchot's default k-center ones); measured: (a) the speedup per iteration over the exact
+computation (median of a trial's 10 ``perf_counter`` times; also including the build) and (b)
+the ratio approximate / exact of four objectives after 10 iterations (``cost (true K)``, the
+primary one, ``cost (approx K)``, ``dual (approx K)``, ``dual (true K)``), over 3 pairs x 10
+trials, at ``reg`` 1 and 0.1, at the paper's comparable ranks and at equal rank 241. The
+iteration is ``sketchot.solver.plain_sinkhorn(..., order='paper')`` (from ``v = 1``, no
+safeguard: bad denominators counted as faults, a trial with a non-finite or non-positive final
+scaling FAILED); for ``n <= --library-max-n`` the same operators also run through
+``sketchot.sinkhorn_kernel(..., safeguard='exact')``. Every choice the paper leaves open (data,
+iteration, objectives, timing, settings, seeds: ``SeedSequence(base).spawn`` per pair, ``n``,
+trial and method, all in the JSON) is listed in the README, "Protocol choices the paper leaves
+open".
 
 Run ``python benchmarks/paper_sinkhorn.py`` (3 pairs x 4 values of n x 10 trials x 2 reg x 2
 settings) or ``--quick`` (one pair, n in {1000, 2000}, 3 trials). ``--json PATH`` writes every raw
@@ -75,7 +43,7 @@ import numpy as np
 from _results import md_table, write_json, write_text
 
 import sketchot
-from sketchot.color import image_pixels
+from sketchot.color import color_spread, load_image_pair
 from sketchot.solver import PlainRun, entropic_dual, plain_sinkhorn, plan_summaries
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,17 +61,10 @@ BACKENDS = ("polyts", "rff", "nystrom", "nystrom_kc")
 BACKEND_OF = {"polyts": "polyts", "rff": "rff", "nystrom": "nystrom", "nystrom_kc": "nystrom"}
 LANDMARKS = {"nystrom": {"landmarks": "uniform"}, "nystrom_kc": {"landmarks": "kcenter"}}
 LABELS = {
-    "polyts": "Coreset-TS (polyts)",
-    "rff": "RFF",
-    "nystrom": "Nystrom, uniform landmarks (paper)",
+    "polyts": "Coreset-TS (polyts)", "rff": "RFF", "nystrom": "Nystrom, uniform landmarks (paper)",
     "nystrom_kc": "Nystrom, k-center landmarks",
-}
-COLORS = {
-    "polyts": "tab:red",
-    "rff": "tab:blue",
-    "nystrom": "tab:green",
-    "nystrom_kc": "tab:purple",
-}
+}  # fmt: skip
+COLORS = dict(zip(BACKENDS, ("tab:red", "tab:blue", "tab:green", "tab:purple"), strict=True))
 
 # The paper's comparable-cost setting, from the backend records. The paper's polyts algorithm
 # is PAPER["polyts"]: its one place here (the equal-rank polyts setting starts from it too).
@@ -143,12 +104,8 @@ def _rank_label(setting: str) -> str:
 METHOD_ORDER = tuple((reg, s, b) for reg in REGS for s in RANK_SETTINGS for b in BACKENDS)
 BASE_SEED = 0
 MEASURES = ("cost_true", "cost_approx", "dual_approx", "dual_true")
-MEASURE_LABELS = {
-    "cost_true": "cost (true K)",
-    "cost_approx": "cost (approx K)",
-    "dual_approx": "dual (approx K)",
-    "dual_true": "dual (true K)",
-}
+# "cost (true K)", "cost (approx K)", "dual (approx K)", "dual (true K)"
+MEASURE_LABELS = {m: "{} ({} K)".format(*m.split("_")) for m in MEASURES}
 
 
 # --------------------------------------------------------------------------------------- data
@@ -156,17 +113,13 @@ def load_pairs(names: tuple[str, ...], synthetic: bool) -> dict[str, tuple[np.nd
     """``{pair: (source image, target image)}``; ``synthetic`` builds stand-ins instead."""
     if synthetic:
         return {name: synthetic_pair(index) for index, name in enumerate(names)}
-    pairs = {}
-    for name in names:
-        paths = [IMAGES_DIR / f"{name}_{side}.png" for side in ("source", "target")]
-        missing = [str(p) for p in paths if not p.exists()]
-        if missing:
-            raise SystemExit(
-                f"missing image(s) {', '.join(missing)}: run images/make_images.py first, or "
-                "pass --synthetic for synthetic stand-in colour clouds (development only)"
-            )
-        pairs[name] = tuple(sketchot.load_image(path) for path in paths)
-    return pairs
+    try:
+        return {name: load_image_pair(IMAGES_DIR, name) for name in names}
+    except FileNotFoundError as error:
+        raise SystemExit(
+            f"{error}: run images/make_images.py first, or pass --synthetic for synthetic "
+            "stand-in colour clouds (development only)"
+        ) from None
 
 
 def synthetic_pair(index: int, n_pixels: int = 40_000) -> tuple[np.ndarray, np.ndarray]:
@@ -174,47 +127,22 @@ def synthetic_pair(index: int, n_pixels: int = 40_000) -> tuple[np.ndarray, np.n
     rng = np.random.default_rng(np.random.SeedSequence(BASE_SEED, spawn_key=(999, index)))
     clouds = []
     for _ in range(2):
-        centres = rng.random((5, 3))
-        labels = rng.integers(0, 5, size=n_pixels)
+        centres, labels = rng.random((5, 3)), rng.integers(0, 5, size=n_pixels)
         points = centres[labels] + 0.08 * rng.standard_normal((n_pixels, 3))
         clouds.append(np.clip(points, 0.0, 1.0)[:, None, :])
     return clouds[0], clouds[1]
 
 
-def data_spread(pairs: dict[str, tuple[np.ndarray, ...]]) -> dict[str, dict[str, float]]:
-    """Scale of each pair on ALL pixels: ``E ||x - y||^2`` over independent source and target
-    pixels, and ``max ||x - c|| max ||y - c||`` (``c`` the mean of both images), which over
-    ``reg`` is the half-width of the interval on which polyts fits ``exp(2 t)``."""
-    out = {}
-    for name, images in pairs.items():
-        source, target = (image_pixels(image) for image in images)
-        mean_x, mean_y = source.mean(axis=0), target.mean(axis=0)
-        center = (source.sum(axis=0) + target.sum(axis=0)) / (len(source) + len(target))
-        out[name] = {
-            "mean_sq_distance": float(
-                source.var(axis=0).sum() + target.var(axis=0).sum() + np.sum((mean_x - mean_y) ** 2)
-            ),
-            "half_width": float(
-                np.sqrt(np.max(np.sum((source - center) ** 2, axis=1)))
-                * np.sqrt(np.max(np.sum((target - center) ** 2, axis=1)))
-            ),
-        }
-    return out
-
-
 def spread_table(spread: dict[str, dict[str, float]], regs: list[float]) -> str:
-    lines = [
+    """``sketchot.color.color_spread`` of each pair (all pixels) relative to each ``reg``."""
+    head = [h.format(r) for r in regs for h in ("E||x-y||^2 / {:g}", "a at reg={:g}")]
+    rows = [[name, *(f"{s[k] / r:.3f}" for r in regs for k in ("mean_sq_distance", "half_width"))]
+            for name, s in spread.items()]  # fmt: skip
+    return "\n".join([
         "Scale of the data relative to reg (all pixels): E||x - y||^2 / reg and the polyts "
         "interval half-width a = max||x - c|| max||y - c|| / reg.\n",
-        "| pair | " + " | ".join(f"E||x-y||^2 / {r:g} | a at reg={r:g}" for r in regs) + " |",
-        "|:---|" + "---:|---:|" * len(regs),
-    ]
-    for name, s in spread.items():
-        cells = " | ".join(
-            f"{s['mean_sq_distance'] / r:.3f} | {s['half_width'] / r:.3f}" for r in regs
-        )
-        lines.append(f"| {name} | {cells} |")
-    return "\n".join(lines) + "\n"
+        *md_table(["pair", *head], rows, "l" + "r" * len(head)),
+    ]) + "\n"  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------- trial
@@ -333,12 +261,10 @@ def check_against_library(exact, a, b, exact_lib: PlainRun, exact_lib_obj) -> di
     """``sinkhorn_kernel`` on the exact operator vs the same iteration run here; also times
     sketchot's fused exact iteration (one pass over ``K`` per iteration)."""
     result, caught = library_solve(exact, a, b)
-    mine = exact_lib_obj["cost_true"]
+    mine, log_u = exact_lib_obj["cost_true"], np.log(exact_lib.u)
     return {
         "relative_cost_difference": abs(result.value_linear - mine) / abs(mine),
-        "max_abs_log_u_difference": float(
-            np.max(np.abs(result.potentials[0] - np.log(exact_lib.u)))
-        ),
+        "max_abs_log_u_difference": float(np.max(np.abs(result.potentials[0] - log_u))),
         "fused_per_iteration": result.timings["per_iteration"],
         "warnings": caught,
     }
@@ -350,7 +276,7 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
     n_values = N_VALUES[:2] if args.quick else N_VALUES
     n_trials = 3 if args.quick else N_TRIALS
     pairs = load_pairs(pair_names, args.synthetic)
-    spread = data_spread(pairs)
+    spread = {name: color_spread(*images) for name, images in pairs.items()}
     pair_seqs = np.random.SeedSequence(args.seed).spawn(len(PAIRS))
     records: list[dict[str, Any]] = []
     trials_meta = []
@@ -399,13 +325,10 @@ def stats(values: list[float]) -> dict[str, float]:
     if finite.size == 0:
         return {"mean": math.nan, "std": math.nan, "median": math.nan, "count": 0}
     return {
-        "mean": float(finite.mean()),
-        "std": float(finite.std()),
-        "median": float(np.median(finite)),
-        "min": float(finite.min()),
-        "max": float(finite.max()),
-        "count": int(finite.size),
-    }
+        "mean": float(finite.mean()), "std": float(finite.std()),
+        "median": float(np.median(finite)), "min": float(finite.min()),
+        "max": float(finite.max()), "count": int(finite.size),
+    }  # fmt: skip
 
 
 def summarize(records: list[dict[str, Any]], pair: str | None = None) -> list[dict[str, Any]]:
@@ -592,15 +515,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
                 ax.set_yscale("log", nonpositive="clip")
             ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
             low, high = ax.get_ylim()
-            # A log axis spanning less than two decades has at most two major ticks: label
-            # the minor ticks too (all of them within a decade, else only 2x and 5x).
-            ax.yaxis.set_minor_formatter(
-                ticker.FormatStrFormatter("%g")
-                if high / low < 10
-                else ticker.FuncFormatter(_label_2_and_5)
-                if high / low < 100
-                else ticker.NullFormatter()
-            )
+            ax.yaxis.set_minor_formatter(ticker.FuncFormatter(partial(_minor_label, high / low)))
             ax.legend(fontsize=7)
             ax.grid(alpha=0.3, which="both")
     fig.suptitle(
@@ -613,12 +528,13 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def _label_2_and_5(value: float, _position: int) -> str:
-    """Tick label for 2x and 5x powers of ten only."""
-    if value <= 0:
+def _minor_label(span: float, value: float, _position: int) -> str:
+    """A log axis spanning less than two decades (``span``: top / bottom) has at most two major
+    ticks: label the minor ticks too, all of them within a decade, else only 2x and 5x."""
+    if value <= 0 or span >= 100:
         return ""
     leading = round(value / 10 ** math.floor(math.log10(value)))
-    return f"{value:g}" if leading in (2, 5) else ""
+    return f"{value:g}" if span < 10 or leading in (2, 5) else ""
 
 
 # -------------------------------------------------------------------------------------- main
@@ -639,7 +555,6 @@ def main(argv: list[str] | None = None) -> int:
         help="rebuild the tables, the markdown file and the figure from a --json file of an "
         "earlier run, without running anything")  # fmt: skip
     args = parser.parse_args(argv)
-    limiter = limit_blas_threads(args.threads)
     print(
         f"sketchot {sketchot.__version__}, numpy {np.__version__}, Python "
         f"{platform.python_version()}, base seed {args.seed}"
@@ -653,13 +568,12 @@ def main(argv: list[str] | None = None) -> int:
         args.synthetic = data["config"]["synthetic"]
         args.seed = data["config"]["base_seed"]
     else:
-        with limiter:
+        with limit_blas_threads(args.threads):
             data = sweep(args)
         data["config"]["blas_threads"] = args.threads
     rows = summarize(data["records"])
     per_pair = {pair: summarize(data["records"], pair) for pair in data["config"]["pairs"]}
-    data["summary"] = rows
-    data["summary_per_pair"] = per_pair
+    data.update(summary=rows, summary_per_pair=per_pair)
 
     tables = markdown_tables(rows)
     report = "\n".join([
@@ -667,8 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         library_check_table(rows), warning_summary(rows),
         f"Total time: {data['config']['seconds']:.0f} s.",
     ])  # fmt: skip
-    print()
-    print(report)
+    print("\n" + report)
 
     suffix = ("_quick" if args.quick else "") + ("_synthetic" if args.synthetic else "")
     figure = (

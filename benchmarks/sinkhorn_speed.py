@@ -1,37 +1,29 @@
 """Sinkhorn speed, memory and true-kernel accuracy: sketchot's backends next to POT's solvers.
 
-For ``n`` points per side drawn uniformly from ``[0, 1]^3`` (``default_rng([seed, n])``), uniform
-weights and ``reg`` in ``{1, 0.1}`` (kernel ``exp(-||x - y||^2 / reg)``), every configuration is
-run for a fixed number of iterations (``tol=1e-300``: never met) in its own subprocess, which
-reports
-
-* build time (kernel or factors), time per iteration, total wall time;
-* the child's peak RSS (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) and its increase over
-  the child's baseline after imports, a small warm-up and data generation;
-* the L1 marginal errors of the returned scalings against the EXACT kernel, estimated on
-  sampled rows and columns (``sketchot.solver.true_kernel_check``, the same draw for every
-  method: ``SinkhornResult.check_true_kernel``'s).
-
-Methods:
+``n`` points per side uniform in ``[0, 1]^3`` (``default_rng([seed, n])``), uniform weights,
+``reg`` in ``{1, 0.1}``; every configuration runs a fixed number of iterations (``tol=1e-300``)
+in its own subprocess, which reports build time, time per iteration and total wall time; peak
+RSS (``ru_maxrss``) and its increase over the child's baseline after imports, a small warm-up
+and data generation; and the L1 marginal errors of the returned scalings against the EXACT
+kernel on sampled rows and columns (``sketchot.solver.sampled_true_kernel_check``, the draw
+of ``SinkhornResult.check_true_kernel``, the same for every method). Methods:
 
 ``pot-dense``
-    ``ot.dist`` then ``ot.sinkhorn(a, b, M, reg)`` (POT 0.9: dense ``n x n``, ~5 such float64
-    arrays at peak). Build = ``ot.dist`` + one ``exp(-M / reg)`` timed separately (the kernel
+    ``ot.dist`` then ``ot.sinkhorn(a, b, M, reg)`` (dense ``n x n``, ~5 such float64 arrays at
+    peak). Build = ``ot.dist`` + one ``exp(-M / reg)`` timed separately (the kernel
     ``ot.sinkhorn`` computes first); per iteration = (solve - that exp) / iterations.
 ``pot-nystrom``
-    ``ot.lowrank.kernel_nystroem`` + ``ot.lowrank.sinkhorn_low_rank_kernel``: the two calls
-    ``ot.bregman.empirical_sinkhorn_nystroem2`` makes, with its ``sigma = sqrt(reg / 2)`` (so that
-    ``exp(-d^2 / (2 sigma^2)) = exp(-d^2 / reg)``), timed separately. POT draws ``anchors // 2``
-    landmarks per cloud, so it gets the even number of anchors at or above the rank.
-    ``random_state`` seeds POT's own NumpyBackend generator (not numpy's global one).
+    ``ot.lowrank.kernel_nystroem`` + ``sinkhorn_low_rank_kernel`` (the two calls of
+    ``ot.bregman.empirical_sinkhorn_nystroem2``) with ``sigma = sqrt(reg / 2)``, timed
+    separately; POT draws ``anchors // 2`` landmarks per cloud, so it gets the even number of
+    anchors at or above the rank; ``random_state`` seeds POT's own NumpyBackend generator.
 ``exact``, ``rff``, ``nystrom``, ``polyts``
     ``sketchot.sinkhorn(None, None, X, Y, reg, backend, max_iter, tol=1e-300,
-    check_every=max_iter, safeguard=..., accuracy=None, errors='warn')``; ``check_every=max_iter``
-    so that float32's tolerance floor cannot stop the run early. Low-rank backends at equal
-    rank 61 and 199, each with its record's ``params_for_rank`` (polyts ``m = 20`` and ``66``,
-    ``r = 3``; ``rff`` and ``nystrom`` with as many features / landmarks). Default safeguard
-    ``'clip'``: ``'exact'`` recomputes each non-positive entry with an ``O(n d)`` exact row,
-    which would dominate the timings of RFF at ``reg = 0.1``; the number of repairs is reported.
+    check_every=max_iter, safeguard=..., accuracy=None, errors='warn')`` (``check_every``: the
+    float32 tolerance floor cannot stop a run early). Low-rank backends at equal rank 61 and
+    199 (each record's ``params_for_rank``: polyts ``m = 20`` and ``66``, ``r = 3``). Safeguard
+    ``'clip'`` by default (``'exact'`` repairs would dominate RFF's timings at ``reg = 0.1``);
+    the number of repairs is reported.
 
 Targets printed (computed, not asserted): polyts, ``n = 10^6``, ``reg = 1``, 100 iterations,
 build included, at most 15 s and 2 GB peak RSS in float64 and float32; low-rank backends at
@@ -55,11 +47,12 @@ import subprocess
 import sys
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _results import write_json, write_text
+from _results import md_row, md_table, timed, write_json, write_text
 
 import sketchot
 from sketchot.solver import sampled_true_kernel_check
@@ -69,6 +62,7 @@ RESULT_MARKER = "RESULT_JSON:"
 
 SKETCHOT_BACKENDS = ("exact", "nystrom", "rff", "polyts")
 LOW_RANK = ("nystrom", "rff", "polyts")
+POT_LABELS = {"pot-dense": "POT ot.sinkhorn (dense)", "pot-nystrom": "POT nystroem"}
 
 
 def equal_rank_settings(rank: int) -> dict[str, dict[str, int]]:
@@ -105,84 +99,64 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def true_kernel_errors(kernel, a, b, log_u, log_v, n_samples: int, seed: list[int]) -> dict:
-    """Sampled L1 marginal errors of scalings against the EXACT kernel (rows and columns drawn
-    as ``SinkhornResult.check_true_kernel`` draws them)."""
-    rng = np.random.default_rng(seed)
-    check = sampled_true_kernel_check(kernel, a, b, log_u, log_v, n_samples, rng)
-    return {k: getattr(check, k) for k in ("error_a", "error_b", "n_rows", "n_cols")}
-
-
 def run_pot_dense(X, Y, reg, iterations):
     import ot
 
-    n, m = X.shape[0], Y.shape[0]
-    a, b = np.full(n, 1.0 / n), np.full(m, 1.0 / m)
-    start = time.perf_counter()
-    M = ot.dist(X, Y)
-    dist_seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    K = np.exp(M / (-reg))
-    exp_seconds = time.perf_counter() - start
-    del K
+    a, b = np.full(X.shape[0], 1.0 / X.shape[0]), np.full(Y.shape[0], 1.0 / Y.shape[0])
+    dist_seconds, M = timed(lambda: ot.dist(X, Y))
+    exp_seconds = timed(lambda: np.exp(M / (-reg)))[0]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        start = time.perf_counter()
-        _, log = ot.sinkhorn(
-            a, b, M, reg, numItermax=iterations, stopThr=1e-300, log=True, warn=False
+        solve_seconds, (_, log) = timed(
+            lambda: ot.sinkhorn(
+                a, b, M, reg, numItermax=iterations, stopThr=1e-300, log=True, warn=False
+            )
         )
-        solve_seconds = time.perf_counter() - start
-    numerical = any("numerical errors" in str(w.message) for w in caught)
-    n_iter = log["niter"] + (0 if numerical else 1)
-    loop_seconds = solve_seconds - exp_seconds
-    return {
-        "rank": None, "n_iter": n_iter, "build_s": dist_seconds + exp_seconds,
-        "iterations_s": loop_seconds, "per_iteration_s": loop_seconds / max(n_iter, 1),
-        "total_s": dist_seconds + solve_seconds,
-        "warnings": [str(w.message)[:200] for w in caught],
-    }, (log["u"], log["v"])  # fmt: skip
+    record = pot_record(log, caught, dist_seconds + exp_seconds, solve_seconds - exp_seconds)
+    return {**record, "total_s": dist_seconds + solve_seconds}, (log["u"], log["v"])
 
 
 def run_pot_nystrom(X, Y, reg, iterations, anchors, seed):
     import ot
 
-    n, m = X.shape[0], Y.shape[0]
-    a, b = np.full(n, 1.0 / n), np.full(m, 1.0 / m)
+    a, b = np.full(X.shape[0], 1.0 / X.shape[0]), np.full(Y.shape[0], 1.0 / Y.shape[0])
     # POT's sampling goes through its NumpyBackend RandomState, seeded from our generator.
     random_state = int(np.random.default_rng(seed).integers(2**31 - 1))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        start = time.perf_counter()
-        left, right = ot.lowrank.kernel_nystroem(
-            X, Y, anchors=anchors, sigma=math.sqrt(reg / 2.0), random_state=random_state
+        build_seconds, (left, right) = timed(
+            lambda: ot.lowrank.kernel_nystroem(X, Y, anchors, math.sqrt(reg / 2.0), random_state)
         )
-        build_seconds = time.perf_counter() - start
-        start = time.perf_counter()
-        u, v, log = ot.lowrank.sinkhorn_low_rank_kernel(
-            left, right, a, b, numItermax=iterations, stopThr=1e-300, log=True, warn=False
+        loop_seconds, (u, v, log) = timed(
+            lambda: ot.lowrank.sinkhorn_low_rank_kernel(
+                left, right, a, b, numItermax=iterations, stopThr=1e-300, log=True, warn=False
+            )
         )
-        loop_seconds = time.perf_counter() - start
+    record = pot_record(log, caught, build_seconds, loop_seconds, int(left.shape[1]))
+    return {**record, "random_state": random_state}, (u, v)
+
+
+def pot_record(log, caught, build_seconds, loop_seconds, rank=None) -> dict[str, Any]:
+    """Timings of one POT solve; POT's ``niter`` counts one short unless it stopped on a
+    numerical error."""
     numerical = any("numerical errors" in str(w.message) for w in caught)
     n_iter = log["niter"] + (0 if numerical else 1)
     return {
-        "rank": int(left.shape[1]), "random_state": random_state, "n_iter": n_iter,
-        "build_s": build_seconds, "iterations_s": loop_seconds,
+        "rank": rank, "n_iter": n_iter, "build_s": build_seconds, "iterations_s": loop_seconds,
         "per_iteration_s": loop_seconds / max(n_iter, 1), "total_s": build_seconds + loop_seconds,
         "warnings": [str(w.message)[:200] for w in caught],
-    }, (u, v)  # fmt: skip
+    }  # fmt: skip
 
 
 def run_sketchot(X, Y, reg, backend, iterations, params, dtype, safeguard, seed):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        start = time.perf_counter()
-        result = sketchot.sinkhorn(
+        total_seconds, result = timed(lambda: sketchot.sinkhorn(
             None, None, X, Y, reg, backend, max_iter=iterations, tol=1e-300,
             rng=np.random.default_rng(seed), accuracy=None, errors="warn",
             check_every=iterations, safeguard=safeguard, warn=False,
             dtype=np.dtype(dtype).type, **params,
-        )  # fmt: skip
-        total_seconds = time.perf_counter() - start
+        ))  # fmt: skip
     timings = result.timings
     return {
         "rank": result.kernel.info.rank, "n_iter": result.n_iter, "build_s": timings["build"],
@@ -193,46 +167,34 @@ def run_sketchot(X, Y, reg, backend, iterations, params, dtype, safeguard, seed)
     }, result  # fmt: skip
 
 
-def warm_up(config: dict[str, Any]) -> None:
-    """A tiny run of the same method: one-time costs (lazy imports, FFT set-up) stay out."""
-    rng = np.random.default_rng(12345)
-    X, Y = rng.random((200, 3)), rng.random((200, 3))
-    method = config["method"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if method == "pot-dense":
-            run_pot_dense(X, Y, config["reg"], 2)
-        elif method == "pot-nystrom":
-            run_pot_nystrom(X, Y, config["reg"], 2, config["params"]["anchors"], [0])
-        else:
-            run_sketchot(
-                X, Y, config["reg"], method, 2, config["params"], config["dtype"], "clip", [0]
-            )
+def solve(config: dict[str, Any], X, Y, iterations: int, seed, safeguard: str) -> tuple:
+    """``(record, (u, v))`` of a POT method, ``(record, SinkhornResult)`` of a sketchot one."""
+    method, reg, params = config["method"], config["reg"], config["params"]
+    if method == "pot-dense":
+        return run_pot_dense(X, Y, reg, iterations)
+    if method == "pot-nystrom":
+        return run_pot_nystrom(X, Y, reg, iterations, params["anchors"], seed)
+    return run_sketchot(X, Y, reg, method, iterations, params, config["dtype"], safeguard, seed)
 
 
 def run_single(config: dict[str, Any]) -> dict[str, Any]:
     """One configuration (in a fresh process): timings, peak memory, true-kernel errors."""
     import ot  # noqa: F401  (imported before the baseline so every child counts the same)
 
-    warm_up(config)
+    # Warm-up: a tiny run of the same method, so that one-time costs (lazy imports, FFT
+    # set-up) stay out.
+    rng = np.random.default_rng(12345)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        solve(config, rng.random((200, 3)), rng.random((200, 3)), 2, [0], "clip")
     n, reg, method = config["n"], config["reg"], config["method"]
     data_rng = np.random.default_rng(config["data_seed"])
-    X = data_rng.random((n, 3))
-    Y = data_rng.random((n, 3))
+    X, Y = (data_rng.random((n, 3)) for _ in range(2))
     baseline = peak_rss_bytes()
 
     cpu_start = time.process_time()
-    if method == "pot-dense":
-        record, (u, v) = run_pot_dense(X, Y, reg, config["iterations"])
-    elif method == "pot-nystrom":
-        record, (u, v) = run_pot_nystrom(
-            X, Y, reg, config["iterations"], config["params"]["anchors"], config["method_seed"]
-        )
-    else:
-        record, result = run_sketchot(
-            X, Y, reg, method, config["iterations"], config["params"], config["dtype"],
-            config["safeguard_policy"], config["method_seed"],
-        )  # fmt: skip
+    record, result = solve(config, X, Y, config["iterations"], config["method_seed"],
+                           config["safeguard_policy"])  # fmt: skip
     peak = peak_rss_bytes()
     # CPU seconds of all threads: next to the wall time it shows contention on a busy machine.
     record["cpu_s"] = time.process_time() - cpu_start
@@ -244,10 +206,11 @@ def run_single(config: dict[str, Any]) -> dict[str, Any]:
         kernel = sketchot.make_kernel(X, Y, reg, "exact", max_dense_bytes=0)
         a = b = np.full(n, 1.0 / n)
         with np.errstate(divide="ignore", invalid="ignore"):
-            log_u, log_v = np.log(u), np.log(v)
-    errors = true_kernel_errors(
-        kernel, a, b, log_u, log_v, config["check_samples"], config["check_seed"]
-    )
+            log_u, log_v = np.log(result[0]), np.log(result[1])
+    # Rows and columns drawn as SinkhornResult.check_true_kernel draws them.
+    rng = np.random.default_rng(config["check_seed"])
+    check = sampled_true_kernel_check(kernel, a, b, log_u, log_v, config["check_samples"], rng)
+    errors = {k: getattr(check, k) for k in ("error_a", "error_b", "n_rows", "n_cols")}
     record.update(
         baseline_rss_bytes=baseline, peak_rss_bytes=peak, delta_rss_bytes=peak - baseline,
         true_kernel=errors, check_seconds=time.perf_counter() - start,
@@ -256,19 +219,16 @@ def run_single(config: dict[str, Any]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- parent process
-def check_samples(n: int, args: argparse.Namespace) -> int:
-    """Rows (and columns) of the true-kernel check: at most ``check_budget / n`` (>= 100)."""
-    return int(min(args.check_samples, max(100, args.check_budget // n)))
-
-
 def make_config(args, n, reg, method, rank_label, dtype="float64", iterations=None):
     params = dict(RANKS[rank_label][method]) if rank_label is not None else {}
+    # Rows (and columns) of the true-kernel check: at most check_budget / n (>= 100).
+    check_samples = int(min(args.check_samples, max(100, args.check_budget // n)))
     return {
         "method": method, "n": n, "reg": reg, "rank_label": rank_label, "params": params,
         "dtype": dtype, "iterations": args.iterations if iterations is None else iterations,
         "safeguard_policy": args.safeguard, "data_seed": [args.seed, n],
         "method_seed": [args.seed, n, 1], "check_seed": [args.seed, n, 2],
-        "check_samples": check_samples(n, args),
+        "check_samples": check_samples,
     }  # fmt: skip
 
 
@@ -280,30 +240,25 @@ def plan(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str,
             for dtype in ("float64", "float32")
         ], []
     configs, skipped = [], []
-    for n in args.sizes:
-        for reg in args.regs:
-            if n <= POT_DENSE_MAX_N:
-                configs.append(
-                    make_config(args, n, reg, "pot-dense", None, iterations=args.dense_iterations)
-                )
-            else:
-                reason = f"dense n x n: ~5 x {8 * n * n / 1e9:.0f} GB at peak"
-                skipped.append({"method": "pot-dense", "n": n, "reg": reg, "reason": reason})
-            if n <= EXACT_MAX_N:
-                iterations = args.dense_iterations
-                if 8 * n * n > EXACT_DENSE_BYTES:
-                    iterations = min(iterations, STREAMED_EXACT_ITERATIONS)
-                configs.append(make_config(args, n, reg, "exact", None, iterations=iterations))
-            else:
-                reason = f"streamed: {n * n:.0e} exp per product, minutes per iteration"
-                skipped.append({"method": "exact", "n": n, "reg": reg, "reason": reason})
-            for rank_label in args.ranks:
-                for method in ("pot-nystrom", "nystrom", "rff", "polyts"):
-                    configs.append(make_config(args, n, reg, method, rank_label))
-            if n == TARGET_N and reg == TARGET_REG and "61" in args.ranks:
-                configs.append(
-                    make_config(args, n, reg, "polyts", "61", "float32", TARGET_ITERATIONS)
-                )
+    for n, reg in ((n, reg) for n in args.sizes for reg in args.regs):
+        config = partial(make_config, args, n, reg)
+        if n <= POT_DENSE_MAX_N:
+            configs.append(config("pot-dense", None, iterations=args.dense_iterations))
+        else:
+            reason = f"dense n x n: ~5 x {8 * n * n / 1e9:.0f} GB at peak"
+            skipped.append({"method": "pot-dense", "n": n, "reg": reg, "reason": reason})
+        if n <= EXACT_MAX_N:
+            iterations = args.dense_iterations
+            if 8 * n * n > EXACT_DENSE_BYTES:
+                iterations = min(iterations, STREAMED_EXACT_ITERATIONS)
+            configs.append(config("exact", None, iterations=iterations))
+        else:
+            reason = f"streamed: {n * n:.0e} exp per product, minutes per iteration"
+            skipped.append({"method": "exact", "n": n, "reg": reg, "reason": reason})
+        methods = ("pot-nystrom", "nystrom", "rff", "polyts")
+        configs += [config(method, rank_label) for rank_label in args.ranks for method in methods]
+        if n == TARGET_N and reg == TARGET_REG and "61" in args.ranks:
+            configs.append(config("polyts", "61", "float32", TARGET_ITERATIONS))
     return configs, skipped
 
 
@@ -321,19 +276,16 @@ def run_child(config: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 
 def label(row: dict[str, Any]) -> str:
-    method = row["method"]
-    if method == "polyts" and "sketch_dim" in row["params"]:
-        return f"polyts (m={row['params']['sketch_dim']}, r={row['params']['degree']})"
-    return {"pot-dense": "POT ot.sinkhorn (dense)", "pot-nystrom": "POT nystroem"}.get(
-        method, method
-    )
+    method, params = row["method"], row["params"]
+    if method == "polyts" and "sketch_dim" in params:
+        return f"polyts (m={params['sketch_dim']}, r={params['degree']})"
+    return POT_LABELS.get(method, method)
 
 
 def find(rows, **criteria) -> dict[str, Any] | None:
-    for row in rows:
-        if "error" not in row and all(row.get(k) == v for k, v in criteria.items()):
-            return row
-    return None
+    """The first row without an error that matches every ``key=value`` of ``criteria``."""
+    fits = (r for r in rows if "error" not in r and all(r.get(k) == v for k, v in criteria.items()))
+    return next(fits, None)
 
 
 def speedup(rows, row) -> float | None:
@@ -348,135 +300,100 @@ def row_error(row: dict[str, Any]) -> float:
     return max(row["true_kernel"]["error_a"], row["true_kernel"]["error_b"])
 
 
-def fmt(value: float | None, spec: str) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-" if value is None else str(value)
-    return format(value, spec)
-
-
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| n | reg | method | rank | dtype | iters | build s | ms / iter | total s "
-        "| peak RSS MiB | +RSS MiB | speedup / iter vs POT dense | true-kernel L1 err a / b "
-        "| repairs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines = []
     for row in rows:
-        head = f"| {row['n']:,} | {row['reg']:g} | {label(row)} "
+        head = [f"{row['n']:,}", f"{row['reg']:g}", label(row)]
         if "error" in row:
-            lines.append(head + f"| - | {row['dtype']} | - | failed: {row['error']} |" + " |" * 7)
+            lines.append(
+                md_row([*head, "-", row["dtype"], "-", f"failed: {row['error']}"]) + " |" * 7
+            )
             continue
-        repairs = "-"
-        if "safeguard" in row:
-            guard = row["safeguard"]
-            repairs = str(guard["rows_repaired"] + guard["cols_repaired"])
-        tk = row["true_kernel"]
-        lines.append(
-            head
-            + f"| {row['rank'] if row['rank'] is not None else 'n'} | {row['dtype']} "
-            + f"| {row['n_iter']} | {row['build_s']:.3f} | {1e3 * row['per_iteration_s']:.2f} "
-            + f"| {row['total_s']:.2f} | {row['peak_rss_bytes'] / 2**20:.0f} "
-            + f"| {row['delta_rss_bytes'] / 2**20:.0f} | {fmt(speedup(rows, row), '.1f')} "
-            + f"| {tk['error_a']:.2e} / {tk['error_b']:.2e} | {repairs} |"
-        )
-    return "\n".join(lines)
+        guard, tk, ratio = row.get("safeguard"), row["true_kernel"], speedup(rows, row)
+        lines.append([
+            *head, "n" if row["rank"] is None else row["rank"], row["dtype"], row["n_iter"],
+            f"{row['build_s']:.3f}", f"{1e3 * row['per_iteration_s']:.2f}", f"{row['total_s']:.2f}",
+            f"{row['peak_rss_bytes'] / 2**20:.0f}", f"{row['delta_rss_bytes'] / 2**20:.0f}",
+            "-" if ratio is None else f"{ratio:.1f}", f"{tk['error_a']:.2e} / {tk['error_b']:.2e}",
+            "-" if guard is None else guard["rows_repaired"] + guard["cols_repaired"],
+        ])  # fmt: skip
+    header = ["n", "reg", "method", "rank", "dtype", "iters", "build s", "ms / iter", "total s",
+              "peak RSS MiB", "+RSS MiB", "speedup / iter vs POT dense",
+              "true-kernel L1 err a / b", "repairs"]  # fmt: skip
+    return "\n".join(md_table(header, lines))
 
 
 def evaluate_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every target that the rows allow to check, with the numbers behind it."""
     targets = []
+
+    def target(name: str, holds: bool, detail: str) -> None:
+        targets.append({"name": name, "holds": bool(holds), "detail": detail})
+
     for dtype in ("float64", "float32"):
         row = find(rows, method="polyts", n=TARGET_N, reg=TARGET_REG, rank_label="61",
                    dtype=dtype, iterations=TARGET_ITERATIONS)  # fmt: skip
         if row is None:
             continue
         ok_time = row["total_s"] <= TARGET_SECONDS and row["n_iter"] == TARGET_ITERATIONS
-        ok_memory = row["peak_rss_bytes"] <= TARGET_PEAK_BYTES
-        targets.append(
-            {
-                "name": f"polyts n=10^6 reg=1 {dtype}: {TARGET_ITERATIONS} iterations + build "
-                f"<= {TARGET_SECONDS:g} s, peak RSS <= 2 GB",
-                "holds": bool(ok_time and ok_memory),
-                "detail": f"total {row['total_s']:.2f} s (build {row['build_s']:.2f} s, "
-                f"{row['n_iter']} iterations {row['iterations_s']:.2f} s), peak RSS "
-                f"{row['peak_rss_bytes'] / 1e9:.2f} GB (+{row['delta_rss_bytes'] / 1e9:.2f} GB "
-                "over baseline)",
-            }
+        target(
+            f"polyts n=10^6 reg=1 {dtype}: {TARGET_ITERATIONS} iterations + build "
+            f"<= {TARGET_SECONDS:g} s, peak RSS <= 2 GB",
+            ok_time and row["peak_rss_bytes"] <= TARGET_PEAK_BYTES,
+            f"total {row['total_s']:.2f} s (build {row['build_s']:.2f} s, "
+            f"{row['n_iter']} iterations {row['iterations_s']:.2f} s), peak RSS "
+            f"{row['peak_rss_bytes'] / 1e9:.2f} GB (+{row['delta_rss_bytes'] / 1e9:.2f} GB "
+            "over baseline)",
         )
     for row in rows:
-        if row["method"] in LOW_RANK and row["n"] == TARGET_SPEEDUP_N and "error" not in row:
-            ratio = speedup(rows, row)
-            if ratio is None:
-                continue
-            targets.append(
-                {
-                    "name": f"{label(row)} rank {row['rank']} n=10^4 reg={row['reg']:g}: >= "
-                    f"{TARGET_SPEEDUP:g}x faster per iteration than POT dense",
-                    "holds": bool(ratio >= TARGET_SPEEDUP),
-                    "detail": f"{ratio:.0f}x ({1e3 * row['per_iteration_s']:.2f} ms vs "
-                    f"{1e3 * row['per_iteration_s'] * ratio:.1f} ms)",
-                }
+        ratio = speedup(rows, row) if "error" not in row else None
+        if row["method"] in LOW_RANK and row["n"] == TARGET_SPEEDUP_N and ratio is not None:
+            target(
+                f"{label(row)} rank {row['rank']} n=10^4 reg={row['reg']:g}: >= "
+                f"{TARGET_SPEEDUP:g}x faster per iteration than POT dense",
+                ratio >= TARGET_SPEEDUP,
+                f"{ratio:.0f}x ({1e3 * row['per_iteration_s']:.2f} ms vs "
+                f"{1e3 * row['per_iteration_s'] * ratio:.1f} ms)",
             )
     for row in rows:
-        if row["method"] != "nystrom" or "error" in row:
+        keys = {"n": row["n"], "reg": row["reg"], "rank_label": row["rank_label"]}
+        pot = find(rows, method="pot-nystrom", **keys) if row["method"] == "nystrom" else None
+        if pot is None or "error" in row:
             continue
-        pot = find(
-            rows, method="pot-nystrom", n=row["n"], reg=row["reg"], rank_label=row["rank_label"]
-        )
-        if pot is None:
-            continue
-        faster = row["per_iteration_s"] < pot["per_iteration_s"]
-        no_worse = row_error(row) <= row_error(pot)
-        targets.append(
-            {
-                "name": f"nystrom vs POT nystroem n={row['n']:,} reg={row['reg']:g} rank "
-                f"{row['rank']} vs {pot['rank']}: faster per iteration, no worse true error",
-                "holds": bool(faster and no_worse),
-                "detail": f"{1e3 * row['per_iteration_s']:.2f} vs "
-                f"{1e3 * pot['per_iteration_s']:.2f} ms/iter "
-                f"({pot['per_iteration_s'] / row['per_iteration_s']:.1f}x), true error "
-                f"{row_error(row):.2e} vs {row_error(pot):.2e}",
-            }
+        target(
+            f"nystrom vs POT nystroem n={row['n']:,} reg={row['reg']:g} rank "
+            f"{row['rank']} vs {pot['rank']}: faster per iteration, no worse true error",
+            row["per_iteration_s"] < pot["per_iteration_s"] and row_error(row) <= row_error(pot),
+            f"{1e3 * row['per_iteration_s']:.2f} vs {1e3 * pot['per_iteration_s']:.2f} ms/iter "
+            f"({pot['per_iteration_s'] / row['per_iteration_s']:.1f}x), true error "
+            f"{row_error(row):.2e} vs {row_error(pot):.2e}",
         )
     return targets
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--single", type=str, default=None, help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--quick", action="store_true", help="n <= 10^4, rank 61, 10 dense iterations"
-    )
-    parser.add_argument(
-        "--only-target",
-        action="store_true",
-        help="only the n = 10^6 polyts float64/float32 100-iteration target rows",
-    )
-    parser.add_argument("--sizes", type=int, nargs="+", default=None)
-    parser.add_argument("--regs", type=float, nargs="+", default=[1.0, 0.1])
-    parser.add_argument(
-        "--ranks", nargs="+", default=None, choices=list(RANKS), help="default all (quick: 61)"
-    )
-    parser.add_argument("--iterations", type=int, default=100, help="iterations per run")
-    parser.add_argument(
-        "--dense-iterations",
-        type=int,
-        default=None,
+    add = parser.add_argument
+    add("--single", type=str, default=None, help=argparse.SUPPRESS)
+    add("--quick", action="store_true", help="n <= 10^4, rank 61, 10 dense iterations")
+    add("--only-target", action="store_true",
+        help="only the n = 10^6 polyts float64/float32 100-iteration target rows")  # fmt: skip
+    add("--sizes", type=int, nargs="+", default=None)
+    add("--regs", type=float, nargs="+", default=[1.0, 0.1])
+    add("--ranks", nargs="+", default=None, choices=list(RANKS), help="default all (quick: 61)")
+    add("--iterations", type=int, default=100, help="iterations per run")
+    add("--dense-iterations", type=int, default=None,
         help="iterations of POT's dense solver and the exact backend (default --iterations; "
-        "quick: 10)",
-    )
-    parser.add_argument("--safeguard", default="clip", choices=("clip", "exact", "raise"))
-    parser.add_argument("--check-samples", type=int, default=1000)
-    parser.add_argument(
-        "--check-budget",
-        type=int,
-        default=200_000_000,
-        help="exact kernel entries per side for the true-kernel check (samples >= 100)",
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--child-timeout", type=float, default=1800.0)
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--out-md", type=Path, default=None)
+        "quick: 10)")  # fmt: skip
+    add("--safeguard", default="clip", choices=("clip", "exact", "raise"))
+    add("--check-samples", type=int, default=1000)
+    add("--check-budget", type=int, default=200_000_000,
+        help="exact kernel entries per side for the true-kernel check "
+        "(samples >= 100)")  # fmt: skip
+    add("--seed", type=int, default=0)
+    add("--child-timeout", type=float, default=1800.0)
+    add("--json", type=Path, default=None)
+    add("--out-md", type=Path, default=None)
     args = parser.parse_args(argv)
 
     if args.single is not None:
@@ -484,12 +401,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         print(RESULT_MARKER + json.dumps(record))
         return None
 
-    if args.sizes is None:
-        args.sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000, 1_000_000]
+    args.sizes = args.sizes or ([1_000, 10_000] if args.quick else [1_000, 10_000, 10**5, 10**6])
+    args.ranks = args.ranks or (["61"] if args.quick else list(RANKS))
     if args.dense_iterations is None:
         args.dense_iterations = 10 if args.quick else args.iterations
-    if args.ranks is None:
-        args.ranks = ["61"] if args.quick else list(RANKS)
     full = not args.quick and not args.only_target
     if args.out_md is None and full:
         args.out_md = RESULTS_DIR / "sinkhorn_speed.md"
@@ -500,55 +415,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     for index, config in enumerate(configs, 1):
         row = run_child(config, args.child_timeout)
         rows.append(row)
-        status = (
-            row["error"]
-            if "error" in row
-            else f"{row['total_s']:.2f} s, {1e3 * row['per_iteration_s']:.2f} ms/iter, "
+        status = row.get("error") or (
+            f"{row['total_s']:.2f} s, {1e3 * row['per_iteration_s']:.2f} ms/iter, "
             f"peak {row['peak_rss_bytes'] / 2**20:.0f} MiB"
         )
-        print(
-            f"[{index}/{len(configs)}] n={config['n']:,} reg={config['reg']:g} {label(config)} "
-            f"{config['dtype']}: {status}",
-            flush=True,
-        )
+        print(f"[{index}/{len(configs)}] n={config['n']:,} reg={config['reg']:g} "
+              f"{label(config)} {config['dtype']}: {status}", flush=True)  # fmt: skip
 
     text = table(rows)
-    print()
-    print(text)
-    if skipped:
-        print()
-        for skip in skipped:
-            print(f"- skipped {skip['method']} at n={skip['n']:,}: {skip['reason']}")
+    skips = [f"- skipped {s['method']} at n={s['n']:,}: {s['reason']}" for s in skipped]
     targets = evaluate_targets(rows)
-    print()
-    for target in targets:
-        print(
-            f"Target {'HOLDS' if target['holds'] else 'FAILS'}: {target['name']} -- "
-            f"{target['detail']}"
-        )
+    verdicts = [(t["holds"], f"{t['name']} -- {t['detail']}") for t in targets]
+    print("\n" + text + ("\n\n" + "\n".join(skips) if skips else "") + "\n")
+    for holds, line in verdicts:
+        print(f"Target {'HOLDS' if holds else 'FAILS'}: {line}")
     elapsed = time.perf_counter() - started
     print(f"\nWall time of the benchmark: {elapsed:.0f} s")
 
     if args.out_md is not None:
-        md = [
-            "# Sinkhorn speed and memory",
-            "",
+        write_text(args.out_md, "\n".join([
+            "# Sinkhorn speed and memory", "",
             f"Produced by `python benchmarks/sinkhorn_speed.py {' '.join(sys.argv[1:])}`. "
             f"Uniform [0,1]^3 points, {args.iterations} iterations ({args.dense_iterations} for "
             f"POT dense and exact, {STREAMED_EXACT_ITERATIONS} for streamed exact), peak RSS of "
-            "a fresh child process per row, true-kernel errors on sampled rows/columns.",
-            "",
-            text,
-            "",
-            *[f"- skipped {s['method']} at n={s['n']:,}: {s['reason']}" for s in skipped],
-            "",
-            *[
-                f"- {'holds' if t['holds'] else 'FAILS'}: {t['name']} -- {t['detail']}"
-                for t in targets
-            ],
-            "",
-        ]
-        write_text(args.out_md, "\n".join(md))
+            "a fresh child process per row, true-kernel errors on sampled rows/columns.", "",
+            text, "", *skips, "",
+            *[f"- {'holds' if holds else 'FAILS'}: {line}" for holds, line in verdicts], "",
+        ]))  # fmt: skip
         print(f"Table: {args.out_md}")
     config = {
         "sizes": args.sizes, "regs": args.regs,
@@ -557,8 +450,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "safeguard": args.safeguard, "seed": args.seed, "only_target": args.only_target,
         "quick": args.quick,
     }  # fmt: skip
-    output = {"config": config, "rows": rows, "skipped": skipped, "targets": targets,
-              "seconds": elapsed}  # fmt: skip
+    output = dict(config=config, rows=rows, skipped=skipped, targets=targets, seconds=elapsed)
     if args.json is not None:
         write_json(args.json, output)
     return output

@@ -3,8 +3,9 @@
 * :func:`color_transfer` recolours a source image with the palette of a target image;
   :func:`transfer_colors` does the same and returns the plan, timings and checks.
 * :func:`map_image` applies a fitted transport to every pixel of an image (forward or inverse).
-* Image helpers: :func:`load_image`, :func:`sample_pixels`, :func:`save_image`,
-  :func:`distinct_colors`, :class:`ColorIndex`, :func:`available_memory`.
+* Image helpers: :func:`load_image`, :func:`load_image_pair`, :func:`sample_pixels`,
+  :func:`save_image`, :func:`distinct_colors`, :class:`ColorIndex`, :func:`available_memory`,
+  :func:`color_spread`.
 * Output files: :class:`OutputSet` (checked up front, written all together or not at all),
   :func:`check_output_paths`; :mod:`sketchot.color.cli` holds the command-line helpers.
 """
@@ -14,9 +15,11 @@ from .images import (
     PixelSample,
     atomic_write_with,
     available_memory,
+    color_spread,
     distinct_colors,
     image_pixels,
     load_image,
+    load_image_pair,
     sample_pixels,
     save_image,
 )
@@ -48,10 +51,12 @@ __all__ = [
     "atomic_write_with",
     "available_memory",
     "check_output_paths",
+    "color_spread",
     "color_transfer",
     "distinct_colors",
     "image_pixels",
     "load_image",
+    "load_image_pair",
     "map_image",
     "resolve_backend_params",
     "sample_pixels",

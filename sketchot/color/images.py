@@ -172,6 +172,70 @@ def image_pixels(image: np.ndarray) -> np.ndarray:
     return np.asarray(image).reshape(-1, 3)
 
 
+def load_image_pair(
+    directory: PathLike, name: str, *, dtype: Any = np.float64
+) -> tuple[np.ndarray, np.ndarray]:
+    """Read the pair ``{name}_source.png``, ``{name}_target.png`` of ``directory``.
+
+    The layout of the repository's ``images/`` folder (pairs ``default``, ``pair2``, ``pair3``,
+    drawn by ``images/make_images.py``).
+
+    Parameters
+    ----------
+    directory : str or os.PathLike
+        Folder holding the two files.
+    name : str
+        Name of the pair: the part of the file names before ``_source`` and ``_target``.
+    dtype : numpy.float64 or None, default=numpy.float64
+        As in :func:`load_image`.
+
+    Returns
+    -------
+    (source, target) : tuple of ndarray, shape (H, W, 3)
+
+    Raises
+    ------
+    FileNotFoundError
+        One or both files are missing; the message names every missing file.
+    """
+    paths = [Path(directory) / f"{name}_{side}.png" for side in ("source", "target")]
+    missing = [str(path) for path in paths if not path.exists()]
+    if missing:
+        raise FileNotFoundError(f"missing image(s) {', '.join(missing)}")
+    source, target = (load_image(path, name=path.stem, dtype=dtype) for path in paths)
+    return source, target
+
+
+def color_spread(source: Any, target: Any) -> dict[str, float]:
+    """Scale of two colour clouds, the numbers to compare with ``reg``.
+
+    Parameters
+    ----------
+    source, target : array-like, shape (H, W, 3) or (N, 3)
+        Images or point clouds (all their pixels are used).
+
+    Returns
+    -------
+    dict
+        ``mean_sq_distance``: ``E ||x - y||^2`` over independent source and target pixels;
+        ``half_width``: ``max ||x - c|| max ||y - c||`` with ``c`` the mean of both clouds,
+        which over ``reg`` is the half-width of the interval on which the ``polyts`` sketch
+        fits ``exp(2 t)``.
+    """
+    source, target = (image_pixels(image) for image in (source, target))
+    mean_x, mean_y = source.mean(axis=0), target.mean(axis=0)
+    center = (source.sum(axis=0) + target.sum(axis=0)) / (len(source) + len(target))
+    return {
+        "mean_sq_distance": float(
+            source.var(axis=0).sum() + target.var(axis=0).sum() + np.sum((mean_x - mean_y) ** 2)
+        ),
+        "half_width": float(
+            np.sqrt(np.max(np.sum((source - center) ** 2, axis=1)))
+            * np.sqrt(np.max(np.sum((target - center) ** 2, axis=1)))
+        ),
+    }
+
+
 @dataclass(frozen=True)
 class PixelSample:
     """Colours drawn from an image and their weights.

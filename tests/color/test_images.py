@@ -10,9 +10,11 @@ from PIL import Image
 
 from sketchot.color import (
     ColorIndex,
+    color_spread,
     distinct_colors,
     images,
     load_image,
+    load_image_pair,
     sample_pixels,
     save_image,
 )
@@ -143,6 +145,28 @@ def test_truncated_file_is_a_value_error(tmp_path):
     (tmp_path / "cut.png").write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match="cannot read image"):
         load_image(tmp_path / "cut.png")
+
+
+def test_load_image_pair_reads_both_files_and_names_the_missing_ones(tmp_path):
+    source, target = reference_rgb(), reference_rgb()[::-1]
+    save_image(source, tmp_path / "sun_source.png")
+    save_image(target, tmp_path / "sun_target.png")
+    loaded = load_image_pair(tmp_path, "sun")
+    np.testing.assert_array_equal(loaded[0], source / 255.0)
+    np.testing.assert_array_equal(load_image_pair(tmp_path, "sun", dtype=None)[1], target)
+    with pytest.raises(FileNotFoundError, match=r"moon_source\.png, .*moon_target\.png"):
+        load_image_pair(tmp_path, "moon")
+
+
+def test_color_spread_matches_its_definition():
+    rng = np.random.default_rng(0)
+    X, Y = rng.random((40, 3)), 0.5 * rng.random((30, 3)) + 0.2
+    spread = color_spread(X.reshape(8, 5, 3), Y)
+    pairs = X[:, None, :] - Y[None, :, :]
+    assert spread["mean_sq_distance"] == pytest.approx(np.mean(np.sum(pairs**2, axis=2)))
+    c = np.vstack([X, Y]).mean(axis=0)
+    norms = [np.linalg.norm(Z - c, axis=1).max() for Z in (X, Y)]
+    assert spread["half_width"] == pytest.approx(norms[0] * norms[1])
 
 
 # ------------------------------------------------------------------------------ sampling
