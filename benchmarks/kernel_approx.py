@@ -127,7 +127,7 @@ def equal_rank_factors(method: str, X, Y, gamma: float, rank: int, seed: int) ->
     rng = np.random.default_rng(seed)
     reg = 1.0 / gamma
     if method == "polyts":
-        kernel = sketchot.make_kernel(X, Y, reg, "polyts", rank=rank, rng=rng)
+        kernel = sketchot.make_kernel(X, Y, reg, "polyts", rank=rank, variant="improved", rng=rng)
     elif method == "coreset":
         params = {"degree": 10, "sketch_dim": (rank - 1) // 10, "variant": "paper"}
         kernel = sketchot.make_kernel(X, Y, reg, "polyts", rng=rng, **params)
