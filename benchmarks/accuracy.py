@@ -238,8 +238,9 @@ def print_auto_summary(rows: list[dict[str, Any]]) -> None:
         ratio = r["seconds"] / p["seconds"] if p else float("nan")
         ratios += [ratio] if p else []
         theirs = f"{p['seconds']:.2f} | {p['error_bound']:.2g}" if p else "- | -"
-        print(f"| {r['dataset']} | {r['n']} | {r['relative_reg']:.3g} | {r['used']} | "
-              f"{r['seconds']:.2f} | {r['error_bound']:.2g} | {theirs} | {ratio:.2f} |")  # fmt: skip
+        ours = f"{r['used']} | {r['seconds']:.2f} | {r['error_bound']:.2g}"
+        print(f"| {r['dataset']} | {r['n']} | {r['relative_reg']:.3g} | {ours} | {theirs} | "
+              f"{ratio:.2f} |")  # fmt: skip
     met = sum(r["status"] == "met" for r in auto)
     summary = f"\nauto met the accuracy in {met} of {len(auto)} cells"
     if ratios:
