@@ -247,3 +247,7 @@ def print_auto_summary(rows: list[dict[str, Any]]) -> None:
         summary += (f"; time / POT dense: median {np.median(ratios):.2f}, max {max(ratios):.2f}, "
                     f"{sum(x > 1.2 for x in ratios)} cells slower by more than 20%")  # fmt: skip
     print(summary)
+
+
+if __name__ == "__main__":
+    main()
