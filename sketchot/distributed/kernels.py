@@ -148,6 +148,28 @@ def _factor_chunk(points: np.ndarray, feature_map: Callable, dtype: np.dtype) ->
     return np.ascontiguousarray(feature_map(points), dtype=dtype)
 
 
+def dask_factors(
+    geometry: DaskGibbsGeometry,
+    left_factor: Callable[[np.ndarray], np.ndarray],
+    right_factor: Callable[[np.ndarray], np.ndarray],
+    dtype: Any,
+) -> tuple[da.Array, da.Array]:
+    """``A = left_factor(X)`` and ``B = right_factor(Y)`` built chunk by chunk on the workers
+    (``map_blocks``) and persisted; the row maps carry the state fitted on the client."""
+    dtype = np.dtype(dtype)
+    # Probe one row for the rank: the maps are cheap and the factors are built lazily.
+    rank = np.asarray(left_factor(geometry.union_rows(np.array([0])) + geometry.center))
+    rank = rank.shape[1]
+    return persist_now(
+        *(
+            cloud.map_blocks(
+                _factor_chunk, feature_map, dtype, chunks=(cloud.chunks[0], (rank,)), dtype=dtype
+            )
+            for cloud, feature_map in ((geometry.X, left_factor), (geometry.Y, right_factor))
+        )
+    )
+
+
 def _low_rank_pass_chunk(
     F: np.ndarray, numerator: np.ndarray, w: np.ndarray, dtype: np.dtype
 ) -> np.ndarray:
@@ -175,9 +197,9 @@ class DaskLowRankKernel(LowRankKernel):
     ----------
     geometry : DaskGibbsGeometry
     info : KernelInfo
-    left_factor, right_factor : callable
-        Row-wise maps giving the rows of ``A`` from rows of ``X`` (``B`` from ``Y``), with the
-        state fitted on the client; applied chunk by chunk (``map_blocks``).
+    left, right : dask.array
+        ``A`` and ``B`` chunked as ``X`` and ``Y`` by rows, persisted, in ``dtype``
+        (:func:`dask_factors`).
     left_map, right_map, left_projection, right_projection : see LowRankKernel
         Out-of-sample maps (``apply_new``).
     dtype : numpy dtype
@@ -189,44 +211,9 @@ class DaskLowRankKernel(LowRankKernel):
     chunk; the client receives ``r + 1`` numbers.
     """
 
-    def __init__(
-        self,
-        geometry: DaskGibbsGeometry,
-        info: KernelInfo,
-        left_factor: Callable[[np.ndarray], np.ndarray],
-        right_factor: Callable[[np.ndarray], np.ndarray],
-        *,
-        left_map: Callable[[np.ndarray], np.ndarray],
-        right_map: Callable[[np.ndarray], np.ndarray],
-        dtype: Any,
-        left_projection: np.ndarray | None = None,
-        right_projection: np.ndarray | None = None,
-    ) -> None:
-        # LowRankKernel's own __init__ would hold the factors in memory: skip it.
-        KernelOperator.__init__(self, geometry, info, dtype)
-        # Probe one row for the rank: the maps are cheap and the factors are built lazily.
-        rank = np.asarray(left_factor(geometry.union_rows(np.array([0])) + geometry.center))
-        rank = rank.shape[1]
-        self.left, self.right = persist_now(
-            geometry.X.map_blocks(
-                _factor_chunk,
-                left_factor,
-                self.dtype,
-                chunks=(geometry.X.chunks[0], (rank,)),
-                dtype=self.dtype,
-            ),
-            geometry.Y.map_blocks(
-                _factor_chunk,
-                right_factor,
-                self.dtype,
-                chunks=(geometry.Y.chunks[0], (rank,)),
-                dtype=self.dtype,
-            ),
-        )
-        info.rank = rank
-        info.capabilities = info.capabilities | {"factors", "out_of_sample"}
-        self._maps = (left_map, right_map)
-        self._projections = (left_projection, right_projection)
+    def _hold(self, factor: da.Array) -> da.Array:
+        """The persisted Dask factor itself (never gathered)."""
+        return factor
 
     # ------------------------------------------------------------- products
     def _small(self, factor: da.Array, values: Any) -> np.ndarray:

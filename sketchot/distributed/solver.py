@@ -35,6 +35,7 @@ from ..solver.sinkhorn import (
     _Printer,
     check_backend_params,
     finish_solve,
+    iteration_fields,
 )
 from .geometry import SPLIT_EVERY, check_reg_and_clouds
 from .kernels import DaskExactKernel, per_chunk
@@ -235,32 +236,16 @@ def solve_dask(
     start = time.perf_counter()
     state = _multiplicative(kernel, a, b, options, tol, guard, printer)
     elapsed = time.perf_counter() - start
-    log_u, log_v, n_iter, converged, history = state
-
-    summary = _summary(kernel, a, b, log_u, log_v)
-    if not converged and summary["final_error"] < tol:
-        converged = True  # the last iterate met tol between two scheduled checks
+    summary = _summary(kernel, a, b, state[0], state[1])
+    state = (*summary["potentials"], *state[2:])  # persisted on the cluster
     result = DaskSinkhornResult(
-        kernel=kernel,
-        a=a,
-        b=b,
-        reg=geometry.reg,
-        potentials=summary["potentials"],
-        n_iter=n_iter,
-        converged=converged,
-        tol=tol,
+        **iteration_fields(
+            kernel, a, b, options, guard, state, tol, elapsed, summary["final_error"]
+        ),
         marginals=summary["marginals"],
         value_linear=summary["cost"],
         mass=summary["mass"],
         log_domain=False,
-        safeguard={"policy": options.safeguard, **guard.counts},
-        timings={
-            "build": kernel.info.build_time,
-            "iterations": elapsed,
-            "per_iteration": elapsed / max(n_iter, 1),
-        },
-        error_history=history,
-        options=options.as_dict(),
         notes=list(notes or []),
         scalars=summary["scalars"],
     )
