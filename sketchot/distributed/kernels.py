@@ -92,10 +92,12 @@ class PassGraph:
         self.graph[key] = (function, *args)
         return key
 
-    def sum_over_chunks(
+    def partial_sums(
         self, function: Callable[..., np.ndarray], row_arrays: list[da.Array], shared: tuple
-    ) -> tuple[str, int]:
-        """The key of ``sum_i function(*chunks_i, *shared)`` over the row chunks."""
+    ) -> list[tuple[str, int]]:
+        """Keys of at most ``SPLIT_EVERY`` partial sums adding up to ``sum_i function(*chunks_i,
+        *shared)`` over the row chunks: the tree without its root, so that the tasks of the
+        next pass can add them themselves (one scheduler hop less per pass)."""
         from dask.base import tokenize
 
         name = f"{function.__name__}-{tokenize(function, [a.name for a in row_arrays], shared)}"
@@ -105,14 +107,21 @@ class PassGraph:
             self.graph[(name, i)] = (function, *chunk_keys, *shared)
             keys.append((name, i))
         level = 0
-        while len(keys) > 1:
+        while len(keys) > SPLIT_EVERY:
             level += 1
             groups = [keys[j : j + SPLIT_EVERY] for j in range(0, len(keys), SPLIT_EVERY)]
             keys = [(f"{name}-sum{level}", j) for j in range(len(groups))]
             self.graph.update(
                 {key: (_add, *group) for key, group in zip(keys, groups, strict=True)}
             )
-        return keys[0]
+        return keys
+
+    def sum_over_chunks(
+        self, function: Callable[..., np.ndarray], row_arrays: list[da.Array], shared: tuple
+    ) -> tuple[str, int]:
+        """The key of ``sum_i function(*chunks_i, *shared)`` over the row chunks."""
+        parts = self.partial_sums(function, row_arrays, shared)
+        return parts[0] if len(parts) == 1 else self.task(_add, *parts)
 
     def compute(self, items: list[Any]) -> list[Any]:
         """The values of ``items`` (keys of this graph; anything else is its own value), from
@@ -222,6 +231,20 @@ def _low_rank_pass_chunk(
     return np.append(result.projection, result.n_bad)[None, :]
 
 
+def _chained_pass_chunk(
+    F: np.ndarray, numerator: np.ndarray, dtype: np.dtype, *w_parts: np.ndarray
+) -> np.ndarray:
+    """:func:`_low_rank_pass_chunk` with ``w`` the first ``r`` entries of the sum of the
+    previous pass's partial sums (the same sum, in the same order, on every chunk)."""
+    return _low_rank_pass_chunk(F, numerator, _leading(_add(*w_parts), F.shape[1]), dtype)
+
+
+def _leading(total: np.ndarray, rank: int) -> np.ndarray:
+    """``w``: the first ``rank`` entries of a pass's ``[projection, n_bad]`` (1, r + 1), or
+    of a projection (1, r)."""
+    return np.asarray(total)[0, :rank]
+
+
 def _project_chunk(F: np.ndarray, values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return (values.astype(dtype) @ F).astype(np.float64)[None, :]
 
@@ -234,7 +257,9 @@ def _error_chunk(
     F: np.ndarray, numerator: np.ndarray, w_scaling: np.ndarray, w: np.ndarray, dtype: np.dtype
 ) -> list[float]:
     """``[max |e|, sum (e / max)^2]`` of ``e = ratios(numerator, F w_scaling) F w - numerator``
-    on one chunk: the marginal error of the scalings from ``w_scaling`` against ``F w``."""
+    on one chunk: the marginal error of the scalings from ``w_scaling`` against ``F w``
+    (both given as pass totals, :func:`_leading`)."""
+    w_scaling, w = _leading(w_scaling, F.shape[1]), _leading(w, F.shape[1])
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         scaling = _ratios(numerator, _products_chunk(F, w_scaling, dtype))
         error = scaling * _products_chunk(F, w, dtype) - numerator
@@ -251,15 +276,6 @@ def _norm_of_chunks(*parts: list[float]) -> float:
     if not np.isfinite(top) or top == 0.0:
         return top
     return top * float(np.sqrt(sum(total * (peak / top) ** 2 for peak, total in parts)))
-
-
-def _projection_of(total: np.ndarray) -> np.ndarray:
-    """The projection ``F^T ratios`` of a pass's ``[projection, n_bad]`` (1, r + 1)."""
-    return total[0, :-1].copy()
-
-
-def _first_row(total: np.ndarray) -> np.ndarray:
-    return total[0].copy()
 
 
 class DaskLowRankKernel(LowRankKernel):
@@ -361,44 +377,51 @@ class DaskLowRankKernel(LowRankKernel):
         return _lazy_pass(numerator, products, total[:-1], int(total[-1]))
 
     # ------------------------------------------- passes chained in one graph
-    def first_projection(self, graph: PassGraph, side: str, values: Any) -> tuple[str, int]:
-        """The key of ``F^T values`` (r,) in ``graph``."""
+    def first_projection(self, graph: PassGraph, side: str, values: Any) -> tuple[Any, list]:
+        """``F^T values`` in ``graph``: the keys of its total (1, r) and of its partial sums
+        (what :meth:`chained_pass` takes)."""
         factor = self._factor(side)
         values = _align(values, factor.chunks[0], "values")
-        return graph.task(
-            _first_row, graph.sum_over_chunks(_project_chunk, [factor, values], (self.dtype,))
-        )
+        parts = graph.partial_sums(_project_chunk, [factor, values], (self.dtype,))
+        return graph.task(_add, *parts), parts
 
     def chained_pass(
-        self, graph: PassGraph, side: str, w: Any, numerator: da.Array
-    ) -> tuple[tuple[str, int], tuple[str, int]]:
-        """:meth:`fused_pass` as tasks of ``graph``: ``w`` is an (r,) array or the key of one.
+        self, graph: PassGraph, side: str, w_parts: list, numerator: da.Array
+    ) -> tuple[Any, list]:
+        """:meth:`fused_pass` as tasks of ``graph``, with ``w`` the leading ``r`` entries of
+        the sum of ``w_parts`` (keys of the previous pass's partial sums, or arrays).
 
-        Returns the keys of ``[projection, n_bad]`` (1, r + 1) and of the projection (r,),
-        the ``w`` of the next pass: passes chain without a round trip to the client.
+        Returns the keys of the total ``[projection, n_bad]`` (1, r + 1), for the client,
+        and of the partial sums, for the next pass: passes chain with one scheduler hop
+        each and no round trip to the client.
         """
         factor = self._factor(side)
         numerator = _align(numerator, factor.chunks[0], "numerator")
-        total = graph.sum_over_chunks(_low_rank_pass_chunk, [factor, numerator], (w, self.dtype))
-        return total, graph.task(_projection_of, total)
+        parts = graph.partial_sums(_chained_pass_chunk, [factor, numerator], (self.dtype, *w_parts))
+        return graph.task(_add, *parts), parts
 
     def marginal_error(
-        self, graph: PassGraph, side: str, numerator: da.Array, w_scaling: Any, w: Any
+        self, graph: PassGraph, side: str, numerator: da.Array, scaling_total: Any, total: Any
     ) -> tuple[str, int]:
         """The key of ``||s * (F w) - numerator||_2`` with ``s = ratios(numerator, F
-        w_scaling)``: with ``'cols'``, the column-marginal error of ``(u, v)`` when
-        ``w = A^T u`` and ``v`` came from ``w_scaling``."""
+        w_scaling)``, ``w`` and ``w_scaling`` the leading entries of two pass totals: with
+        ``'cols'``, the column-marginal error of ``(u, v)`` when ``w = A^T u`` and ``v`` came
+        from ``w_scaling``."""
         factor = self._factor(side)
         numerator = _align(numerator, factor.chunks[0], "numerator")
         blocks = zip(graph.blocks(factor), graph.blocks(numerator), strict=True)
-        parts = [graph.task(_error_chunk, F, b, w_scaling, w, self.dtype) for F, b in blocks]
+        parts = [
+            graph.task(_error_chunk, F, b, scaling_total, total, self.dtype) for F, b in blocks
+        ]
         return graph.task(_norm_of_chunks, *parts)
 
-    def scalings(self, side: str, w: np.ndarray, numerator: Any) -> da.Array:
-        """``ratios(numerator, F w)`` as a lazy Dask vector (chunk-local, ``O(chunk r)``)."""
+    def scalings(self, side: str, total: np.ndarray, numerator: Any) -> da.Array:
+        """``ratios(numerator, F w)`` as a lazy Dask vector (chunk-local, ``O(chunk r)``),
+        ``w`` the leading ``r`` entries of a pass total."""
         factor = self._factor(side)
         numerator = _align(numerator, factor.chunks[0], "numerator")
-        products = per_chunk(_products_chunk, [factor], (np.asarray(w), self.dtype), None)
+        w = _leading(total, factor.shape[1]).copy()
+        products = per_chunk(_products_chunk, [factor], (w, self.dtype), None)
         return da.map_blocks(_ratios, numerator, products, dtype=np.float64)
 
     def project(self, side: str, values: Any, index: Any = None) -> np.ndarray:

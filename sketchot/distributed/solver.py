@@ -305,6 +305,7 @@ def _chained_iterations(kernel, a, b, options, tol, guard, printer):
     """
     n, _ = kernel.shape
     graph = PassGraph()
+    # (total, partial sums) of z = A^T u, then of the passes: keys until a block is computed
     z = kernel.first_projection(graph, "rows", da.full_like(a, 1.0 / n))
     # sum(b) comes back with the first block (raw keys: no clash with b.sum() elsewhere)
     mass = graph.sum_over_chunks(_chunk_sum, [b], ())
@@ -314,23 +315,23 @@ def _chained_iterations(kernel, a, b, options, tol, guard, printer):
     y = z_before = None
     while done < options.max_iter:
         last, check = _check_block(done, options.max_iter, options.check_every)
-        totals = []
+        sides = []
         for _ in range(done + 1, last + 1):
-            cols_total, y = kernel.chained_pass(graph, "cols", z, b)
-            rows_total, z_next = kernel.chained_pass(graph, "rows", y, a)
-            totals += [("cols", cols_total), ("rows", rows_total)]
-            z_before, z = z, z_next
-        keys = [key for _, key in totals] + [y, z_before, z, mass]
+            y = kernel.chained_pass(graph, "cols", z[1], b)
+            z_before, z = z, kernel.chained_pass(graph, "rows", y[1], a)
+            sides += [("cols", y[0]), ("rows", z[0])]
+        keys = [key for _, key in sides] + [y[0], z_before[0], z[0], mass]
         if check:
-            keys.append(kernel.marginal_error(graph, "cols", b, z_before, z))
+            keys.append(kernel.marginal_error(graph, "cols", b, z_before[0], z[0]))
         values = graph.compute(keys)
-        for (side, _), total in zip(totals, values, strict=False):
+        for (side, _), total in zip(sides, values, strict=False):
             if total[0, -1]:
                 guard.count(side, int(total[0, -1]))
-        y, z_before, z, mass = values[len(totals) : len(totals) + 4]
-        mass = float(np.asarray(mass).sum())
+        # the next block starts from the NumPy totals (each its own single partial sum)
+        y, z_before, z = ((total, [total]) for total in values[len(sides) : len(sides) + 3])
+        mass = float(np.sum(values[len(sides) + 3]))
         done = last
-        graph = PassGraph()  # the next block starts from the NumPy projections
+        graph = PassGraph()
         if check:
             error = values[-1] / mass
             history.append((done, error))
@@ -338,8 +339,8 @@ def _chained_iterations(kernel, a, b, options, tol, guard, printer):
             if error < tol:
                 converged = True
                 break
-    u = kernel.scalings("rows", y, a)
-    v = kernel.scalings("cols", z_before, b)
+    u = kernel.scalings("rows", y[0], a)
+    v = kernel.scalings("cols", z_before[0], b)
     return _log_scaling(u), _log_scaling(v), done, converged, history
 
 
