@@ -47,8 +47,8 @@ from .kernels import DaskExactKernel, DaskLowRankKernel, PassGraph, per_chunk
 # this (e^+-500); beyond, the in-memory solver's stabilised path is needed (not on Dask).
 LOG_DOMAIN_THRESHOLD = 500.0
 
-#: Most iterations in one graph when checks are rarer: bounds the graph at about
-#: ``2 (chunks + chunks / 7 + 2)`` tasks per iteration times this, for one extra round trip.
+#: Most iterations in one graph when checks are rarer: a graph then holds about
+#: ``2 (chunks + 1)`` tasks per iteration times this; each cut costs one scheduler call.
 MAX_BLOCK_ITERATIONS = 50
 
 
@@ -299,7 +299,7 @@ def _chained_iterations(kernel, a, b, options, tol, guard, printer):
 
     Between half-steps the state is rank-sized (``z = A^T u``, ``y = B^T v``), so every pass
     of a block, and the check that ends it, are tasks of one graph, each pass taking the
-    previous pass's projection by key. The client gets back the counts of bad entries (the
+    previous pass's partial sums by key. The client gets back the counts of bad entries (the
     safeguard runs on them in order, after the block), the last projections, and the error.
     Same iterates, checks, ``n_iter`` and history as the in-memory loop.
     """
