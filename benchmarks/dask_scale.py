@@ -197,6 +197,14 @@ def markdown(data: dict[str, Any]) -> str:
             )
         if row.get("skipped"):
             lines.append(f"| {row['n']:.0e} | skipped | | | | {row['skipped']} |")
+    loads = [
+        f"{row['n']:.0e}: {row['load_before']:.2f} -> {row['load_after']:.2f}"
+        for row in data["rows"]
+        if "load_before" in row
+    ]
+    if loads:
+        # other jobs share the machine: timings mean little without its load
+        lines += ["", f"Load average (1 min) before -> after each size: {'; '.join(loads)}"]
     lines += [""] + [f"- {note}" for note in data["notes"]]
     return "\n".join(lines) + "\n"
 
@@ -247,6 +255,7 @@ def main() -> None:
             data["rows"].append(row)
             continue
         run_memory = not (args.no_memory_run and n >= 10**7)
+        row["load_before"] = os.getloadavg()[0]
         if run_memory:
             row["memory"] = in_memory(n, iterations, args.seed, args.dtype, args.workers)
             print(f"n = {n:.0e} in memory: {row['memory']}", flush=True)
@@ -258,6 +267,7 @@ def main() -> None:
             row["overhead_ratio"] = (
                 row["dask"]["per_iteration_s"] / row["memory"]["per_iteration_s"]
             )
+        row["load_after"] = os.getloadavg()[0]
         data["rows"].append(row)
     timed = {r["n"]: r["dask"]["per_iteration_s"] for r in data["rows"] if "dask" in r}
     if 10**6 in timed and 10**7 in timed:

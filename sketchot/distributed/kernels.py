@@ -7,7 +7,8 @@ ratios and the partial projection ``F_chunk^T ratios`` together) and returns the
 projection and its count of bad entries; a tree reduction adds them, and one scheduler
 call brings the rank-sized sum and the count to the client. The products and
 ratios are returned lazily (a chunk-local recomputation, ``O(chunk r)``), so the solver
-only materialises the scalings it keeps.
+only materialises the scalings it keeps. :class:`PassGraph` chains passes: the next pass
+takes the last one's sum by key, so many half-steps cost one scheduler call.
 """
 
 from __future__ import annotations
@@ -61,35 +62,85 @@ def _add(*parts: np.ndarray) -> np.ndarray:
     return total
 
 
+class PassGraph:
+    """A raw task graph of one or more passes over row chunks, computed in ONE scheduler call.
+
+    The hot path of every iteration, so the graph is written directly (one task per chunk, a
+    tree of additions ``SPLIT_EVERY`` at a time): no collection optimisation on the client,
+    ~half the latency of the array expression. A task's input may be the key of an earlier
+    task, so several passes chain without a round trip. Task names are content hashes, so a
+    repeated pass is the same graph.
+    """
+
+    def __init__(self) -> None:
+        self.graph: dict[Any, Any] = {}
+        self.arrays: dict[str, da.Array] = {}
+
+    def blocks(self, array: da.Array) -> list[tuple[Any, ...]]:
+        """The keys of ``array``'s row chunks (its graph is added once)."""
+        if array.name not in self.arrays:
+            self.graph.update(array.__dask_graph__())
+            self.arrays[array.name] = array
+        tail = (0,) * (array.ndim - 1)
+        return [(array.name, i, *tail) for i in range(array.numblocks[0])]
+
+    def task(self, function: Callable[..., Any], *args: Any) -> tuple[str, int]:
+        """``function(*args)`` as one task (an argument may be the key of another); its key."""
+        from dask.base import tokenize
+
+        key = (f"{function.__name__}-{tokenize(function, args)}", 0)
+        self.graph[key] = (function, *args)
+        return key
+
+    def partial_sums(
+        self, function: Callable[..., np.ndarray], row_arrays: list[da.Array], shared: tuple
+    ) -> list[tuple[str, int]]:
+        """Keys of at most ``SPLIT_EVERY`` partial sums adding up to ``sum_i function(*chunks_i,
+        *shared)`` over the row chunks: the tree without its root, so that the tasks of the
+        next pass can add them themselves (one scheduler hop less per pass)."""
+        from dask.base import tokenize
+
+        name = f"{function.__name__}-{tokenize(function, [a.name for a in row_arrays], shared)}"
+        blocks = [self.blocks(array) for array in row_arrays]
+        keys = []
+        for i, chunk_keys in enumerate(zip(*blocks, strict=True)):
+            self.graph[(name, i)] = (function, *chunk_keys, *shared)
+            keys.append((name, i))
+        level = 0
+        while len(keys) > SPLIT_EVERY:
+            level += 1
+            groups = [keys[j : j + SPLIT_EVERY] for j in range(0, len(keys), SPLIT_EVERY)]
+            keys = [(f"{name}-sum{level}", j) for j in range(len(groups))]
+            self.graph.update(
+                {key: (_add, *group) for key, group in zip(keys, groups, strict=True)}
+            )
+        return keys
+
+    def sum_over_chunks(
+        self, function: Callable[..., np.ndarray], row_arrays: list[da.Array], shared: tuple
+    ) -> tuple[str, int]:
+        """The key of ``sum_i function(*chunks_i, *shared)`` over the row chunks."""
+        parts = self.partial_sums(function, row_arrays, shared)
+        return parts[0] if len(parts) == 1 else self.task(_add, *parts)
+
+    def compute(self, items: list[Any]) -> list[Any]:
+        """The values of ``items`` (keys of this graph; anything else is its own value), from
+        one call to the current scheduler."""
+        from dask.base import get_scheduler
+
+        keys = list(dict.fromkeys(item for item in items if isinstance(item, tuple)))
+        scheduler = get_scheduler(collections=list(self.arrays.values())) or dask.threaded.get
+        values = dict(zip(keys, scheduler(self.graph, keys), strict=True))
+        return [values[item] if isinstance(item, tuple) else item for item in items]
+
+
 def sum_over_chunks(
     function: Callable[..., np.ndarray], row_arrays: list[da.Array], shared: tuple[Any, ...]
 ) -> np.ndarray:
-    """``sum_i function(*chunks_i, *shared)`` over the row chunks, computed now.
-
-    The hot path of every iteration, so the graph is written directly (one task per chunk,
-    a tree of additions ``SPLIT_EVERY`` at a time) and handed to the current scheduler:
-    no collection optimisation on the client, ~half the latency of the array expression.
-    Task names are content hashes, so a repeated pass is the same graph.
-    """
-    from dask.base import get_scheduler, tokenize
-
-    name = f"{function.__name__}-{tokenize(function, [a.name for a in row_arrays], shared)}"
-    graph: dict[Any, Any] = {}
-    for array in row_arrays:
-        graph.update(array.__dask_graph__())
-    keys = []
-    for i in range(row_arrays[0].numblocks[0]):
-        blocks = [(array.name, i, *(0,) * (array.ndim - 1)) for array in row_arrays]
-        graph[(name, i)] = (function, *blocks, *shared)
-        keys.append((name, i))
-    level = 0
-    while len(keys) > 1:
-        level += 1
-        groups = [keys[j : j + SPLIT_EVERY] for j in range(0, len(keys), SPLIT_EVERY)]
-        keys = [(f"{name}-sum{level}", j) for j in range(len(groups))]
-        graph.update({key: (_add, *group) for key, group in zip(keys, groups, strict=True)})
-    scheduler = get_scheduler(collections=row_arrays) or dask.threaded.get
-    return np.asarray(scheduler(graph, keys[0]))[0]
+    """``sum_i function(*chunks_i, *shared)`` over the row chunks, computed now (first row)."""
+    graph = PassGraph()
+    (total,) = graph.compute([graph.sum_over_chunks(function, row_arrays, shared)])
+    return np.asarray(total)[0]
 
 
 def _tree_sum(partials: da.Array) -> da.Array:
@@ -148,6 +199,28 @@ def _factor_chunk(points: np.ndarray, feature_map: Callable, dtype: np.dtype) ->
     return np.ascontiguousarray(feature_map(points), dtype=dtype)
 
 
+def dask_factors(
+    geometry: DaskGibbsGeometry,
+    left_factor: Callable[[np.ndarray], np.ndarray],
+    right_factor: Callable[[np.ndarray], np.ndarray],
+    dtype: Any,
+) -> tuple[da.Array, da.Array]:
+    """``A = left_factor(X)`` and ``B = right_factor(Y)`` built chunk by chunk on the workers
+    (``map_blocks``) and persisted; the row maps carry the state fitted on the client."""
+    dtype = np.dtype(dtype)
+    # Probe one row for the rank: the maps are cheap and the factors are built lazily.
+    rank = np.asarray(left_factor(geometry.union_rows(np.array([0])) + geometry.center))
+    rank = rank.shape[1]
+    return persist_now(
+        *(
+            cloud.map_blocks(
+                _factor_chunk, feature_map, dtype, chunks=(cloud.chunks[0], (rank,)), dtype=dtype
+            )
+            for cloud, feature_map in ((geometry.X, left_factor), (geometry.Y, right_factor))
+        )
+    )
+
+
 def _low_rank_pass_chunk(
     F: np.ndarray, numerator: np.ndarray, w: np.ndarray, dtype: np.dtype
 ) -> np.ndarray:
@@ -158,12 +231,51 @@ def _low_rank_pass_chunk(
     return np.append(result.projection, result.n_bad)[None, :]
 
 
+def _chained_pass_chunk(
+    F: np.ndarray, numerator: np.ndarray, dtype: np.dtype, *w_parts: np.ndarray
+) -> np.ndarray:
+    """:func:`_low_rank_pass_chunk` with ``w`` the first ``r`` entries of the sum of the
+    previous pass's partial sums (the same sum, in the same order, on every chunk)."""
+    return _low_rank_pass_chunk(F, numerator, _leading(_add(*w_parts), F.shape[1]), dtype)
+
+
+def _leading(total: np.ndarray, rank: int) -> np.ndarray:
+    """``w``: the first ``rank`` entries of a pass's ``[projection, n_bad]`` (1, r + 1), or
+    of a projection (1, r)."""
+    return np.asarray(total)[0, :rank]
+
+
 def _project_chunk(F: np.ndarray, values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return (values.astype(dtype) @ F).astype(np.float64)[None, :]
 
 
 def _products_chunk(F: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return (F @ w.astype(dtype, copy=False)).astype(np.float64, copy=False)
+
+
+def _error_chunk(
+    F: np.ndarray, numerator: np.ndarray, w_scaling: np.ndarray, w: np.ndarray, dtype: np.dtype
+) -> list[float]:
+    """``[max |e|, sum (e / max)^2]`` of ``e = ratios(numerator, F w_scaling) F w - numerator``
+    on one chunk: the marginal error of the scalings from ``w_scaling`` against ``F w``
+    (both given as pass totals, :func:`_leading`)."""
+    w_scaling, w = _leading(w_scaling, F.shape[1]), _leading(w, F.shape[1])
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        scaling = _ratios(numerator, _products_chunk(F, w_scaling, dtype))
+        error = scaling * _products_chunk(F, w, dtype) - numerator
+        top = float(np.max(np.abs(error))) if error.size else 0.0
+        if not np.isfinite(top) or top == 0.0:
+            return [top, 0.0]
+        return [top, float(np.sum((error / top) ** 2))]
+
+
+def _norm_of_chunks(*parts: list[float]) -> float:
+    """The L2 norm from per-chunk ``[max, sum (x / max)^2]``, scaled by the largest entry
+    (no overflow; as :func:`sketchot.solver.sinkhorn._norm`)."""
+    top = max(part[0] for part in parts)
+    if not np.isfinite(top) or top == 0.0:
+        return top
+    return top * float(np.sqrt(sum(total * (peak / top) ** 2 for peak, total in parts)))
 
 
 class DaskLowRankKernel(LowRankKernel):
@@ -175,9 +287,9 @@ class DaskLowRankKernel(LowRankKernel):
     ----------
     geometry : DaskGibbsGeometry
     info : KernelInfo
-    left_factor, right_factor : callable
-        Row-wise maps giving the rows of ``A`` from rows of ``X`` (``B`` from ``Y``), with the
-        state fitted on the client; applied chunk by chunk (``map_blocks``).
+    left, right : dask.array
+        ``A`` and ``B`` chunked as ``X`` and ``Y`` by rows, persisted, in ``dtype``
+        (:func:`dask_factors`).
     left_map, right_map, left_projection, right_projection : see LowRankKernel
         Out-of-sample maps (``apply_new``).
     dtype : numpy dtype
@@ -189,44 +301,9 @@ class DaskLowRankKernel(LowRankKernel):
     chunk; the client receives ``r + 1`` numbers.
     """
 
-    def __init__(
-        self,
-        geometry: DaskGibbsGeometry,
-        info: KernelInfo,
-        left_factor: Callable[[np.ndarray], np.ndarray],
-        right_factor: Callable[[np.ndarray], np.ndarray],
-        *,
-        left_map: Callable[[np.ndarray], np.ndarray],
-        right_map: Callable[[np.ndarray], np.ndarray],
-        dtype: Any,
-        left_projection: np.ndarray | None = None,
-        right_projection: np.ndarray | None = None,
-    ) -> None:
-        # LowRankKernel's own __init__ would hold the factors in memory: skip it.
-        KernelOperator.__init__(self, geometry, info, dtype)
-        # Probe one row for the rank: the maps are cheap and the factors are built lazily.
-        rank = np.asarray(left_factor(geometry.union_rows(np.array([0])) + geometry.center))
-        rank = rank.shape[1]
-        self.left, self.right = persist_now(
-            geometry.X.map_blocks(
-                _factor_chunk,
-                left_factor,
-                self.dtype,
-                chunks=(geometry.X.chunks[0], (rank,)),
-                dtype=self.dtype,
-            ),
-            geometry.Y.map_blocks(
-                _factor_chunk,
-                right_factor,
-                self.dtype,
-                chunks=(geometry.Y.chunks[0], (rank,)),
-                dtype=self.dtype,
-            ),
-        )
-        info.rank = rank
-        info.capabilities = info.capabilities | {"factors", "out_of_sample"}
-        self._maps = (left_map, right_map)
-        self._projections = (left_projection, right_projection)
+    def _hold(self, factor: da.Array) -> da.Array:
+        """The persisted Dask factor itself (never gathered)."""
+        return factor
 
     # ------------------------------------------------------------- products
     def _small(self, factor: da.Array, values: Any) -> np.ndarray:
@@ -298,6 +375,54 @@ class DaskLowRankKernel(LowRankKernel):
         total = sum_over_chunks(_low_rank_pass_chunk, [factor, numerator], (w, self.dtype))
         products = per_chunk(_products_chunk, [factor], (w, self.dtype), None)
         return _lazy_pass(numerator, products, total[:-1], int(total[-1]))
+
+    # ------------------------------------------- passes chained in one graph
+    def first_projection(self, graph: PassGraph, side: str, values: Any) -> tuple[Any, list]:
+        """``F^T values`` in ``graph``: the keys of its total (1, r) and of its partial sums
+        (what :meth:`chained_pass` takes)."""
+        factor = self._factor(side)
+        values = _align(values, factor.chunks[0], "values")
+        parts = graph.partial_sums(_project_chunk, [factor, values], (self.dtype,))
+        return graph.task(_add, *parts), parts
+
+    def chained_pass(
+        self, graph: PassGraph, side: str, w_parts: list, numerator: da.Array
+    ) -> tuple[Any, list]:
+        """:meth:`fused_pass` as tasks of ``graph``, with ``w`` the leading ``r`` entries of
+        the sum of ``w_parts`` (keys of the previous pass's partial sums, or arrays).
+
+        Returns the keys of the total ``[projection, n_bad]`` (1, r + 1), for the client,
+        and of the partial sums, for the next pass: passes chain with one scheduler hop
+        each and no round trip to the client.
+        """
+        factor = self._factor(side)
+        numerator = _align(numerator, factor.chunks[0], "numerator")
+        parts = graph.partial_sums(_chained_pass_chunk, [factor, numerator], (self.dtype, *w_parts))
+        return graph.task(_add, *parts), parts
+
+    def marginal_error(
+        self, graph: PassGraph, side: str, numerator: da.Array, scaling_total: Any, total: Any
+    ) -> tuple[str, int]:
+        """The key of ``||s * (F w) - numerator||_2`` with ``s = ratios(numerator, F
+        w_scaling)``, ``w`` and ``w_scaling`` the leading entries of two pass totals: with
+        ``'cols'``, the column-marginal error of ``(u, v)`` when ``w = A^T u`` and ``v`` came
+        from ``w_scaling``."""
+        factor = self._factor(side)
+        numerator = _align(numerator, factor.chunks[0], "numerator")
+        blocks = zip(graph.blocks(factor), graph.blocks(numerator), strict=True)
+        parts = [
+            graph.task(_error_chunk, F, b, scaling_total, total, self.dtype) for F, b in blocks
+        ]
+        return graph.task(_norm_of_chunks, *parts)
+
+    def scalings(self, side: str, total: np.ndarray, numerator: Any) -> da.Array:
+        """``ratios(numerator, F w)`` as a lazy Dask vector (chunk-local, ``O(chunk r)``),
+        ``w`` the leading ``r`` entries of a pass total."""
+        factor = self._factor(side)
+        numerator = _align(numerator, factor.chunks[0], "numerator")
+        w = _leading(total, factor.shape[1]).copy()
+        products = per_chunk(_products_chunk, [factor], (w, self.dtype), None)
+        return da.map_blocks(_ratios, numerator, products, dtype=np.float64)
 
     def project(self, side: str, values: Any, index: Any = None) -> np.ndarray:
         """``F^T values`` over every row, computed to NumPy (``index`` is not supported)."""

@@ -1,12 +1,14 @@
 """Sinkhorn on Dask arrays: the in-memory solver's iteration, driven from the client.
 
-The iteration is :func:`sketchot.solver.sinkhorn._multiplicative` itself: each half-step is
-one fused pass of a Dask operator (one pass over the row chunks, one ``dask.compute`` of a
-rank-sized sum and a count), and the column-marginal check every ``check_every`` iterations
-is the only other synchronisation. The scalings ``u``, ``v`` stay lazy during the loop (a
-chunk-local function of the last rank-sized vector); at the end they, the potentials and
-the marginals are persisted on the cluster and the scalars (cost, mass, errors) computed in
-one ``dask.compute``. No ``n``-sized array is ever gathered on the client.
+Low-rank kernels: the iterates of :func:`sketchot.solver.sinkhorn._multiplicative`, with
+every fused pass (one pass over the row chunks and a tree reduction to a rank-sized sum
+and a count) of the iterations up to the next column-marginal check, and that check, in one
+graph: ONE scheduler call per ``check_every`` iterations (:func:`_chained_iterations`).
+The exact kernel runs ``_multiplicative`` itself (one call per half-step). The scalings
+``u``, ``v`` stay lazy during the loop (a chunk-local function of the last rank-sized
+vector); at the end they, the potentials and the marginals are persisted on the cluster and
+the scalars (cost, mass, errors) computed in one ``dask.compute``. No ``n``-sized array is
+ever gathered on the client.
 """
 
 from __future__ import annotations
@@ -31,17 +33,23 @@ from ..solver.sinkhorn import (
     FLOAT32_RELATIVE_TOL,
     MASS_RTOL,
     SAMPLED_CHECK_SIZE,
+    _log_scaling,
     _multiplicative,
     _Printer,
     check_backend_params,
     finish_solve,
+    iteration_fields,
 )
 from .geometry import SPLIT_EVERY, check_reg_and_clouds
-from .kernels import DaskExactKernel, per_chunk
+from .kernels import DaskExactKernel, DaskLowRankKernel, PassGraph, per_chunk
 
 # The exact kernel's plain iteration stays within float64 range while max cost / reg is below
 # this (e^+-500); beyond, the in-memory solver's stabilised path is needed (not on Dask).
 LOG_DOMAIN_THRESHOLD = 500.0
+
+#: Most iterations in one graph when checks are rarer: a graph then holds about
+#: ``2 (chunks + 1)`` tasks per iteration times this; each cut costs one scheduler call.
+MAX_BLOCK_ITERATIONS = 50
 
 
 def sinkhorn_dask(
@@ -76,8 +84,10 @@ def sinkhorn_dask(
 
     Notes
     -----
-    Per iteration ``O((n + m) r)`` work over the workers and two synchronisations, each
-    moving ``O(r)`` floats per chunk (``O(n m d)`` and ``O(m)`` for the exact backend).
+    Per iteration ``O((n + m) r)`` work over the workers, moving ``O(r)`` floats per chunk;
+    one synchronisation per ``check_every`` iterations (at most
+    :data:`MAX_BLOCK_ITERATIONS`). The exact backend: ``O(n m d)`` work and ``O(m)`` floats
+    per chunk, two synchronisations per iteration.
     """
     options, backend_params = SolverOptions.split(kwargs)
     check_backend_params("sinkhorn", backend, backend_params)
@@ -158,10 +168,15 @@ class DaskSafeguard:
         self.repaired = False
 
     def apply(self, side: str, result: Any, numerator: Any, other: Any):
-        count = result.n_bad
+        self.count(side, result.n_bad)
+        return result.ratios, result.projection
+
+    def count(self, side: str, count: int) -> None:
+        """Record ``count`` bad entries of a ``side`` pass (their scalings are already 0),
+        or raise as the policy says."""
         if self.policy == "none":
             self.counts["zeroed"] += count
-            return result.ratios, result.projection
+            return
         if self.policy == "raise":
             raise NonPositiveKernelError(
                 f"{count} non-positive or non-finite denominators in a {side} pass"
@@ -233,34 +248,21 @@ def solve_dask(
     printer = _Printer(options.verbose)
     guard = _UnderflowGuard(options.safeguard) if exact else DaskSafeguard(options.safeguard)
     start = time.perf_counter()
-    state = _multiplicative(kernel, a, b, options, tol, guard, printer)
+    if isinstance(kernel, DaskLowRankKernel):
+        state = _chained_iterations(kernel, a, b, options, tol, guard, printer)
+    else:
+        state = _multiplicative(kernel, a, b, options, tol, guard, printer)
     elapsed = time.perf_counter() - start
-    log_u, log_v, n_iter, converged, history = state
-
-    summary = _summary(kernel, a, b, log_u, log_v)
-    if not converged and summary["final_error"] < tol:
-        converged = True  # the last iterate met tol between two scheduled checks
+    summary = _summary(kernel, a, b, state[0], state[1])
+    state = (*summary["potentials"], *state[2:])  # persisted on the cluster
     result = DaskSinkhornResult(
-        kernel=kernel,
-        a=a,
-        b=b,
-        reg=geometry.reg,
-        potentials=summary["potentials"],
-        n_iter=n_iter,
-        converged=converged,
-        tol=tol,
+        **iteration_fields(
+            kernel, a, b, options, guard, state, tol, elapsed, summary["final_error"]
+        ),
         marginals=summary["marginals"],
         value_linear=summary["cost"],
         mass=summary["mass"],
         log_domain=False,
-        safeguard={"policy": options.safeguard, **guard.counts},
-        timings={
-            "build": kernel.info.build_time,
-            "iterations": elapsed,
-            "per_iteration": elapsed / max(n_iter, 1),
-        },
-        error_history=history,
-        options=options.as_dict(),
         notes=list(notes or []),
         scalars=summary["scalars"],
     )
@@ -270,6 +272,76 @@ def solve_dask(
             SAMPLED_CHECK_SIZE if samples == "auto" else samples, rng
         )
     return finish_solve(result, options, guard, printer, summary["final_error"])
+
+
+def _check_block(done: int, max_iter: int, check_every: int) -> tuple[int, bool]:
+    """``(last, check)``: the next block runs iterations ``done + 1 .. last``; ``check`` when
+    it ends with the convergence check of iterate ``last``.
+
+    :func:`~sketchot.solver.sinkhorn._multiplicative` checks iterate ``j`` (at iteration
+    ``j + 1``) when ``(j - 1) % check_every == 0`` and ``j < max_iter``; a block also ends
+    after :data:`MAX_BLOCK_ITERATIONS` iterations.
+    """
+    next_check = done + 1 + (-done) % check_every
+    last = min(max_iter, done + MAX_BLOCK_ITERATIONS)
+    if next_check < max_iter and next_check <= last:
+        return next_check, True
+    return last, False
+
+
+def _chunk_sum(values: np.ndarray) -> np.ndarray:
+    return np.array([values.sum()])
+
+
+def _chained_iterations(kernel, a, b, options, tol, guard, printer):
+    """:func:`~sketchot.solver.sinkhorn._multiplicative` on a low-rank Dask kernel with ONE
+    scheduler call per block of iterations between two convergence checks.
+
+    Between half-steps the state is rank-sized (``z = A^T u``, ``y = B^T v``), so every pass
+    of a block, and the check that ends it, are tasks of one graph, each pass taking the
+    previous pass's partial sums by key. The client gets back the counts of bad entries (the
+    safeguard runs on them in order, after the block), the last projections, and the error.
+    Same iterates, checks, ``n_iter`` and history as the in-memory loop.
+    """
+    n, _ = kernel.shape
+    graph = PassGraph()
+    # (total, partial sums) of z = A^T u, then of the passes: keys until a block is computed
+    z = kernel.first_projection(graph, "rows", da.full_like(a, 1.0 / n))
+    # sum(b) comes back with the first block (raw keys: no clash with b.sum() elsewhere)
+    mass = graph.sum_over_chunks(_chunk_sum, [b], ())
+    history: list[tuple[int, float]] = []
+    converged = False
+    done = 0
+    y = z_before = None
+    while done < options.max_iter:
+        last, check = _check_block(done, options.max_iter, options.check_every)
+        sides = []
+        for _ in range(done + 1, last + 1):
+            y = kernel.chained_pass(graph, "cols", z[1], b)
+            z_before, z = z, kernel.chained_pass(graph, "rows", y[1], a)
+            sides += [("cols", y[0]), ("rows", z[0])]
+        keys = [key for _, key in sides] + [y[0], z_before[0], z[0], mass]
+        if check:
+            keys.append(kernel.marginal_error(graph, "cols", b, z_before[0], z[0]))
+        values = graph.compute(keys)
+        for (side, _), total in zip(sides, values, strict=False):
+            if total[0, -1]:
+                guard.count(side, int(total[0, -1]))
+        # the next block starts from the NumPy totals (each its own single partial sum)
+        y, z_before, z = ((total, [total]) for total in values[len(sides) : len(sides) + 3])
+        mass = float(np.sum(values[len(sides) + 3]))
+        done = last
+        graph = PassGraph()
+        if check:
+            error = values[-1] / mass
+            history.append((done, error))
+            printer.iteration(done, error)
+            if error < tol:
+                converged = True
+                break
+    u = kernel.scalings("rows", y[0], a)
+    v = kernel.scalings("cols", z_before[0], b)
+    return _log_scaling(u), _log_scaling(v), done, converged, history
 
 
 def _summary(kernel, a, b, log_u, log_v) -> dict[str, Any]:

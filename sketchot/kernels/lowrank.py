@@ -63,12 +63,15 @@ class LowRankKernel(KernelOperator):
         right_projection: np.ndarray | None = None,
     ) -> None:
         super().__init__(geometry, info, dtype)
-        self.left = np.ascontiguousarray(left, dtype=self.dtype)
-        self.right = np.ascontiguousarray(right, dtype=self.dtype)
+        self.left, self.right = self._hold(left), self._hold(right)
         info.rank = self.left.shape[1]
         info.capabilities = info.capabilities | {"factors", "out_of_sample"}
         self._maps = (left_map, right_map)
         self._projections = (left_projection, right_projection)
+
+    def _hold(self, factor: Any) -> np.ndarray:
+        """A factor as stored: contiguous, in ``dtype``."""
+        return np.ascontiguousarray(factor, dtype=self.dtype)
 
     @property
     def factors(self) -> tuple[np.ndarray, np.ndarray]:
@@ -141,9 +144,10 @@ def low_rank_from_maps(
     ``kwargs`` are :class:`LowRankKernel`'s keyword arguments.
     """
     if getattr(geometry, "distributed", False):
-        from ..distributed.kernels import DaskLowRankKernel
+        from ..distributed.kernels import DaskLowRankKernel, dask_factors
 
-        return DaskLowRankKernel(geometry, info, left_factor, right_factor, **kwargs)
+        left, right = dask_factors(geometry, left_factor, right_factor, kwargs["dtype"])
+        return DaskLowRankKernel(geometry, info, left, right, **kwargs)
     return LowRankKernel(
         geometry, info, left_factor(geometry.X), right_factor(geometry.Y), **kwargs
     )

@@ -240,7 +240,6 @@ def solve(
                 )
             tol = floor
     printer = _Printer(options.verbose)
-    geometry = kernel.geometry
     if options.epsilon_scaling and not exact:
         raise ValueError(
             "epsilon_scaling=True needs a kernel with the 'exact' capability (the kernel must "
@@ -258,37 +257,44 @@ def solve(
         state = _multiplicative(kernel, a, b, options, tol, guard, printer)
     elapsed = time.perf_counter() - start
 
-    log_u, log_v, n_iter, converged, history = state
-    summary = plan_summary(kernel, log_u, log_v)
+    summary = plan_summary(kernel, state[0], state[1])
     final_error = _norm(summary.col_marginal - b) / float(b.sum())
-    if not converged and final_error < tol:
-        converged = True  # the last iterate met tol between two scheduled checks
     result = SinkhornResult(
-        kernel=kernel,
-        a=a,
-        b=b,
-        reg=geometry.reg,
-        potentials=(log_u, log_v),
-        n_iter=n_iter,
-        converged=converged,
-        tol=tol,
+        **iteration_fields(kernel, a, b, options, guard, state, tol, elapsed, final_error),
         marginals=(summary.row_marginal, summary.col_marginal),
         value_linear=summary.cost,
         mass=summary.mass,
         log_domain=use_log,
-        safeguard={"policy": options.safeguard, **guard.counts},
-        timings={
-            "build": kernel.info.build_time,
-            "iterations": elapsed,
-            "per_iteration": elapsed / max(n_iter, 1),
-        },
-        error_history=history,
-        options=options.as_dict(),
         notes=list(notes or []),
     )
     if options.accuracy is not None:
         result.true_kernel = _check_true_kernel(result, options, rng)
     return finish_solve(result, options, guard, printer, final_error)
+
+
+def iteration_fields(kernel, a, b, options, guard, state, tol, elapsed, final_error):
+    """The :class:`SinkhornResult` fields every solve (in memory or Dask) fills alike from
+    its iterations: ``state = (log_u, log_v, n_iter, converged, history)``."""
+    log_u, log_v, n_iter, converged, history = state
+    return {
+        "kernel": kernel,
+        "a": a,
+        "b": b,
+        "reg": kernel.geometry.reg,
+        "potentials": (log_u, log_v),
+        "n_iter": n_iter,
+        # the last iterate may meet tol between two scheduled checks
+        "converged": converged or bool(final_error < tol),
+        "tol": tol,
+        "safeguard": {"policy": options.safeguard, **guard.counts},
+        "timings": {
+            "build": kernel.info.build_time,
+            "iterations": elapsed,
+            "per_iteration": elapsed / max(n_iter, 1),
+        },
+        "error_history": history,
+        "options": options.as_dict(),
+    }
 
 
 def finish_solve(result, options, guard, printer, final_error: float):

@@ -123,6 +123,41 @@ def test_threaded_scheduler_without_client(problem, backend):
         assert value == pytest.approx(expected.value_linear, rel=RTOL)
 
 
+def _scheduler_calls(problem, monkeypatch, block=None, **options):
+    """The size of the graph of every scheduler call of one low-rank solve (threaded
+    scheduler; 0 for the collections' calls of build and summary)."""
+    from sketchot.distributed import solver
+
+    if block is not None:
+        monkeypatch.setattr(solver, "MAX_BLOCK_ITERATIONS", block)
+    graphs = []
+
+    def counting_get(graph, keys, **kwargs):
+        graphs.append(len(graph) if isinstance(graph, dict) else 0)
+        return dask.threaded.get(graph, keys, **kwargs)
+
+    with dask.config.set(scheduler=counting_get):
+        result = sketchot.sinkhorn(
+            *_dask(problem, 200, 150), reg=0.5, backend="nystrom", rng=7, **{**SOLVE, **options}
+        )
+    expected = sketchot.sinkhorn(*problem, reg=0.5, backend="nystrom", rng=7, **SOLVE | options)
+    _assert_same(result, expected)
+    return graphs
+
+
+def test_one_scheduler_call_per_check_block(problem, monkeypatch):
+    """Iterations between two checks cost ONE scheduler call, whatever their number, and the
+    graphs do not grow with the iterations."""
+    # check_every 5: blocks [1], [2-6], [7-11] at max_iter 11; four more blocks at 31
+    short = _scheduler_calls(problem, monkeypatch, max_iter=11, check_every=5)
+    long = _scheduler_calls(problem, monkeypatch, max_iter=31, check_every=5)
+    assert len(long) - len(short) == 4  # 40 more half-steps, 4 more calls
+    assert max(long) == max(short)
+    # no check for 1000 iterations: blocks are cut every 4 ([1], [2-5], [6-9], [10-11])
+    rare = _scheduler_calls(problem, monkeypatch, block=4, max_iter=11, check_every=1000)
+    assert len(short) - len(rare) == 3 - 4
+
+
 def test_converged_solve_and_inverse_map(client, problem):
     options = {"tol": 1e-10, "check_every": 5, "warn": False, "accuracy": None}
     expected = sketchot.sinkhorn(*problem, reg=0.5, backend="nystrom", rank=40, rng=3, **options)
