@@ -242,6 +242,11 @@ def solve_dask(
             f"{geometry.max_cost() / geometry.reg:.3g} > {LOG_DOMAIN_THRESHOLD:g} needs it "
             "with the exact kernel); raise reg or solve in memory"
         )
+    if options.anderson not in ("auto", 0):
+        raise ValueError(
+            f"anderson={options.anderson}: Anderson mixing needs the scalings in memory; a "
+            "Dask solve runs the plain iteration (pass anderson=0 or 'auto')"
+        )
     tol = options.tol
     if kernel.dtype == np.float32:
         tol = max(tol, FLOAT32_RELATIVE_TOL * float((_l2(b) / b.sum()).compute()))

@@ -286,3 +286,10 @@ def test_unsupported_repairs_raise_clearly(client):
         result = sketchot.sinkhorn(None, None, Xd, Yd, safeguard="none", errors="warn",
                                    **options)  # fmt: skip
     assert result.safeguard["zeroed"] > 0
+
+
+def test_anderson_mixing_is_refused_on_dask(problem):
+    """Mixing needs ``v`` on the client; ``'auto'`` (the default) and 0 run the plain iteration."""
+    with dask.config.set(scheduler="threads"), pytest.raises(ValueError, match="anderson=5"):
+        sketchot.sinkhorn(*_dask(problem, 97, 131), reg=0.5, backend="nystrom", rng=7,
+                          anderson=5, **SOLVE)  # fmt: skip
