@@ -306,12 +306,28 @@ def transfer_colors(
     compact: bool = False,
     **kwargs: Any,
 ) -> ColorTransferResult:
-    """Colour transfer with every intermediate result and timing (see :func:`color_transfer`).
+    """Colour transfer with every intermediate result and timing (:func:`color_transfer`
+    returns only the image).
 
     Parameters
     ----------
-    source, target, reg, backend, n_samples, rng
-        As in :func:`color_transfer`.
+    source, target : str, os.PathLike or array-like
+        Image files (anything Pillow reads) or arrays of shape ``(H, W, 3)`` (uint8, uint16,
+        or float in ``[0, 1]``); see :func:`~sketchot.color.load_image`.
+    reg : float, default=0.1
+        Entropic regularisation for colours in ``[0, 1]`` (``K = exp(-||x - y||^2 / reg)``);
+        smaller is sharper and slower to converge, larger blurs every colour towards the
+        target's mean.
+    backend : str, default='auto'
+        Kernel representation: ``'auto'`` picks the cheapest one that meets the solver's
+        ``accuracy`` against the true kernel (:func:`sketchot.sinkhorn`); a named backend is
+        used as it is, with ``rank=400`` (:data:`DEFAULT_COLOR_RANK`, at most the sample
+        size) when it is low rank and no rank is given. A backend that misses the accuracy
+        warns; impossible results (negative costs, colours outside the target's range) raise.
+    n_samples : int, default=10000
+        Colours sampled from each image for the transport problem.
+    rng : None, int or Generator
+        The only source of randomness (pixel sampling and the backend's draws).
     replace, weighted : bool, default=False
         Sampling options (see :func:`~sketchot.color.sample_pixels`).
     inverse : bool, default=False
@@ -423,39 +439,17 @@ def transfer_colors(
     )
 
 
-def color_transfer(
-    source: Any,
-    target: Any,
-    *,
-    reg: float = DEFAULT_REG,
-    backend: str = DEFAULT_BACKEND,
-    n_samples: int = DEFAULT_N_SAMPLES,
-    rng: Any = None,
-    **kwargs: Any,
-) -> np.ndarray:
+def color_transfer(source: Any, target: Any, **kwargs: Any) -> np.ndarray:
     """Recolour ``source`` with the palette of ``target`` by entropic optimal transport.
 
     Parameters
     ----------
     source, target : str, os.PathLike or array-like
         Image files (anything Pillow reads) or arrays of shape ``(H, W, 3)`` (uint8, uint16,
-        or float in ``[0, 1]``); see :func:`~sketchot.color.load_image`.
-    reg : float, default=0.1
-        Entropic regularisation for colours in ``[0, 1]`` (``K = exp(-||x - y||^2 / reg)``);
-        smaller is sharper and slower to converge, larger blurs every colour towards the
-        target's mean.
-    backend : str, default='auto'
-        Kernel representation: ``'auto'`` picks the cheapest one that meets the solver's
-        ``accuracy`` against the true kernel (:func:`sketchot.sinkhorn`); a named backend is
-        used as it is, with ``rank=400`` (:data:`DEFAULT_COLOR_RANK`, at most the sample
-        size) when it is low rank and no rank is given. A backend that misses the accuracy
-        warns; impossible results (negative costs, colours outside the target's range) raise.
-    n_samples : int, default=10000
-        Colours sampled from each image for the transport problem.
-    rng : None, int or Generator
-        The only source of randomness (pixel sampling and the backend's draws).
+        or float in ``[0, 1]``).
     **kwargs
-        ``replace``, ``weighted``, ``inverse``, ``progress`` (see :func:`transfer_colors`),
+        Everything :func:`transfer_colors` takes: ``reg`` (default 0.1), ``backend``
+        (default ``'auto'``), ``n_samples`` (default 10000), ``rng``, the sampling options,
         solver options (:class:`~sketchot.SolverOptions`) and the backend's parameters.
 
     Returns
@@ -480,6 +474,4 @@ def color_transfer(
     >>> out.shape, bool(out[..., 2].mean() > out[..., 0].mean())
     ((24, 32, 3), True)
     """
-    return transfer_colors(
-        source, target, reg=reg, backend=backend, n_samples=n_samples, rng=rng, **kwargs
-    ).image
+    return transfer_colors(source, target, **kwargs).image
