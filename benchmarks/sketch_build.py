@@ -7,7 +7,7 @@
 * ``GaussianPolySketch(...).fit(X, Y)``, ``transform_x(X)``, ``transform_y(Y)``;
 * ``sketchot.make_kernel(X, Y, reg=1.0, backend='polyts')`` (float64 and float32);
 * a breakdown from the public pieces: greedy k-center on each side, the coreset regression
-  (``coreset_coefficients`` minus its two k-centers), and for one side's features the
+  (``regression_coefficients`` minus its two k-centers), and for one side's features the
   CountSketches and the FFT convolutions (``convolve_count_sketches``) over the library's row
   blocks; the rest of ``transform_x`` is the coefficient and row scaling and the copy.
 
@@ -36,7 +36,7 @@ from sketchot.sketch import (
     greedy_k_center,
     ridge_diagonal,
 )
-from sketchot.sketch.coefficients import coreset_coefficients
+from sketchot.sketch.coefficients import regression_coefficients
 from sketchot.sketch.tensorsketch import DEFAULT_BLOCK_ROWS
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -90,9 +90,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return sum(timed(lambda Z=Z: greedy_k_center(Z, args.coreset_size, rng))[0] for Z in (U, V))
 
     def coefficients() -> float:
-        inputs = (U, V, f, args.degree, half_width, ridge, args.coreset_size)
-        rng = np.random.default_rng(sketch_seed)
-        return timed(lambda: coreset_coefficients(*inputs, rng))[0]
+        inputs = (U, V, f, args.degree, half_width, ridge)
+        coreset = {"coreset_size": args.coreset_size, "rng": np.random.default_rng(sketch_seed)}
+        return timed(lambda: regression_coefficients(*inputs, **coreset))[0]
 
     results["  k-center (both sides)"] = best_of(args.repeats, kcenter_both)
     results["  coreset coefficients (incl. k-center)"] = best_of(args.repeats, coefficients)

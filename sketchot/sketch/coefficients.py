@@ -240,7 +240,7 @@ def chebyshev_coefficients(
     return CoefficientFit(coef, "chebyshev", chebyshev_coef=cheb)
 
 
-def optimal_coefficients(
+def regression_coefficients(
     U: np.ndarray,
     V: np.ndarray,
     f: ElementwiseFunction,
@@ -248,53 +248,41 @@ def optimal_coefficients(
     half_width: float,
     ridge: np.ndarray,
     *,
+    coreset_size: int | None = None,
+    rng: np.random.Generator | None = None,
     nonnegative: bool = False,
     block_entries: int = OPTIMAL_BLOCK_ENTRIES,
 ) -> CoefficientFit:
-    """Ridge regression over all ``n1 n2`` entries of ``U V^T`` (eq. optc), in row blocks.
+    """Ridge regression of ``f`` on entries of ``U V^T``: all of them, or a coreset.
 
-    ``O(n1 n2 (d + r^2))`` time, ``O(block_entries r)`` memory.
-    """
-    gram = np.zeros((degree + 1, degree + 1))
-    moment = np.zeros(degree + 1)
-    rows = max(1, block_entries // V.shape[0])
-    for start in range(0, U.shape[0], rows):
-        t = U[start : start + rows] @ V.T
-        g, h = chebyshev_normal_equations(t, evaluate_finite(f, t), None, degree, half_width)
-        gram += g
-        moment += h
-    coef, cheb = solve_regression(gram, moment, ridge, half_width, nonnegative=nonnegative)
-    return CoefficientFit(coef, "optimal", chebyshev_coef=cheb)
+    ``coreset_size=None`` (``'optimal'``, eq. optc): all ``n1 n2`` entries in row blocks of
+    about ``block_entries``, ``O(n1 n2 (d + r^2))`` time, ``O(block_entries r)`` memory.
 
-
-def coreset_coefficients(
-    U: np.ndarray,
-    V: np.ndarray,
-    f: ElementwiseFunction,
-    degree: int,
-    half_width: float,
-    ridge: np.ndarray,
-    coreset_size: int,
-    rng: np.random.Generator,
-    *,
-    nonnegative: bool = False,
-) -> CoefficientFit:
-    """Coreset-TS coefficients (Algorithm 4).
-
-    Greedy k-center runs on the rows of ``U`` and of ``V``. With ``eps_U`` the sum of distances
-    of the rows of ``U`` to their centres (likewise ``eps_V``), the ``U`` coreset is used when
+    ``coreset_size=k`` (``'coreset'``, Coreset-TS, Algorithm 4): greedy k-center (drawn with
+    ``rng``) runs on the rows of ``U`` and of ``V``. With ``eps_U`` the sum of distances of
+    the rows of ``U`` to their centres (likewise ``eps_V``), the ``U`` coreset is used when
     ``eps_U * sum_i ||v_i|| < eps_V * sum_j ||u_j||`` (the smaller second term of the bound of
     Theorem 4); the regression then runs on the ``k n2`` entries ``u_bar_c . v_j``, each
     weighted by the size of cluster ``c`` (so the weights sum to ``n1 n2``), else on
     ``u_i . v_bar_c`` symmetrically. ``O((n1 + n2) k (d + r^2))`` time.
     """
-    entries = coreset_entries(U, V, coreset_size, rng)
-    t = entries.centers @ entries.others.T
-    gram, moment = chebyshev_normal_equations(
-        t, evaluate_finite(f, t), entries.cluster_sizes, degree, half_width
-    )
+    gram = np.zeros((degree + 1, degree + 1))
+    moment = np.zeros(degree + 1)
+    if coreset_size is None:
+        rows = max(1, block_entries // V.shape[0])
+        # lazily: one row block of U V^T at a time
+        blocks = ((U[start : start + rows] @ V.T, None) for start in range(0, U.shape[0], rows))
+        method, details = "optimal", {}
+    else:
+        entries = coreset_entries(U, V, coreset_size, rng)
+        blocks = [(entries.centers @ entries.others.T, entries.cluster_sizes)]
+        method, details = "coreset", entries.details()
+    for t, weights in blocks:
+        g, h = chebyshev_normal_equations(t, evaluate_finite(f, t), weights, degree, half_width)
+        gram += g
+        moment += h
     coef, cheb = solve_regression(gram, moment, ridge, half_width, nonnegative=nonnegative)
-    return CoefficientFit(coef, "coreset", chebyshev_coef=cheb, details=entries.details())
+    return CoefficientFit(coef, method, chebyshev_coef=cheb, details=details)
 
 
 @dataclass

@@ -37,9 +37,8 @@ from .coefficients import (
     REGULARIZERS,
     CoefficientFit,
     chebyshev_coefficients,
-    coreset_coefficients,
     evaluate_finite,
-    optimal_coefficients,
+    regression_coefficients,
     ridge_diagonal,
     taylor_coefficients,
 )
@@ -277,19 +276,11 @@ class PolyTensorSketch(PolySketchParameters):
             self.sketch_dim_,
             self.regularizer_,
         )
-        if self.coefficients == "optimal":
-            return optimal_coefficients(U, V, f, r, half_width, ridge, nonnegative=self.nonnegative)
-        return coreset_coefficients(
-            U,
-            V,
-            f,
-            r,
-            half_width,
-            ridge,
-            self.coreset_size,
-            generator,
+        coreset = self.coreset_size if self.coefficients == "coreset" else None
+        return regression_coefficients(
+            U, V, f, r, half_width, ridge, coreset_size=coreset, rng=generator,
             nonnegative=self.nonnegative,
-        )
+        )  # fmt: skip
 
     def fit_transform(self, U: Any, V: Any = None, *, dtype: Any = np.float64):
         """Fit, then return ``(left_features(U), right_features(V))``."""
