@@ -40,7 +40,8 @@ from ..kernels.auto import (
     kernel_error,
     low_rank_ladder,
 )
-from .options import SolverOptions
+from .errors import NonPositiveKernelError
+from .options import DEFAULT_ANDERSON_MEMORY, SolverOptions
 from .result import SinkhornResult
 
 #: Up to this many kernel entries (5000 x 5000) the exact kernel is stored and used directly:
@@ -111,6 +112,11 @@ def solve_auto(
 
     generator = check_rng(rng)
     quiet = dataclasses.replace(options, warn=False, errors="warn", verbose=False)
+    # Low-rank attempts: a kernel whose denominators go non-positive is rejected at once
+    # (repairs cost exact rows, and such a kernel was not accurate on the measured cases),
+    # and the iterations are Anderson-mixed unless the caller fixed the memory.
+    mixed = DEFAULT_ANDERSON_MEMORY if options.anderson == "auto" else options.anderson
+    attempt = dataclasses.replace(quiet, safeguard="raise", anderson=mixed)
     previous = np.inf
     ladder = low_rank_ladder(n, m)
     for rank in ladder:
@@ -132,9 +138,16 @@ def solve_auto(
                 break
             previous = error
             continue
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            result = solve(a, b, kernel, quiet, rng=generator, notes=notes)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                result = solve(a, b, kernel, attempt, rng=generator, notes=notes)
+        except NonPositiveKernelError:
+            record(rank, np.inf, start, False, "a denominator went non-positive")
+            if not worth_doubling(previous, error, target, rank, ladder[-1]):
+                break
+            previous = error
+            continue
         check = result.true_kernel
         measured = check.bound if check is not None else np.inf
         accepted = bool(result.accuracy_met) and _possible(result)

@@ -55,7 +55,8 @@ class SolverOptions:
         5 on the log-domain paths (``'log_products'`` kernels, the exact kernel's stabilised
         path), 0 on the multiplicative path of low-rank kernels (large ``reg``, few
         iterations; and the Dask solve, which cannot mix without gathering ``v``, then gives
-        the same iterates). An integer applies to every in-memory path (a mixed ``v`` costs
+        the same iterates), except in ``backend='auto'``'s low-rank attempts, which mix.
+        An integer applies to every in-memory path (a mixed ``v`` costs
         the low-rank path one extra projection ``R^T v``; a repaired pass restarts the
         history); Dask solves accept only ``0`` or ``'auto'``. ``0`` runs the plain Sinkhorn
         iteration (POT's iterates).

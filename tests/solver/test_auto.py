@@ -105,3 +105,23 @@ def test_auto_rejects_backend_parameters(clouds):
     X, Y = clouds
     with pytest.raises(TypeError, match="backend='auto' chooses its own parameters"):
         sketchot.sinkhorn(None, None, X, Y, 1.0, n_landmarks=5)
+
+
+def test_a_low_rank_attempt_with_a_non_positive_denominator_is_dropped_at_once():
+    """Colours of the third pair (n = 5100 per side, above the direct exact size) at a tenth
+    of their mean squared distance: Nystrom at rank 64 passes the sampled kernel check but a
+    denominator goes non-positive in its solve (measured); the ladder drops it without
+    repairs and goes on to rank 128, which meets the target."""
+    rng = np.random.default_rng(0)
+    X = sample_pixels(load_image("images/pair3_source.png"), 5100, rng=rng).colors
+    Y = sample_pixels(load_image("images/pair3_target.png"), 5100, rng=rng).colors
+    spread = (X**2).sum(1).mean() + (Y**2).sum(1).mean() - 2 * X.mean(0) @ Y.mean(0)
+    res = sketchot.sinkhorn(None, None, X, Y, reg=0.1 * spread, rng=0)
+    notes = [a.note for a in res.attempts]
+    assert "a denominator went non-positive" in notes
+    assert res.accuracy_met and res.attempts[-1].accepted
+    # the accepted attempt ran without repairs (its policy was 'raise'); the options are the
+    # caller's
+    assert res.safeguard == {"policy": "raise", "rows_repaired": 0, "cols_repaired": 0,
+                             "clipped": 0}  # fmt: skip
+    assert res.options["safeguard"] == "exact"
