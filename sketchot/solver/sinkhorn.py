@@ -200,10 +200,18 @@ def sinkhorn_kernel(a: Any, b: Any, kernel: KernelOperator, **kwargs: Any) -> Si
     """Sinkhorn-Knopp on a prebuilt :class:`~sketchot.kernels.KernelOperator`.
 
     Same solver options as :func:`sinkhorn` (and ``rng`` for the sampled check); use it to
-    solve several problems with one kernel.
+    solve several problems with one kernel. A kernel built on Dask arrays
+    (:func:`sketchot.make_kernel` with Dask ``X``, ``Y``) is solved with Dask
+    (:func:`sketchot.distributed.sinkhorn_kernel_dask`).
     """
     if not isinstance(kernel, KernelOperator):
         raise TypeError(f"kernel must be a sketchot KernelOperator; got {describe(kernel)}")
+    if getattr(kernel.geometry, "distributed", False) or any_dask(a, b):
+        # a kernel built on Dask arrays (or Dask weights): the solve runs with Dask too
+        require_dask()
+        from ..distributed.solver import sinkhorn_kernel_dask
+
+        return sinkhorn_kernel_dask(a, b, kernel, **kwargs)
     rng = kwargs.pop("rng", None)
     options = SolverOptions(**kwargs)
     a, b, notes = check_marginals(a, b, *kernel.shape)

@@ -293,3 +293,20 @@ def test_anderson_mixing_is_refused_on_dask(problem):
     with dask.config.set(scheduler="threads"), pytest.raises(ValueError, match="anderson=5"):
         sketchot.sinkhorn(*_dask(problem, 97, 131), reg=0.5, backend="nystrom", rng=7,
                           anderson=5, **SOLVE)  # fmt: skip
+
+
+def test_sinkhorn_kernel_on_a_dask_kernel_solves_with_dask(problem):
+    """``make_kernel`` on Dask arrays, then ``sinkhorn_kernel``: the solve stays on Dask and
+    equals the in-memory one."""
+    a, b, X, Y = problem
+    with dask.config.set(scheduler="threads"):
+        kernel = sketchot.make_kernel(
+            da.from_array(X, chunks=(200, 3)), da.from_array(Y, chunks=(99, 3)), 0.5,
+            "nystrom", rng=11,
+        )  # fmt: skip
+        result = sketchot.sinkhorn_kernel(a, b, kernel, **SOLVE)
+        expected = sketchot.sinkhorn_kernel(
+            a, b, sketchot.make_kernel(X, Y, 0.5, "nystrom", rng=11), **SOLVE
+        )
+        assert isinstance(result.potentials[0], da.Array)
+        _assert_same(result, expected)
