@@ -28,7 +28,7 @@ from ..kernels.base import (
     KernelInfo,
     KernelOperator,
     blocked_fused_pass,
-    pass_slices,
+    matrix_fused_pass,
     ratios_and_bad,
 )
 from ..kernels.lowrank import LowRankKernel
@@ -225,9 +225,7 @@ def _low_rank_pass_chunk(
     F: np.ndarray, numerator: np.ndarray, w: np.ndarray, dtype: np.dtype
 ) -> np.ndarray:
     """``[F^T ratios, n_bad]`` of one chunk, shape (1, r + 1), by the in-memory pass."""
-    result = blocked_fused_pass(
-        pass_slices(*F.shape), F.__getitem__, F.shape[0], F.shape[1], w, numerator, dtype
-    )
+    result = matrix_fused_pass(F, w, numerator, dtype)
     return np.append(result.projection, result.n_bad)[None, :]
 
 

@@ -286,6 +286,15 @@ def pass_slices(n_rows: int, n_cols: int, entries: int | None = None) -> list[sl
     return [slice(start, min(start + step, n_rows)) for start in range(0, n_rows, step)]
 
 
+def matrix_fused_pass(F: np.ndarray, w: np.ndarray, numerator: np.ndarray, dtype) -> FusedPass:
+    """:func:`blocked_fused_pass` over a stored matrix ``F`` (a factor), in the default row
+    blocks of :func:`pass_slices`."""
+    n_rows, n_cols = F.shape
+    return blocked_fused_pass(
+        pass_slices(n_rows, n_cols), F.__getitem__, n_rows, n_cols, w, numerator, dtype
+    )
+
+
 def blocked_fused_pass(
     slices: Sequence[slice],
     block_of: Callable[[slice], np.ndarray],

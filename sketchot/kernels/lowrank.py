@@ -12,9 +12,8 @@ from .base import (
     FusedPass,
     KernelInfo,
     KernelOperator,
-    blocked_fused_pass,
     check_operand,
-    pass_slices,
+    matrix_fused_pass,
     refuse_log,
 )
 
@@ -112,11 +111,7 @@ class LowRankKernel(KernelOperator):
         self, side: str, w: np.ndarray, numerator: np.ndarray, *, log: bool = False
     ) -> FusedPass:
         refuse_log(self, log)
-        factor = self._factor(side)
-        slices = pass_slices(*factor.shape)
-        return blocked_fused_pass(
-            slices, factor.__getitem__, factor.shape[0], factor.shape[1], w, numerator, self.dtype
-        )
+        return matrix_fused_pass(self._factor(side), w, numerator, self.dtype)
 
     def project(
         self, side: str, values: np.ndarray, index: Any = None, *, log: bool = False
