@@ -398,13 +398,8 @@ def _multiplicative(kernel, a, b, options, tol, guard, printer):
     converged = False
     n_iter = 0
     check_every = options.check_every
-    # Mixing needs the scalings in memory; a repaired pass changes the map, so it restarts.
+    # A repaired pass changes the map, so the mixing restarts (Dask solves refuse a memory).
     memory = options.anderson_memory(log_domain=False)
-    if memory and any_dask(a):
-        raise ValueError(
-            f"anderson={memory}: Anderson mixing needs the scalings in memory; a Dask solve "
-            "runs the plain iteration (pass anderson=0 or 'auto')"
-        )
     mixer = AndersonMixer(memory, b > 0) if memory else None
     for iteration in range(1, options.max_iter + 1):
         cols = kernel.fused_pass("cols", z, b)
