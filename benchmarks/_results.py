@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -43,28 +42,3 @@ def timed(function: Callable[[], Any]) -> tuple[float, Any]:
     start = time.perf_counter()
     value = function()
     return time.perf_counter() - start, value
-
-
-class CellRunner:
-    """Runs benchmark cells in one child process (so a cell's peak memory is its own when
-    ``fresh``); a cell past ``budget`` seconds is killed and ``None`` returned."""
-
-    def __init__(self, budget: float, fresh: bool = False) -> None:
-        self.budget, self.fresh, self.pool = budget, fresh, None
-
-    def __call__(self, function: Callable[..., Any], *args: Any) -> Any:
-        if self.pool is None:
-            self.pool = multiprocessing.get_context("spawn").Pool(
-                1, maxtasksperchild=1 if self.fresh else None
-            )
-        pending = self.pool.apply_async(function, args)
-        try:
-            return pending.get(timeout=self.budget)
-        except multiprocessing.TimeoutError:
-            self.close(kill=True)
-            return None
-
-    def close(self, kill: bool = False) -> None:
-        if self.pool is not None:
-            self.pool.terminate() if kill else self.pool.close()
-            self.pool = None

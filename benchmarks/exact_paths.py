@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import ot
 from _results import write_json
+from _running import best_time
 
 import sketchot
 from sketchot.color import load_image, sample_pixels
@@ -64,15 +65,6 @@ def colours(n: int) -> tuple[np.ndarray, np.ndarray]:
     Y = sample_pixels(load_image(IMAGES / "default_target.png"), n, rng=1).colors
     center = (X.sum(axis=0) + Y.sum(axis=0)) / (2 * n)
     return X - center, Y - center
-
-
-def best_of(function, repeats: int = REPEATS) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def true_errors(Xc, Yc, a, b, reg, log_u, log_v) -> tuple[float, float]:
@@ -111,7 +103,7 @@ def per_iteration(sizes: list[int]) -> list[dict[str, Any]]:
         best["today"] = math.inf
         for _ in range(REPEATS):
             for name, function in timed.items():
-                best[name] = min(best[name], best_of(function, repeats=1))
+                best[name] = min(best[name], best_time(function, 1))
             best["today"] = min(best["today"], _today_per_iteration(Xc, Yc, reg))
         pot_time, dense, dense32 = best["pot"] - best["exp"], best["dense"], best["dense32"]
         row = {
@@ -275,7 +267,7 @@ def colour_case(n: int, reg: float, today_max_iter: int) -> list[dict[str, Any]]
             extra["last_stage_iter"] = result.info["stages"][-1]["n_iter"]
         record(name, elapsed, result.n_iter, result.converged, result.log_u, result.log_v, extra)
     # The streamed path (K~ recomputed every iteration): time per iteration only.
-    streamed = best_of(
+    streamed = best_time(
         lambda: stabilized_sinkhorn(Xc, Yc, a, a, reg, tol=1e-300, max_iter=12, max_dense_bytes=0),
         repeats=2,
     )

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 from _results import write_json
+from _running import best_time
 
 import sketchot.sketch.local as local
 from sketchot.color import load_image, sample_pixels
@@ -88,15 +89,6 @@ def data(kind: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
         return X.colors, Y.colors
     rng = np.random.default_rng(seed)
     return rng.random((n, 3)), rng.random((n, 3))
-
-
-def best_time(function, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def one_case(kind: str, n: int, reg: float, args: argparse.Namespace) -> dict[str, Any]:

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 import ot
-from _results import CellRunner, write_json
+from _results import write_json
+from _running import CellRunner
 
 import sketchot
 from sketchot.color import load_image, sample_pixels
