@@ -19,7 +19,8 @@ exact or block-structured: ``L = K``, ``R = I``). ``fused_pass('rows', w, c)`` c
 one pass over ``L``, the products ``p = L w``, the ratios ``s = c / p`` and the projection
 ``L^T s``; entries whose product is not positive, not finite or negligible are reported in
 a mask (their ratio is left at 0), never repaired: what to do with them is the solver's
-business. ``fused_pass('cols', ...)`` is the same over ``R``. ``project(side, s, index)`` is
+business. With ``exponent=rho`` the ratios are ``(c / p)^rho``: the update of unbalanced
+transport, whose KL marginal penalty ``reg_m`` gives ``rho = reg_m / (reg_m + reg)``. ``fused_pass('cols', ...)`` is the same over ``R``. ``project(side, s, index)`` is
 ``L[index]^T s`` (or ``R[index]^T s``), for the solver to start an iteration or to add the
 rows it repaired. An iteration is bound by memory bandwidth, so one pass instead of two pays.
 """
@@ -41,8 +42,12 @@ from ..gibbs import GibbsGeometry
 #: ``'exact'`` (its products are the true kernel), ``'factors'`` (it has ``factors = (A, B)``
 #: with ``K = A B^T``), ``'out_of_sample'`` (``apply_new`` works), ``'nonnegative'`` (its
 #: entries are never negative), ``'log_products'`` (``fused_pass`` and ``project`` also run on
-#: logarithms, ``log=True``, for scalings beyond float64's range).
-CAPABILITIES = frozenset({"exact", "factors", "out_of_sample", "nonnegative", "log_products"})
+#: logarithms, ``log=True``, for scalings beyond float64's range), ``'absorb'`` (``absorbed(
+#: alpha, beta)`` returns the operator of ``diag(e^alpha) K diag(e^beta)`` computed entry by
+#: entry, so that scalings of any range can be moved into the kernel: Schmitzer 2019).
+CAPABILITIES = frozenset(
+    {"exact", "factors", "out_of_sample", "nonnegative", "log_products", "absorb"}
+)
 
 SIDES = ("rows", "cols")
 
@@ -101,8 +106,8 @@ class FusedPass:
     products : ndarray, shape (k,)
         ``L w`` (or ``R w``), raw.
     ratios : ndarray, shape (k,)
-        ``numerator / products`` where the numerator is positive and the product healthy;
-        0 elsewhere (zero weights and the ``bad`` entries).
+        ``(numerator / products) ** exponent`` where the numerator is positive and the
+        product healthy; 0 elsewhere (zero weights and the ``bad`` entries).
     projection : ndarray, shape (r,)
         ``L^T ratios`` (or ``R^T ratios``).
     bad : ndarray of bool, shape (k,)
@@ -213,14 +218,30 @@ class KernelOperator(ABC):
     # -------------------------------------------------------- fused passes
     @abstractmethod
     def fused_pass(
-        self, side: str, w: np.ndarray, numerator: np.ndarray, *, log: bool = False
+        self,
+        side: str,
+        w: np.ndarray,
+        numerator: np.ndarray,
+        *,
+        log: bool = False,
+        exponent: float = 1.0,
     ) -> FusedPass:
         """One pass over ``L`` (``side='rows'``) or ``R`` (``'cols'``); see the module notes.
 
-        With ``log=True`` (``'log_products'`` capability) every input and output is a
-        logarithm: products ``log(L exp(w))``, ratios ``numerator - products`` and projection
+        ``exponent`` raises the ratios to a power (unbalanced transport). With ``log=True``
+        (``'log_products'`` capability) every input and output is a logarithm: products
+        ``log(L exp(w))``, ratios ``exponent (numerator - products)`` and projection
         ``log(L^T exp(ratios))``; bad entries are non-finite products of finite numerators.
         """
+
+    def absorbed(self, alpha: np.ndarray, beta: np.ndarray, previous: Any = None):
+        """The operator of ``diag(e^alpha) K diag(e^beta)`` (``'absorb'`` capability).
+
+        ``previous``, an operator this method returned before, may lend its storage.
+        """
+        raise NotImplementedError(
+            f"backend {self.info.backend!r} declares no absorbed form of its kernel"
+        )
 
     @abstractmethod
     def project(
@@ -252,8 +273,11 @@ def check_operand(value: Any, length: int, name: str, *, vector: bool) -> np.nda
     return array.astype(np.float64, copy=False)
 
 
-def ratios_and_bad(numerator: np.ndarray, products: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``numerator / products`` where healthy (0 elsewhere) and the mask of bad entries."""
+def ratios_and_bad(
+    numerator: np.ndarray, products: np.ndarray, exponent: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(numerator / products) ** exponent`` where healthy (0 elsewhere) and the mask of bad
+    entries."""
     active = numerator > 0
     with np.errstate(invalid="ignore", over="ignore"):
         healthy = (products >= numerator * MIN_DENOMINATOR_RATIO) & np.isfinite(products)
@@ -261,7 +285,22 @@ def ratios_and_bad(numerator: np.ndarray, products: np.ndarray) -> tuple[np.ndar
     bad = active & ~healthy
     out = np.zeros_like(products, dtype=np.float64)
     np.divide(numerator, products, out=out, where=active & healthy)
+    if exponent != 1.0:
+        np.power(out, exponent, out=out)
     return out, bad
+
+
+def log_ratios_and_bad(
+    numerator: np.ndarray, products: np.ndarray, exponent: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """The log-domain form of :func:`ratios_and_bad`: ``exponent (numerator - products)``
+    where the numerator is finite and the product finite (``-inf`` elsewhere), and the mask
+    of finite numerators with a non-finite product."""
+    active = np.isfinite(numerator)
+    bad = active & ~np.isfinite(products)
+    with np.errstate(invalid="ignore"):
+        ratios = np.where(active & ~bad, exponent * (numerator - products), -np.inf)
+    return ratios, bad
 
 
 # Passes over fewer entries than this run in the calling thread: the thread hand-off costs
@@ -286,12 +325,14 @@ def pass_slices(n_rows: int, n_cols: int, entries: int | None = None) -> list[sl
     return [slice(start, min(start + step, n_rows)) for start in range(0, n_rows, step)]
 
 
-def matrix_fused_pass(F: np.ndarray, w: np.ndarray, numerator: np.ndarray, dtype) -> FusedPass:
+def matrix_fused_pass(
+    F: np.ndarray, w: np.ndarray, numerator: np.ndarray, dtype, exponent: float = 1.0
+) -> FusedPass:
     """:func:`blocked_fused_pass` over a stored matrix ``F`` (a factor), in the default row
     blocks of :func:`pass_slices`."""
     n_rows, n_cols = F.shape
     return blocked_fused_pass(
-        pass_slices(n_rows, n_cols), F.__getitem__, n_rows, n_cols, w, numerator, dtype
+        pass_slices(n_rows, n_cols), F.__getitem__, n_rows, n_cols, w, numerator, dtype, exponent
     )
 
 
@@ -303,11 +344,12 @@ def blocked_fused_pass(
     w: np.ndarray,
     numerator: np.ndarray,
     dtype: np.dtype,
+    exponent: float = 1.0,
 ) -> FusedPass:
     """:meth:`KernelOperator.fused_pass` over a row-partitioned matrix ``F``.
 
-    For each block ``F_b = block_of(rows)``: ``p_b = F_b w``, ``s_b = c_b / p_b`` (healthy
-    entries), ``proj += F_b^T s_b``. Products run in ``dtype`` (float32 factors are never
+    For each block ``F_b = block_of(rows)``: ``p_b = F_b w``, ``s_b = (c_b / p_b)^exponent``
+    (healthy entries), ``proj += F_b^T s_b``. Products run in ``dtype`` (float32 factors are never
     copied to float64); ratios and sums are float64. Large passes are split over the pool's
     threads (numpy releases the GIL): worker ``k`` takes blocks ``k, k + W, ...`` and partial
     projections are added in worker order, so the result does not depend on scheduling.
@@ -331,9 +373,11 @@ def blocked_fused_pass(
                 # Fast path, taken by almost every block: one division and no masks.
                 if all_active and smallest >= floor and smallest > 0 and np.isfinite(p.max()):
                     s = np.divide(numerator[index], p, out=ratios[index])
+                    if exponent != 1.0:
+                        np.power(s, exponent, out=s)
                 else:
                     s = ratios[index]
-                    s[...], bad[index] = ratios_and_bad(numerator[index], p)
+                    s[...], bad[index] = ratios_and_bad(numerator[index], p, exponent)
                 proj += s.astype(dtype, copy=False) @ F
         return proj
 

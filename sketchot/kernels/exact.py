@@ -14,8 +14,17 @@ from typing import Any
 
 import numpy as np
 
+import math
+
 from .._validation import check_int
-from ..gibbs import GibbsGeometry, block_rows, gibbs_matmat, neg_cost_over_reg, row_slices
+from ..gibbs import (
+    GibbsGeometry,
+    block_rows,
+    gibbs_log_matvec,
+    gibbs_matmat,
+    neg_cost_over_reg,
+    row_slices,
+)
 from .base import (
     DEFAULT_MAX_DENSE_BYTES,
     FusedPass,
@@ -23,15 +32,22 @@ from .base import (
     KernelOperator,
     blocked_fused_pass,
     check_operand,
+    log_ratios_and_bad,
     pass_slices,
     ratios_and_bad,
-    refuse_log,
 )
 from .registry import register_backend
 
 # Entries per block of a fused pass over a stored kernel: measured fastest at n = 5000 and
 # 10^4 on 2-core x86.
 DENSE_PASS_BLOCK_ENTRIES = 1 << 20
+
+#: Log of the floor of an absorbed kernel's entries: one unit above log(tiny) so that exp
+#: never rounds into denormals (denormal operands make BLAS products many times slower).
+LOG_FLOOR = {
+    np.dtype(dtype): math.ceil(math.log(np.finfo(dtype).tiny)) + 1.0
+    for dtype in (np.float64, np.float32)
+}
 
 
 class ExactKernel(KernelOperator):
@@ -61,9 +77,12 @@ class ExactKernel(KernelOperator):
         info = KernelInfo(
             "exact",
             {"max_dense_bytes": max_dense_bytes},
-            capabilities=frozenset({"exact", "out_of_sample", "nonnegative"}),
+            capabilities=frozenset(
+                {"exact", "out_of_sample", "nonnegative", "log_products", "absorb"}
+            ),
         )
         super().__init__(geometry, info, dtype)
+        self.max_dense_bytes = max_dense_bytes
         n, m = self.shape
         self._rows_per_block = block_rows(m, self.dtype.itemsize)
         self.is_dense = n * m * self.dtype.itemsize <= max_dense_bytes
@@ -134,28 +153,135 @@ class ExactKernel(KernelOperator):
         return gibbs_matmat(points - g.center, other, g.reg, values)
 
     def fused_pass(
-        self, side: str, w: np.ndarray, numerator: np.ndarray, *, log: bool = False
+        self,
+        side: str,
+        w: np.ndarray,
+        numerator: np.ndarray,
+        *,
+        log: bool = False,
+        exponent: float = 1.0,
     ) -> FusedPass:
-        refuse_log(self, log)
+        ratios_of = log_ratios_and_bad if log else ratios_and_bad
         if side == "cols":
             # R = I: the products are w itself (K^T u from the previous rows pass).
             products = np.array(w, dtype=np.float64)
-            ratios, bad = ratios_and_bad(numerator, products)
+            ratios, bad = ratios_of(numerator, products, exponent)
             return FusedPass(products, ratios, ratios, bad)
+        if log:
+            g = self.geometry
+            products = gibbs_log_matvec(g.Xc, g.Yc, g.reg, w)
+            ratios, bad = ratios_of(numerator, products, exponent)
+            return FusedPass(products, ratios, gibbs_log_matvec(g.Yc, g.Xc, g.reg, ratios), bad)
         n, m = self.shape
-        return blocked_fused_pass(self._block_slices(), self._block, n, m, w, numerator, self.dtype)
+        return blocked_fused_pass(
+            self._block_slices(), self._block, n, m, w, numerator, self.dtype, exponent
+        )
 
     def project(
         self, side: str, values: np.ndarray, index: Any = None, *, log: bool = False
     ) -> np.ndarray:
-        refuse_log(self, log)
         if side == "cols":
-            out = np.zeros(self.shape[1])
+            out = np.full(self.shape[1], -np.inf if log else 0.0)
             out[slice(None) if index is None else index] = values
             return out
+        if log:
+            g = self.geometry
+            rows = slice(None) if index is None else index
+            return gibbs_log_matvec(g.Yc, g.Xc[rows], g.reg, values)
         if index is None:
             return self.rmatmat(values)
         return values @ self._rows(np.arange(self.shape[0])[index])
+
+    def at_reg(self, reg: float) -> ExactKernel:
+        """The exact kernel of the same clouds at another ``reg`` (an epsilon schedule)."""
+        g = self.geometry
+        return ExactKernel(
+            GibbsGeometry(g.X, g.Y, reg), dtype=self.dtype, max_dense_bytes=self.max_dense_bytes
+        )
+
+    def absorbed(
+        self, alpha: np.ndarray, beta: np.ndarray, previous: Any = None
+    ) -> AbsorbedExactKernel:
+        """``diag(e^alpha) K diag(e^beta)`` entry by entry (see :class:`AbsorbedExactKernel`)."""
+        return AbsorbedExactKernel(self, alpha, beta, previous)
+
+
+class AbsorbedExactKernel(ExactKernel):
+    """``K~_ij = exp(alpha_i + beta_j - ||x_i - y_j||^2 / reg)``: the exact kernel with scalings
+    absorbed into it (Schmitzer 2019, Sec. 3), stored when ``K`` would be, streamed otherwise.
+
+    Exponents are computed in float64 and clamped below at :data:`LOG_FLOOR` (entries never
+    denormal); ``alpha_i`` or ``beta_j = -inf`` (zero weights) gives the floor too. Right after
+    an absorption at a Sinkhorn iterate the rows of ``K~`` sum to the current row marginal,
+    so its entries are at most the mass and the scalings that follow stay near 1: products
+    of scalings of any range stay finite. An entry clamped at the floor ``t`` adds at most
+    ``m t e^tau`` to a row sum of at least ``a_i e^-tau`` while the scalings stay in
+    ``[e^-tau, e^tau]``: relative ``m t e^(2 tau) / a_i``, far below rounding for the
+    thresholds the solver uses (``tau = 100`` in float64, 20 in float32).
+
+    Parameters
+    ----------
+    parent : ExactKernel
+    alpha, beta : ndarray, shape (n,), (m,)
+        Log-scalings absorbed into the rows and the columns.
+    previous : AbsorbedExactKernel, optional
+        An earlier absorbed form of the same kernel whose storage is reused.
+    """
+
+    def __init__(
+        self,
+        parent: ExactKernel,
+        alpha: np.ndarray,
+        beta: np.ndarray,
+        previous: AbsorbedExactKernel | None = None,
+    ) -> None:
+        info = KernelInfo("exact", dict(parent.info.params), capabilities=frozenset())
+        KernelOperator.__init__(self, parent.geometry, info, parent.dtype)
+        self.alpha = np.asarray(alpha, dtype=np.float64)
+        self.beta = np.asarray(beta, dtype=np.float64)
+        n, m = self.shape
+        self._rows_per_block = block_rows(m, 8)  # blocks are computed in float64
+        self.is_dense = parent.is_dense
+        self._stored = None
+        if self.is_dense:
+            reuse = previous is not None and previous._stored is not None
+            self._stored = previous._stored if reuse else np.empty((n, m), dtype=self.dtype)
+            for rows in row_slices(n, self._rows_per_block):
+                self._stored[rows] = self._computed_block(rows)
+
+    @property
+    def _dense(self) -> np.ndarray | None:
+        return self._stored
+
+    def _computed_block(self, rows: slice) -> np.ndarray:
+        g = self.geometry
+        block = neg_cost_over_reg(g.Xc[rows], g.Yc, g.reg, g.x_sq[rows], g.y_sq)
+        block += self.alpha[rows, None]
+        block += self.beta[None, :]
+        np.maximum(block, LOG_FLOOR[self.dtype], out=block)
+        np.exp(block, out=block)
+        return block if self.dtype == np.float64 else block.astype(self.dtype)
+
+    def _rows(self, index: np.ndarray) -> np.ndarray:
+        if self._dense is not None:
+            return self._dense[index].astype(np.float64)
+        return np.vstack([self._computed_block(slice(i, i + 1)) for i in np.atleast_1d(index)])
+
+    def fused_pass(
+        self,
+        side: str,
+        w: np.ndarray,
+        numerator: np.ndarray,
+        *,
+        log: bool = False,
+        exponent: float = 1.0,
+    ) -> FusedPass:
+        if log:
+            raise NotImplementedError("an absorbed kernel runs linear passes only")
+        return super().fused_pass(side, w, numerator, exponent=exponent)
+
+    def absorbed(self, alpha, beta, previous=None):
+        raise NotImplementedError("absorb into the parent kernel, not into an absorbed one")
 
 
 @register_backend(

@@ -20,7 +20,14 @@ import numpy as np
 
 from ..gibbs import GibbsGeometry
 from ..sketch import LocalGaussianExpansion
-from .base import FusedPass, KernelInfo, KernelOperator, check_operand, ratios_and_bad
+from .base import (
+    FusedPass,
+    KernelInfo,
+    KernelOperator,
+    check_operand,
+    log_ratios_and_bad,
+    ratios_and_bad,
+)
 
 
 def _signed_log_product(log_product, log_w: np.ndarray, V: np.ndarray) -> np.ndarray:
@@ -91,7 +98,13 @@ class LocalPolyKernel(KernelOperator):
         )
 
     def fused_pass(
-        self, side: str, w: np.ndarray, numerator: np.ndarray, *, log: bool = False
+        self,
+        side: str,
+        w: np.ndarray,
+        numerator: np.ndarray,
+        *,
+        log: bool = False,
+        exponent: float = 1.0,
     ) -> FusedPass:
         if side == "cols":
             products = np.array(w, dtype=np.float64)
@@ -100,12 +113,9 @@ class LocalPolyKernel(KernelOperator):
         else:
             products = self.expansion.matmat(w)
         if log:
-            active = np.isfinite(numerator)
-            bad = active & ~np.isfinite(products)
-            with np.errstate(invalid="ignore"):
-                ratios = np.where(active & ~bad, numerator - products, -np.inf)
+            ratios, bad = log_ratios_and_bad(numerator, products, exponent)
         else:
-            ratios, bad = ratios_and_bad(numerator, products)
+            ratios, bad = ratios_and_bad(numerator, products, exponent)
         if side == "cols":
             return FusedPass(products, ratios, ratios, bad)
         projection = self.expansion.log_rmatvec(ratios) if log else self.expansion.rmatmat(ratios)

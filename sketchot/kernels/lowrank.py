@@ -108,10 +108,16 @@ class LowRankKernel(KernelOperator):
         return self.left if side == "rows" else self.right
 
     def fused_pass(
-        self, side: str, w: np.ndarray, numerator: np.ndarray, *, log: bool = False
+        self,
+        side: str,
+        w: np.ndarray,
+        numerator: np.ndarray,
+        *,
+        log: bool = False,
+        exponent: float = 1.0,
     ) -> FusedPass:
         refuse_log(self, log)
-        return matrix_fused_pass(self._factor(side), w, numerator, self.dtype)
+        return matrix_fused_pass(self._factor(side), w, numerator, self.dtype, exponent)
 
     def project(
         self, side: str, values: np.ndarray, index: Any = None, *, log: bool = False

@@ -42,6 +42,7 @@ from ..kernels.auto import (
 )
 from .errors import NonPositiveKernelError
 from .options import DEFAULT_ANDERSON_MEMORY, SolverOptions
+from .problem import Problem
 from .result import SinkhornResult
 
 #: Up to this many kernel entries (5000 x 5000) the exact kernel is stored and used directly:
@@ -69,17 +70,15 @@ HOPELESS_FACTOR = 10.0
 
 
 def solve_auto(
-    a: np.ndarray,
-    b: np.ndarray,
+    problem: Problem,
     geometry: GibbsGeometry,
     options: SolverOptions,
     *,
     rng: Any = None,
     dtype: Any = np.float64,
-    notes: list[str] | None = None,
     solve: Any,
 ) -> SinkhornResult:
-    """Run the ladder; ``solve(a, b, kernel, options, rng=, notes=)`` runs one rung."""
+    """Run the ladder; ``solve(problem, kernel, options, rng=)`` runs one rung."""
     n, m = geometry.shape
     itemsize = np.dtype(dtype).itemsize
     target = options.accuracy if options.accuracy is not None else 1e-3
@@ -108,7 +107,7 @@ def solve_auto(
             f"n x m = {n} x {m} is small ({n * m * itemsize / 2**20:.0f} MiB): the exact "
             "kernel, stored"
         )
-        return finish(solve(a, b, kernel, options, rng=rng, notes=notes), reason)
+        return finish(solve(problem, kernel, options, rng=rng), reason)
 
     generator = check_rng(rng)
     quiet = dataclasses.replace(options, warn=False, errors="warn", verbose=False)
@@ -141,7 +140,7 @@ def solve_auto(
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                result = solve(a, b, kernel, attempt, rng=generator, notes=notes)
+                result = solve(problem, kernel, attempt, rng=generator)
         except NonPositiveKernelError:
             record(rank, np.inf, start, False, "a denominator went non-positive")
             if not worth_doubling(previous, error, target, rank, ladder[-1]):
@@ -175,7 +174,7 @@ def solve_auto(
             shown = dataclasses.replace(quiet, verbose=options.verbose)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                result = solve(a, b, kernel, shown, rng=generator, notes=notes)
+                result = solve(problem, kernel, shown, rng=generator)
             measured = result.true_kernel.bound if result.true_kernel is not None else np.inf
             accepted = bool(result.accuracy_met) and _possible(result)
             note = "true-kernel marginal error of the solve"
@@ -211,7 +210,7 @@ def solve_auto(
             f"({n * m * itemsize / 2**20:.0f} MiB) fits the dense budget: the exact kernel, "
             "stored"
         )
-        return finish(solve(a, b, kernel, options, rng=generator, notes=notes), reason)
+        return finish(solve(problem, kernel, options, rng=generator), reason)
 
     kernel = build_kernel(geometry, "exact", dtype=dtype, max_dense_bytes=0)
     estimate = kernel.info.seconds_per_pass
@@ -224,7 +223,7 @@ def solve_auto(
         "n x m too large to store and no low rank met the accuracy while cheaper than the "
         "exact kernel: the exact kernel, streamed"
     )
-    return finish(solve(a, b, kernel, options, rng=generator, notes=notes), reason)
+    return finish(solve(problem, kernel, options, rng=generator), reason)
 
 
 def worth_doubling(previous: float, error: float, target: float, rank: int, cap: int) -> bool:

@@ -7,7 +7,7 @@ from typing import Any
 
 from .._validation import check_bool, check_choice, check_float, check_int, describe
 
-SAFEGUARD_POLICIES = ("exact", "clip", "raise", "none")
+SAFEGUARD_POLICIES = ("exact", "clip", "raise", "none", "propagate")
 ERROR_POLICIES = ("raise", "warn")
 
 #: Default accuracy contract: relative L1 marginal error against the TRUE kernel.

@@ -2,8 +2,9 @@
 
 :func:`~sketchot.sinkhorn_kernel` owns a safeguarded, fused iteration. Reproducing a paper's
 protocol needs the bare update instead: a fixed number of iterations in a fixed order, each one
-timed, bad denominators counted and left to propagate. :func:`plain_sinkhorn` runs it through
-the operator's public products; :func:`plan_summaries` then evaluates the plans of several such
+timed, bad denominators counted and left to propagate. :func:`plain_sinkhorn` runs it as an
+option of the one iteration (:mod:`~sketchot.solver.engine`: ``order='paper'``, the
+``'propagate'`` safeguard); :func:`plan_summaries` then evaluates the plans of several such
 scaling pairs in one pass over a kernel, from the scalings themselves (not their logarithms, so
 no ``exp(log u)`` rounding enters the costs).
 """
@@ -19,7 +20,10 @@ import numpy as np
 from .._validation import check_choice, check_int
 from ..gibbs import sq_norms
 from ..kernels import KernelOperator
+from .engine import iterate
 from .plans import PlanSummary
+from .problem import Problem
+from .safeguard import Safeguard
 
 #: Orders of :func:`plain_sinkhorn`.
 PLAIN_ORDERS = ("paper", "pot")
@@ -94,23 +98,18 @@ def plain_sinkhorn(
     n_iter = check_int(n_iter, "n_iter", minimum=1)
     check_choice(order, "order", PLAIN_ORDERS)
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    first, num_1, second, num_2 = (kernel.matvec, a, kernel.rmatvec, b)
-    y = np.ones(kernel.shape[1])
-    if order == "pot":
-        first, num_1, second, num_2 = (kernel.rmatvec, b, kernel.matvec, a)
-        y = np.full(kernel.shape[0], 1.0 / kernel.shape[0])
-    times, faults = [], 0
-    for _ in range(n_iter):
-        begin = time.perf_counter()
-        first_den = first(y)
-        x = num_1 / first_den
-        second_den = second(x)
-        y = num_2 / second_den
-        times.append(time.perf_counter() - begin)
-        for den in (first_den, second_den):
-            faults += int(np.count_nonzero(~(np.isfinite(den) & (den > 0))))
-    u, v = (x, y) if order == "paper" else (y, x)
-    return PlainRun(u, v, times, faults)
+    problem = Problem(a, b, kernel.geometry.reg)
+    guard = Safeguard(kernel, "propagate")
+    # a fixed number of iterations: tol = 0 never stops early; 'pot' checks never run past
+    # max_iter, 'paper' has no check at all
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        state = iterate(
+            kernel, problem, tol=0.0, max_iter=n_iter, check_every=n_iter + 1,
+            strategy="multiplicative", guard=guard, order="paper" if order == "paper" else "pot",
+            timed=True,
+        )  # fmt: skip
+    u, v = state.scalings
+    return PlainRun(u, v, state.info["iteration_times"], guard.counts["faults"])
 
 
 def plan_summaries(

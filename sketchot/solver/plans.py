@@ -312,6 +312,23 @@ def _sampled_l1(errors: np.ndarray, size: int, mass: float) -> tuple[float, floa
     return estimate, (estimate + 2.0 * size * spread * correction / np.sqrt(k)) / mass
 
 
+def fixed_point_target(
+    weights: np.ndarray, log_scaling: np.ndarray, log_product: np.ndarray, exponent: float
+) -> np.ndarray:
+    """The marginal a Sinkhorn fixed point must have: ``w`` for a hard constraint, else
+    ``w^rho (K v)^(1 - rho)`` (from ``u = (w / K v)^rho``), given ``log (K v)``.
+
+    The check's residual ``|u (K v) - target|`` is then 0 exactly at the fixed point, for
+    balanced and unbalanced transport alike."""
+    if exponent == 1.0:
+        return weights
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        log_w = np.log(weights)
+        return np.where(
+            weights > 0, np.exp(exponent * log_w + (1.0 - exponent) * log_product), 0.0
+        )
+
+
 def true_kernel_check(
     kernel: KernelOperator,
     a: np.ndarray,
@@ -320,15 +337,21 @@ def true_kernel_check(
     log_v: np.ndarray,
     rows: np.ndarray,
     cols: np.ndarray,
+    exponents: tuple[float, float] = (1.0, 1.0),
 ) -> TrueKernelCheck:
     """The true-kernel check on given rows and columns, in log-sum-exp form:
-    ``O((len(rows) m + len(cols) n) d)``, finite for any ``reg``."""
+    ``O((len(rows) m + len(cols) n) d)``, finite for any ``reg``. ``exponents``: the
+    problem's ``(rho_a, rho_b)`` (:func:`fixed_point_target`)."""
     g = kernel.geometry
     n, m = g.shape
     with np.errstate(over="ignore", invalid="ignore"):
-        row_mass = np.exp(log_u[rows] + g.log_matvec(rows, log_v))
-        col_mass = np.exp(log_v[cols] + g.log_matvec(cols, log_u, transpose=True))
-    return check_from_masses(row_mass, col_mass, a[rows], b[cols], (n, m), float(a.sum()))
+        log_kv = g.log_matvec(rows, log_v)
+        log_ktu = g.log_matvec(cols, log_u, transpose=True)
+        row_mass = np.exp(log_u[rows] + log_kv)
+        col_mass = np.exp(log_v[cols] + log_ktu)
+    row_target = fixed_point_target(a[rows], log_u[rows], log_kv, exponents[0])
+    col_target = fixed_point_target(b[cols], log_v[cols], log_ktu, exponents[1])
+    return check_from_masses(row_mass, col_mass, row_target, col_target, (n, m), float(a.sum()))
 
 
 def sampled_true_kernel_check(
@@ -339,6 +362,7 @@ def sampled_true_kernel_check(
     log_v: np.ndarray,
     n_samples: int,
     generator: np.random.Generator,
+    exponents: tuple[float, float] = (1.0, 1.0),
 ) -> TrueKernelCheck:
     """:func:`true_kernel_check` of any scalings on ``n_samples`` rows and columns drawn
     uniformly without replacement (all of them when there are fewer), rows first, as
@@ -357,6 +381,8 @@ def sampled_true_kernel_check(
         Rows and columns to sample.
     generator : numpy.random.Generator
         The draw.
+    exponents : tuple of float, default=(1.0, 1.0)
+        The problem's ``(rho_a, rho_b)`` (1 for balanced transport).
 
     Returns
     -------
@@ -364,7 +390,7 @@ def sampled_true_kernel_check(
     """
     n, m = kernel.shape
     rows, cols = (sample_indices(size, n_samples, generator) for size in (n, m))
-    return true_kernel_check(kernel, a, b, log_u, log_v, rows, cols)
+    return true_kernel_check(kernel, a, b, log_u, log_v, rows, cols, exponents)
 
 
 def check_from_masses(
@@ -375,8 +401,9 @@ def check_from_masses(
     shape: tuple[int, int],
     mass: float,
 ) -> TrueKernelCheck:
-    """The check from the true-kernel marginals of sampled rows and columns (and their
-    weights); ``shape`` is ``(n, m)``, ``mass`` the total mass of ``a``."""
+    """The check from the true-kernel marginals of sampled rows and columns and the
+    marginals they must have (the weights, for balanced transport); ``shape`` is ``(n, m)``,
+    ``mass`` the total mass of ``a``."""
     n, m = shape
     row_err = np.abs(np.where(a_rows > 0, row_mass, 0.0) - a_rows)
     col_err = np.abs(np.where(b_cols > 0, col_mass, 0.0) - b_cols)

@@ -17,6 +17,7 @@ from ..kernels import KernelOperator
 from .advice import advise
 from .errors import InvalidResultError, InvalidResultWarning
 from .plans import LazyPlan, TrueKernelCheck, barycentric, sampled_true_kernel_check
+from .problem import Problem
 
 # Relative slack of the bounding-box check of mapped points (rounding of the weighted means).
 BOX_SLACK = 1e-9
@@ -30,26 +31,31 @@ class SinkhornResult:
     ----------
     kernel : KernelOperator
         The (approximate) kernel the iterations used.
-    a, b : ndarray
-        The weights.
-    reg : float
+    problem : Problem
+        The validated problem: weights ``a``, ``b``, ``reg``, marginal penalties ``reg_m``
+        (also readable as ``result.a``, ``result.b``, ``result.reg``, ``result.reg_m``).
     potentials : tuple of ndarray
         ``(log u, log v)``, as POT's ``OTResult`` for Sinkhorn (``-inf`` for zero weights).
     n_iter : int
         Iterations run (a pair of half-steps each).
+    stop : str
+        Why the iteration stopped: ``'converged'``, ``'max_iter'``, ``'stalled'`` (no progress
+        over the last checks) or ``'breakdown'`` (:mod:`sketchot.solver.engine`).
     converged : bool
-        Whether the L2 column-marginal error fell below ``tol``.
+        Whether the residual fell below ``tol``.
     marginal_errors : tuple of float
         L1 errors ``(||P 1 - a||_1, ||P^T 1 - b||_1)`` of the plan with the kernel used.
     value_linear : float
         ``<P, M>`` for ``P = diag(u) K diag(v)`` (``K`` the kernel used), computed from
         products with the operator, never from an ``n x m`` matrix for low-rank backends.
     value : float
-        Entropic objective ``<P, M> + reg sum P log P`` evaluated through the scalings
-        (``log P_ij = log u_i + log v_j - M_ij / reg``), POT's convention.
+        The objective ``<P, M> + reg KL(P | a b^T)`` plus, for unbalanced transport,
+        ``reg_m_a KL(P 1 | a) + reg_m_b KL(P^T 1 | b)`` (generalised KL; the convention of
+        POT's ``ot.solve_sample``), evaluated through the scalings
+        (``log P_ij = log u_i + log v_j - M_ij / reg``) and the marginals.
     value_dual : float
-        Dual objective ``reg (<a, log u> + <b, log v>) - reg (1^T P 1 - sum a)``; equal to
-        ``value`` at convergence.
+        Balanced dual objective ``reg (<a, log u> + <b, log v>) - reg (1^T P 1 - sum a)``,
+        shifted to ``value``'s convention; equal to ``value`` at convergence.
     log_domain : bool
         Whether the exact kernel's log-stable (absorption) path was used.
     safeguard : dict
@@ -69,18 +75,22 @@ class SinkhornResult:
     options : dict
         The solver options in effect.
     true_kernel : TrueKernelCheck or None
-        For approximate backends, the check against the exact kernel that the solver ran on
-        evenly spaced rows and columns (``true_kernel_samples`` of each); ``None`` for the
-        exact backend or when skipped. :meth:`check_true_kernel` runs a larger, random one.
+        The check of the scalings against the exact kernel: the L1 residual of the fixed
+        point (for balanced transport, of the marginals) relative to ``sum(a)``. Exact (every
+        row and column) for the exact backend, where it costs nothing, and for approximate
+        backends when ``n m <= 4e6``; on ``true_kernel_samples`` uniformly drawn rows and
+        columns otherwise, with an upper confidence bound. ``None`` when ``accuracy=None``.
+        :meth:`check_true_kernel` runs another one.
+    iteration_info : dict
+        The iteration's strategy (``'multiplicative'``, ``'absorb'``, ``'log'``) and
+        counters (absorptions, resets, stages of an epsilon schedule).
     """
 
     kernel: KernelOperator
-    a: np.ndarray
-    b: np.ndarray
-    reg: float
+    problem: Problem
     potentials: tuple[np.ndarray, np.ndarray]
     n_iter: int
-    converged: bool
+    stop: str
     tol: float
     marginals: tuple[np.ndarray, np.ndarray]
     value_linear: float
@@ -94,6 +104,17 @@ class SinkhornResult:
     reason: str = ""
     notes: list[str] = field(default_factory=list)
     attempts: list[Any] = field(default_factory=list)
+    iteration_info: dict[str, Any] = field(default_factory=dict)
+
+    a = property(lambda self: self.problem.a, doc="Source weights, shape (n,).")
+    b = property(lambda self: self.problem.b, doc="Target weights, shape (m,).")
+    reg = property(lambda self: self.problem.reg, doc="Entropic regularisation.")
+    reg_m = property(lambda self: self.problem.reg_m, doc="Marginal penalties (inf: hard).")
+
+    @property
+    def converged(self) -> bool:
+        """Whether the iteration stopped on its tolerance."""
+        return self.stop == "converged"
 
     @property
     def backend(self) -> str:
@@ -136,20 +157,33 @@ class SinkhornResult:
 
     @property
     def value(self) -> float:
-        # sum P log P = <P 1, log u> + <P^T 1, log v> - <P, M> / reg
+        # reg KL(P | a b^T) = reg (<P 1, log u - log a> + <P^T 1, log v - log b>) - <P, M>
+        #                     - reg (1^T P 1 - sum a sum b)
         row, col = self.marginals
-        return self.reg * (
-            _masked_dot(row, self.potentials[0]) + _masked_dot(col, self.potentials[1])
+        with np.errstate(divide="ignore"):
+            log_a, log_b = np.log(self.a), np.log(self.b)
+        entropic = _masked_dot(row, self.potentials[0] - log_a) + _masked_dot(
+            col, self.potentials[1] - log_b
         )
+        total_a, total_b = float(self.a.sum()), float(self.b.sum())
+        value = self.reg * (entropic - self.mass + total_a * total_b)
+        for penalty, marginal, weights in zip(self.reg_m, self.marginals, (self.a, self.b), strict=True):
+            if np.isfinite(penalty):
+                value += penalty * _kl(marginal, weights)
+        return float(value)
 
     @property
     def value_dual(self) -> float:
         dual = _masked_dot(self.a, self.potentials[0]) + _masked_dot(self.b, self.potentials[1])
-        return self.reg * (dual - (self.mass - float(self.a.sum())))
+        with np.errstate(divide="ignore"):
+            constant = _masked_dot(self.a, np.log(self.a)) + _masked_dot(self.b, np.log(self.b))
+        total_a, total_b = float(self.a.sum()), float(self.b.sum())
+        return self.reg * (dual - constant - self.mass + total_a * total_b)
 
     @property
     def status(self) -> str:
-        return "converged" if self.converged else "max_iter reached"
+        """``'converged'``, or why not (``'max_iter reached'``, ``'stalled'``, ...)."""
+        return {"max_iter": "max_iter reached"}.get(self.stop, self.stop)
 
     # ----------------------------------------------------------------- plans
     @property
@@ -206,8 +240,9 @@ class SinkhornResult:
         n_samples = check_int(n_samples, "n_samples", minimum=1)
         generator = check_rng(rng)
         return sampled_true_kernel_check(
-            self.kernel, self.a, self.b, *self.potentials, n_samples, generator
-        )
+            self.kernel, self.a, self.b, *self.potentials, n_samples, generator,
+            self.problem.exponents,
+        )  # fmt: skip
 
     def _check_inside(self, mapped: np.ndarray, cloud: np.ndarray, name: str) -> None:
         """A barycentric map lies in the convex hull of ``cloud``; points outside its bounding
@@ -235,6 +270,13 @@ class SinkhornResult:
             f"value_linear={self.value_linear:.6g}, marginal_errors=({err_a:.2e}, "
             f"{err_b:.2e}))"
         )
+
+
+def _kl(p: np.ndarray, q: np.ndarray) -> float:
+    """Generalised ``KL(p | q) = sum p log(p / q) - p + q`` (``0 log 0 = 0``)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(p > 0, p * (np.log(p) - np.log(q)), 0.0)
+    return float(terms.sum() - p.sum() + q.sum())
 
 
 def _masked_dot(weights: np.ndarray, logs: np.ndarray) -> float:

@@ -14,7 +14,10 @@ entries in a mask; :class:`Safeguard` applies the policy chosen by ``safeguard=`
 ``'raise'``
     Raise :class:`NonPositiveKernelError`.
 ``'none'``
-    Leave its scaling at 0 (the plain iteration of the paper's protocol).
+    Leave its scaling at 0.
+``'propagate'``
+    Keep the raw ratio, whatever its sign or finiteness (the literal update of the paper's
+    protocol: faults are counted and propagate).
 
 The plan stays ``diag(u) K~ diag(v)``, so repairs show up honestly in the marginal errors and
 the true-kernel check. Counts go to ``SinkhornResult.safeguard``; one warning sums them up.
@@ -43,7 +46,7 @@ class Safeguard:
     def __init__(self, kernel: KernelOperator, policy: str) -> None:
         self.kernel = kernel
         self.policy = policy
-        self.counts = {"rows_repaired": 0, "cols_repaired": 0, "clipped": 0}
+        self.counts = {"rows_repaired": 0, "cols_repaired": 0, "clipped": 0, "faults": 0}
         self.budget_exceeded = False
 
     @property
@@ -52,17 +55,30 @@ class Safeguard:
         return bool(self.counts["rows_repaired"] or self.counts["cols_repaired"])
 
     def apply(
-        self, side: str, result: FusedPass, numerator: np.ndarray, other: np.ndarray
+        self,
+        side: str,
+        result: FusedPass,
+        numerator: np.ndarray,
+        other: np.ndarray,
+        *,
+        exponent: float = 1.0,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Repaired ``(ratios, projection)`` of a pass with bad entries.
 
         ``other`` is the vector the pass multiplied (``v`` for ``'rows'``, ``u`` for
-        ``'cols'``), which the exact repair needs.
+        ``'cols'``), which the exact repair needs; ``exponent`` that of the pass.
         """
         positions = np.flatnonzero(result.bad)
         count = positions.size
+        self.counts["faults"] += count
         if self.policy == "none":
             return result.ratios, result.projection
+        if self.policy == "propagate":
+            ratios = result.ratios.copy()
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                ratios[positions] = (numerator[positions] / result.products[positions]) ** exponent
+            projection = result.projection + self.kernel.project(side, ratios[positions], positions)
+            return ratios, projection
         if self.policy == "raise":
             what = "K~ v" if side == "rows" else "K~^T u"
             raise NonPositiveKernelError(
@@ -87,14 +103,14 @@ class Safeguard:
             healthy = healthy[np.isfinite(healthy)]
             denominators[unresolved] = CLIP_RATIO * (healthy.max() if healthy.size else 1.0)
         ratios = result.ratios.copy()
-        ratios[positions] = numerator[positions] / denominators
+        ratios[positions] = (numerator[positions] / denominators) ** exponent
         projection = result.projection + self.kernel.project(side, ratios[positions], positions)
         return ratios, projection
 
     def warn(self, n_iter: int) -> None:
         """One warning summarising the repairs, if any were made."""
         rows, cols = self.counts["rows_repaired"], self.counts["cols_repaired"]
-        if rows + cols == 0 or self.policy == "none":
+        if rows + cols == 0 or self.policy in ("none", "propagate"):
             return
         action = {
             "exact": "recomputed them with the exact kernel",

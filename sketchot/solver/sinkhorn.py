@@ -1,18 +1,10 @@
-"""Sinkhorn-Knopp on any kernel operator (Cuturi 2013), POT's conventions.
+"""The public solves: point clouds or a prebuilt kernel in, a checked result out.
 
-For weights ``a`` (n) and ``b`` (m) and the Gibbs kernel ``K = exp(-M / reg)``,
-``M_ij = ||x_i - y_j||^2``, the iteration
-
-.. math:: v \\leftarrow b \\oslash K^\\top u, \\qquad u \\leftarrow a \\oslash K v
-
-(POT's order and start ``u = 1/n``, ``v = 1/m``) converges to the scalings of the entropic plan
-``P = diag(u) K diag(v)``. The solver owns the iteration: each half-step is one fused pass of
-the operator (``K = L R^T``; the pass returns the denominators, the ratios and the next
-projection, plus a mask of bad denominators), the solver repairs, clips or raises on bad
-entries (:mod:`~sketchot.solver.safeguard`), switches an exact kernel to log-stable iterations
-when it underflows, checks convergence every ``check_every`` iterations (L2 column-marginal
-error, as POT), and finally checks the scalings against the TRUE kernel (the ``accuracy``
-contract) and refuses impossible results.
+:func:`sinkhorn` (and :func:`sinkhorn2`, :func:`sinkhorn_unbalanced`, :func:`solve_sample`)
+validate the problem once (:mod:`~sketchot.solver.problem`), build the kernel (or let
+``backend='auto'`` choose it: :mod:`~sketchot.solver.auto`), run the one iteration
+(:mod:`~sketchot.solver.engine`), then evaluate the plan without its ``n x m`` array, check the
+scalings against the TRUE kernel (the ``accuracy`` contract) and refuse impossible results.
 """
 
 from __future__ import annotations
@@ -24,16 +16,16 @@ from typing import Any
 import numpy as np
 
 from .._dask import any_dask, require_dask
-from .._validation import check_float, check_matrix, check_weights, describe
+from .._validation import check_float, check_matrix, describe
 from ..gibbs import GibbsGeometry
 from ..kernels import KernelOperator, build_kernel, get_backend
-from .acceleration import AndersonMixer
 from .advice import advise
 from .auto import solve_auto
+from .engine import choose_strategy, epsilon_schedule, iterate
 from .errors import AccuracyWarning, InvalidResultError, InvalidResultWarning
-from .exact_paths import exact_sinkhorn
-from .options import SolverOptions
-from .plans import TrueKernelCheck, plan_summary
+from .options import DEFAULT_ACCURACY, SolverOptions
+from .plans import check_from_masses, fixed_point_target, plan_summary
+from .problem import Problem, make_problem
 from .result import SinkhornResult
 from .safeguard import Safeguard
 
@@ -41,15 +33,10 @@ from .safeguard import Safeguard
 # fraction of ||b||_2 is unreachable.
 FLOAT32_RELATIVE_TOL = 1e-6
 
-# Masses that differ by less than this (relative) are treated as equal; b is then rescaled to
-# a's mass so that tol stays reachable.
-MASS_RTOL = 1e-6
-
 # The true-kernel check uses every row and column up to this many kernel entries (it is then
 # exact), this many sampled rows and columns otherwise.
 EXHAUSTIVE_CHECK_ENTRIES = 4_000_000
 SAMPLED_CHECK_SIZE = 256
-
 
 def sinkhorn(
     a: Any,
@@ -59,23 +46,27 @@ def sinkhorn(
     reg: float = 1.0,
     backend: str = "auto",
     *,
+    reg_m: Any = None,
     rng: Any = None,
     **kwargs: Any,
 ) -> SinkhornResult:
     """Entropic optimal transport between two point clouds with a pluggable Gibbs kernel.
 
-    Solves ``min_P <P, M> + reg sum P log P`` over plans with marginals ``a`` and ``b``,
-    ``M_ij = ||x_i - y_j||^2``, by Sinkhorn-Knopp on ``K = exp(-M / reg)``, where ``K`` is exact
-    or approximated by ``backend``.
+    Solves ``min_P <P, M> + reg KL(P | a b^T) + reg_m_a KL(P 1 | a) + reg_m_b KL(P^T 1 | b)``
+    over non-negative plans, ``M_ij = ||x_i - y_j||^2`` and the generalised
+    ``KL(p | q) = sum p log(p / q) - p + q`` (POT's ``ot.unbalanced.sinkhorn_unbalanced`` with
+    ``reg_type='kl'``; ``reg_m=None``, the default, is balanced transport, a hard constraint
+    on both sides), by Sinkhorn's scaling iteration on ``K = exp(-M / reg)``, where ``K`` is
+    exact or approximated by ``backend`` (:mod:`sketchot.solver.engine`).
 
     Parameters
     ----------
     a : array-like of shape (n,) or None
         Source weights (non-negative; ``None`` for uniform ``1/n``). Zero weights are allowed.
         If any of ``a``, ``b``, ``X``, ``Y`` is a Dask array, the solve runs with Dask
-        (:func:`sketchot.distributed.sinkhorn_dask`; ``pip install "sketchot[dask]"``).
+        (:mod:`sketchot.distributed`; ``pip install "sketchot[dask]"``).
     b : array-like of shape (m,) or None
-        Target weights, same total mass as ``a``.
+        Target weights; the same total mass as ``a`` for balanced transport.
     X : array-like, shape (n, d)
         Source points (integer arrays such as pixels are converted to float).
     Y : array-like, shape (m, d)
@@ -87,17 +78,29 @@ def sinkhorn(
         ``'auto'`` (the cheapest kernel that meets ``accuracy``, escalating when the check
         fails: :mod:`sketchot.solver.auto`) or a registered backend
         (:func:`sketchot.available_backends`), used as it is.
+    reg_m : None, float or pair of float, default=None
+        KL penalties of the marginals (POT's ``reg_m``, in units of the cost): ``None`` for
+        balanced transport, a number for both sides, ``(reg_m_a, reg_m_b)`` for each, with
+        ``float('inf')`` for a hard side (``(inf, s)`` is semi-relaxed). Unequal masses of
+        ``a`` and ``b`` are allowed only with a finite penalty.
     rng : None, int, Generator, ...
         Randomness of the approximate backends and of the sampled true-kernel check.
     **kwargs
         Solver options (:class:`~sketchot.solver.SolverOptions`: ``max_iter``, ``tol``,
-        ``check_every``, ``safeguard``, ``log_domain``, ``accuracy``, ``true_kernel_samples``,
-        ``errors``, ``warn``, ``verbose``), ``dtype``, ``rank``, and the backend's parameters
+        ``check_every``, ``safeguard``, ``log_domain``, ``epsilon_scaling``, ``anderson``,
+        ``accuracy``, ``true_kernel_samples``, ``errors``, ``warn``, ``verbose``),
+        ``dtype``, ``rank``, and the backend's parameters
         (``sketchot.get_backend(backend).defaults``). Anything else is rejected.
 
     Returns
     -------
     SinkhornResult
+        The scalings (``potentials = (log u, log v)``, ``P = diag(u) K diag(v)``), the lazy
+        plan, ``value_linear = <P, M>``, ``value`` (the objective above, penalties
+        included), the marginals, the iterations, and ``true_kernel``: the check of the
+        scalings against the exact kernel (for unbalanced transport, the L1 residual of the
+        fixed point ``u = (a / K v)^rho_a``, ``v = (b / K^T u)^rho_b``, relative to
+        ``sum(a)``).
 
     Notes
     -----
@@ -112,33 +115,122 @@ def sinkhorn(
     >>> res = sketchot.sinkhorn(None, None, X, Y, reg=1.0, backend="nystrom", rank=50, rng=0)
     >>> bool(res.converged), res.backend, bool(res.accuracy_met)
     (True, 'nystrom', True)
+    >>> res = sketchot.sinkhorn(None, None, X, Y, reg=0.1, reg_m=0.5, rng=0)   # unbalanced
+    >>> bool(res.mass < 1.0), bool(res.accuracy_met)
+    (True, True)
     """
     if any_dask(a, b, X, Y):
-        # --- Dask inputs: the same solve on a cluster (sketchot.distributed, issue 14) ---
+        # --- Dask inputs: the same solve on a cluster (sketchot.distributed) ---
         require_dask()
         from ..distributed.solver import sinkhorn_dask
 
-        return sinkhorn_dask(a, b, X, Y, reg, backend, rng=rng, **kwargs)
+        return sinkhorn_dask(a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, **kwargs)
     options, backend_params = SolverOptions.split(kwargs)
     check_backend_params("sinkhorn", backend, backend_params)
     geometry = check_problem(X, Y, reg)
-    a, b, notes = check_marginals(a, b, *geometry.shape)
+    problem = make_problem(a, b, geometry.shape, geometry.reg, reg_m)
     if backend == "auto":
-        return solve_auto(
-            a, b, geometry, options, rng=rng, notes=notes, solve=solve, **backend_params
-        )
-    accuracy = options.accuracy if options.accuracy is not None else 1e-3
+        return solve_auto(problem, geometry, options, rng=rng, solve=solve, **backend_params)
+    accuracy = options.accuracy if options.accuracy is not None else DEFAULT_ACCURACY
     kernel = build_kernel(geometry, backend, rng=rng, accuracy=accuracy, **backend_params)
     if options.verbose:
         print(f"sketchot.sinkhorn: built {kernel!r} in {kernel.info.build_time:.3f} s")
-    return solve(a, b, kernel, options, rng=rng, notes=notes)
+    return solve(problem, kernel, options, rng=rng)
 
 
 def sinkhorn2(
-    a: Any, b: Any, X: Any, Y: Any = None, reg: float = 1.0, backend: str = "polyts", **kwargs: Any
+    a: Any,
+    b: Any,
+    X: Any,
+    Y: Any = None,
+    reg: float = 1.0,
+    backend: str = "auto",
+    *,
+    reg_m: Any = None,
+    rng: Any = None,
+    **kwargs: Any,
 ) -> float:
-    """``<P, M>`` of :func:`sinkhorn`'s plan (POT's ``sinkhorn2`` convention); same arguments."""
-    return sinkhorn(a, b, X, Y, reg, backend, **kwargs).value_linear
+    """``<P, M>`` of :func:`sinkhorn`'s plan (POT's ``sinkhorn2`` convention, the linear cost
+    without the entropic term); same parameters as :func:`sinkhorn`.
+
+    Returns
+    -------
+    float
+        ``value_linear`` of the result: ``sum_ij P_ij ||x_i - y_j||^2``.
+
+    Examples
+    --------
+    >>> import numpy as np, sketchot
+    >>> rng = np.random.default_rng(0)
+    >>> X, Y = rng.random((300, 2)), rng.random((200, 2)) + 1.0
+    >>> round(sketchot.sinkhorn2(None, None, X, Y, reg=0.5, rng=0), 3)
+    2.112
+    """
+    return sinkhorn(a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, **kwargs).value_linear
+
+
+def sinkhorn_unbalanced(
+    a: Any,
+    b: Any,
+    X: Any,
+    Y: Any,
+    reg: float,
+    reg_m: Any,
+    backend: str = "auto",
+    *,
+    rng: Any = None,
+    **kwargs: Any,
+) -> SinkhornResult:
+    """Unbalanced entropic transport between point clouds (POT's name and argument order):
+    :func:`sinkhorn` with ``reg_m`` (a number, a pair, ``inf`` for a hard side).
+
+    Examples
+    --------
+    >>> import numpy as np, sketchot
+    >>> rng = np.random.default_rng(0)
+    >>> X, Y = rng.random((300, 2)), rng.random((200, 2))
+    >>> a, b = np.full(300, 1 / 300), np.full(200, 2 / 200)   # masses 1 and 2
+    >>> res = sketchot.sinkhorn_unbalanced(a, b, X, Y, reg=0.1, reg_m=1.0, rng=0)
+    >>> bool(1.0 < res.mass < 2.0)
+    True
+    """
+    return sinkhorn(a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, **kwargs)
+
+
+def solve_sample(
+    X_a: Any,
+    X_b: Any,
+    a: Any = None,
+    b: Any = None,
+    reg: float = 1.0,
+    unbalanced: Any = None,
+    backend: str = "auto",
+    *,
+    max_iter: int | None = None,
+    tol: float | None = None,
+    rng: Any = None,
+    **kwargs: Any,
+) -> SinkhornResult:
+    """Entropic transport between samples with the names of POT's ``ot.solve_sample``.
+
+    ``solve_sample(X_a, X_b, a, b, reg=..., unbalanced=...)`` is :func:`sinkhorn` with
+    ``reg_m=unbalanced`` (KL penalty); the result has ``ot.solve_sample``'s fields
+    (``value``, ``value_linear``, ``potentials``, ``plan``, ``lazy_plan``, ``marginals``,
+    ``status``). ``max_iter`` and ``tol`` default to :class:`SolverOptions`'s.
+
+    Examples
+    --------
+    >>> import numpy as np, sketchot
+    >>> rng = np.random.default_rng(0)
+    >>> res = sketchot.solve_sample(rng.random((200, 2)), rng.random((150, 2)), reg=0.1, rng=0)
+    >>> res.status, res.plan.shape
+    ('converged', (200, 150))
+    """
+    if max_iter is not None:
+        kwargs["max_iter"] = max_iter
+    if tol is not None:
+        kwargs["tol"] = tol
+    return sinkhorn(a, b, X_a, X_b, reg, backend, reg_m=unbalanced, rng=rng, **kwargs)
 
 
 def check_backend_params(caller: str, backend: str, params: dict[str, Any]) -> None:
@@ -179,65 +271,64 @@ def check_problem(X: Any, Y: Any, reg: Any) -> GibbsGeometry:
     return GibbsGeometry(X, Y, reg)
 
 
-def check_marginals(a: Any, b: Any, n: int, m: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Validated weights; ``b`` rescaled to ``a``'s mass when they differ by rounding only."""
-    a = check_weights(a, "a", n, "X")
-    b = check_weights(b, "b", m, "Y")
-    notes = []
-    mass_a, mass_b = a.sum(), b.sum()
-    if not np.isclose(mass_a, mass_b, rtol=MASS_RTOL, atol=0.0):
-        raise ValueError(
-            f"a and b must have the same total mass (balanced transport); got sum(a) = "
-            f"{mass_a:.8g} and sum(b) = {mass_b:.8g}"
-        )
-    if mass_a != mass_b:
-        b = b * (mass_a / mass_b)
-        notes.append(f"b was rescaled by {mass_a / mass_b:.12g} to the mass of a")
-    return a, b, notes
+def sinkhorn_kernel(
+    a: Any, b: Any, kernel: KernelOperator, *, reg_m: Any = None, rng: Any = None, **kwargs: Any
+) -> SinkhornResult:
+    """Sinkhorn on a prebuilt :class:`~sketchot.kernels.KernelOperator`.
 
+    Parameters
+    ----------
+    a, b : array-like or None
+        Weights (``None``: uniform), as in :func:`sinkhorn`.
+    kernel : KernelOperator
+        From :func:`sketchot.make_kernel` (or a user's own backend); use it to solve several
+        problems with one kernel. A kernel built on Dask arrays is solved with Dask.
+    reg_m : None, float or pair, default=None
+        Marginal penalties, as in :func:`sinkhorn`.
+    rng : None, int, Generator, ...
+        Randomness of the sampled true-kernel check.
+    **kwargs
+        Solver options (:class:`~sketchot.solver.SolverOptions`); anything else is rejected,
+        naming the accepted options.
 
-def sinkhorn_kernel(a: Any, b: Any, kernel: KernelOperator, **kwargs: Any) -> SinkhornResult:
-    """Sinkhorn-Knopp on a prebuilt :class:`~sketchot.kernels.KernelOperator`.
-
-    Same solver options as :func:`sinkhorn` (and ``rng`` for the sampled check); use it to
-    solve several problems with one kernel. A kernel built on Dask arrays
-    (:func:`sketchot.make_kernel` with Dask ``X``, ``Y``) is solved with Dask
-    (:func:`sketchot.distributed.sinkhorn_kernel_dask`).
+    Returns
+    -------
+    SinkhornResult
     """
     if not isinstance(kernel, KernelOperator):
         raise TypeError(f"kernel must be a sketchot KernelOperator; got {describe(kernel)}")
+    unknown = sorted(set(kwargs) - set(SolverOptions.names()))
+    if unknown:
+        raise TypeError(
+            f"sinkhorn_kernel() got unexpected keyword argument(s) "
+            f"{', '.join(map(repr, unknown))}; the kernel already fixes reg and the backend's "
+            f"parameters; solver options: {', '.join(SolverOptions.names())}"
+        )
     if getattr(kernel.geometry, "distributed", False) or any_dask(a, b):
         # a kernel built on Dask arrays (or Dask weights): the solve runs with Dask too
         require_dask()
         from ..distributed.solver import sinkhorn_kernel_dask
 
-        return sinkhorn_kernel_dask(a, b, kernel, **kwargs)
-    rng = kwargs.pop("rng", None)
+        return sinkhorn_kernel_dask(a, b, kernel, reg_m=reg_m, rng=rng, **kwargs)
     options = SolverOptions(**kwargs)
-    a, b, notes = check_marginals(a, b, *kernel.shape)
-    return solve(a, b, kernel, options, rng=rng, notes=notes)
+    problem = make_problem(a, b, kernel.shape, kernel.geometry.reg, reg_m)
+    return solve(problem, kernel, options, rng=rng)
 
 
 def solve(
-    a: np.ndarray,
-    b: np.ndarray,
-    kernel: KernelOperator,
-    options: SolverOptions,
-    *,
-    rng: Any = None,
-    notes: list[str] | None = None,
+    problem: Problem, kernel: KernelOperator, options: SolverOptions, *, rng: Any = None
 ) -> SinkhornResult:
-    """The solve on validated inputs: iterations, summary, checks."""
+    """The solve on a validated problem and a built kernel: iterations, summary, checks."""
+    strategy = choose_strategy(kernel, options.log_domain)
     exact = "exact" in kernel.info.capabilities
-    log_products = "log_products" in kernel.info.capabilities
-    if options.log_domain is True and not (exact or log_products):
+    if options.epsilon_scaling and not (exact and hasattr(kernel, "at_reg")):
         raise ValueError(
-            f"log_domain=True needs a kernel with the 'exact' or 'log_products' capability; "
-            f"backend {kernel.info.backend!r} only offers linear products"
+            "epsilon_scaling=True needs a kernel with the 'exact' capability (the kernel must "
+            f"represent every intermediate reg); backend {kernel.info.backend!r} does not"
         )
     tol = options.tol
     if kernel.dtype == np.float32:
-        floor = FLOAT32_RELATIVE_TOL * _norm(b) / float(b.sum())
+        floor = FLOAT32_RELATIVE_TOL * _norm(problem.b) / float(problem.b.sum())
         if tol < floor:
             if options.warn:
                 warnings.warn(
@@ -248,64 +339,49 @@ def solve(
                 )
             tol = floor
     printer = _Printer(options.verbose)
-    if options.epsilon_scaling and not exact:
-        raise ValueError(
-            "epsilon_scaling=True needs a kernel with the 'exact' capability (the kernel must "
-            f"represent every intermediate reg); backend {kernel.info.backend!r} does not"
-        )
     _announce_long_run(kernel, options, printer)
     guard = Safeguard(kernel, options.safeguard)
+    schedule = None
+    if options.epsilon_scaling:
+        g = kernel.geometry
+        regs = epsilon_schedule(g.reg, g.max_cost())
+        schedule = [kernel.at_reg(reg) for reg in regs[:-1]]
     start = time.perf_counter()
-    use_log = (exact or log_products) and options.log_domain is not False
-    if use_log and exact:
-        state = _stabilized(kernel, a, b, options, tol, printer)
-    elif use_log:
-        state = _log_iterations(kernel, a, b, options, tol, printer)
-    else:
-        state = _multiplicative(kernel, a, b, options, tol, guard, printer)
+    state = iterate(
+        kernel, problem, tol=tol, max_iter=options.max_iter, check_every=options.check_every,
+        strategy=strategy, anderson=options.anderson_memory(strategy != "multiplicative"),
+        guard=guard, progress=printer, schedule=schedule,
+    )  # fmt: skip
     elapsed = time.perf_counter() - start
-
-    summary = plan_summary(kernel, state[0], state[1])
-    final_error = _norm(summary.col_marginal - b) / float(b.sum())
+    summary = plan_summary(kernel, state.log_u, state.log_v)
     result = SinkhornResult(
-        **iteration_fields(kernel, a, b, options, guard, state, tol, elapsed, final_error),
+        kernel=kernel,
+        problem=problem,
+        potentials=(state.log_u, state.log_v),
+        n_iter=state.n_iter,
+        stop=state.status,
+        tol=tol,
         marginals=(summary.row_marginal, summary.col_marginal),
         value_linear=summary.cost,
         mass=summary.mass,
-        log_domain=use_log,
-        notes=list(notes or []),
+        log_domain=strategy != "multiplicative",
+        safeguard={"policy": options.safeguard, **guard.counts},
+        timings={
+            "build": kernel.info.build_time,
+            "iterations": elapsed,
+            "per_iteration": elapsed / max(state.n_iter, 1),
+        },
+        error_history=state.history,
+        options=options.as_dict(),
+        notes=list(problem.notes),
+        iteration_info={"strategy": state.strategy, **state.info},
     )
     if options.accuracy is not None:
         result.true_kernel = _check_true_kernel(result, options, rng)
-    return finish_solve(result, options, guard, printer, final_error)
+    return finish_solve(result, options, guard, printer)
 
 
-def iteration_fields(kernel, a, b, options, guard, state, tol, elapsed, final_error):
-    """The :class:`SinkhornResult` fields every solve (in memory or Dask) fills alike from
-    its iterations: ``state = (log_u, log_v, n_iter, converged, history)``."""
-    log_u, log_v, n_iter, converged, history = state
-    return {
-        "kernel": kernel,
-        "a": a,
-        "b": b,
-        "reg": kernel.geometry.reg,
-        "potentials": (log_u, log_v),
-        "n_iter": n_iter,
-        # the last iterate may meet tol between two scheduled checks
-        "converged": converged or bool(final_error < tol),
-        "tol": tol,
-        "safeguard": {"policy": options.safeguard, **guard.counts},
-        "timings": {
-            "build": kernel.info.build_time,
-            "iterations": elapsed,
-            "per_iteration": elapsed / max(n_iter, 1),
-        },
-        "error_history": history,
-        "options": options.as_dict(),
-    }
-
-
-def finish_solve(result, options, guard, printer, final_error: float):
+def finish_solve(result, options, guard, printer):
     """What every solve ends with: refuse impossible results, then the warnings (repairs,
     missed accuracy, non-convergence) and the verbose summary. Returns ``result``."""
     _refuse_impossible(result, options)
@@ -313,9 +389,16 @@ def finish_solve(result, options, guard, printer, final_error: float):
         guard.warn(result.n_iter)
         _warn_accuracy(result, options)
         if not result.converged:
+            final = result.error_history[-1][1] if result.error_history else float("nan")
+            what = (
+                f"stalled after {result.n_iter} iterations (no progress over the last "
+                "checks: rounding limits this reg)"
+                if result.stop == "stalled"
+                else f"did not converge in {result.n_iter} iterations"
+            )
             warnings.warn(
-                f"Sinkhorn did not converge in {options.max_iter} iterations (column-marginal "
-                f"error {final_error:.3e} > tol={result.tol:g}); increase max_iter or reg.",
+                f"Sinkhorn {what}; residual {final:.3e} > tol={result.tol:g}. "
+                f"{advise(result)}",
                 UserWarning,
                 stacklevel=4,
             )
@@ -338,10 +421,21 @@ def _check_true_kernel(result: SinkhornResult, options: SolverOptions, rng: Any)
     n, m = result.kernel.shape
     if "exact" in result.kernel.info.capabilities:
         # The plan's own marginals are the true-kernel check, exactly and at no cost.
-        mass = float(result.a.sum())
-        err_a, err_b = result.marginal_errors
-        return TrueKernelCheck(
-            err_a, err_b, err_a / mass, err_b / mass, n, m, True, err_a / mass, err_b / mass
+        rows, cols = np.arange(n), np.arange(m)
+        log_u, log_v = result.potentials
+        row, col = result.marginals
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_kv = np.log(row) - log_u
+            log_ktu = np.log(col) - log_v
+        rho_a, rho_b = result.problem.exponents
+        a, b = result.a, result.b
+        return check_from_masses(
+            np.where(a > 0, row, 0.0)[rows],
+            np.where(b > 0, col, 0.0)[cols],
+            fixed_point_target(a, log_u, log_kv, rho_a),
+            fixed_point_target(b, log_v, log_ktu, rho_b),
+            (n, m),
+            float(a.sum()),
         )
     samples = options.true_kernel_samples
     if samples == "auto":
@@ -383,116 +477,6 @@ def _warn_accuracy(result: SinkhornResult, options: SolverOptions) -> None:
         AccuracyWarning,
         stacklevel=4,
     )
-
-
-def _multiplicative(kernel, a, b, options, tol, guard, printer):
-    """Kernel-space iterations in POT's order, one fused pass per half-step (plus one
-    projection of the Anderson-mixed ``v``); bad denominators go to the safeguard."""
-    n, m = kernel.shape
-    # full_like: NumPy weights give np.full exactly; Dask weights keep their chunks.
-    u = np.full_like(a, 1.0 / n)
-    v = np.full_like(b, 1.0 / m)
-    z = kernel.project("rows", u)
-    mass = float(b.sum())
-    history: list[tuple[int, float]] = []
-    converged = False
-    n_iter = 0
-    check_every = options.check_every
-    # A repaired pass changes the map, so the mixing restarts (Dask solves refuse a memory).
-    memory = options.anderson_memory(log_domain=False)
-    mixer = AndersonMixer(memory, b > 0) if memory else None
-    for iteration in range(1, options.max_iter + 1):
-        cols = kernel.fused_pass("cols", z, b)
-        # cols.products = K^T u of the previous u: its column marginal is free here.
-        if iteration > 1 and (iteration - 2) % check_every == 0:
-            with np.errstate(over="ignore", invalid="ignore"):
-                error = _norm(v * cols.products - b) / mass
-            history.append((iteration - 1, error))
-            printer.iteration(iteration - 1, error)
-            if error < tol:
-                converged = True
-                break
-        v_previous = v
-        v, y = _repaired(cols, "cols", b, u, guard)
-        if mixer is not None and cols.n_bad:
-            mixer.reset()
-        elif mixer is not None:
-            log_v = _log_scaling(v)
-            mixed = mixer.step(_log_scaling(v_previous), log_v)
-            if mixed is not log_v:  # an extrapolated v needs its own projection
-                v = np.exp(mixed)
-                y = kernel.project("cols", v)
-        u, z = _repaired(kernel.fused_pass("rows", y, a), "rows", a, v, guard)
-        n_iter = iteration
-        if guard.repaired:
-            # Repaired denominators mix the exact and the approximate kernel, so mass is no
-            # longer conserved and u, v can drift apart geometrically: rebalance (P is
-            # invariant under (u / c, v c)).
-            balance = np.sqrt(np.max(u) / np.max(v))
-            if np.isfinite(balance) and balance > 0:
-                u, z, v = u / balance, z / balance, v * balance
-    return _log_scaling(u), _log_scaling(v), n_iter, converged, history
-
-
-def _log_scaling(x):
-    """``log x`` with ``log 0 = -inf`` and no divide warning, also where the log is evaluated
-    later in another thread (Dask scalings); equal to ``np.log`` on every input."""
-    zero = x == 0
-    return np.where(zero, -np.inf, np.log(np.where(zero, 1.0, x)))
-
-
-def _repaired(result, side, numerator, other, guard):
-    """``(ratios, projection)`` of a pass, after the safeguard handled its bad entries."""
-    if not result.n_bad:
-        return result.ratios, result.projection
-    return guard.apply(side, result, numerator, other)
-
-
-def _log_iterations(kernel, a, b, options, tol, printer):
-    """Iterations on log-scalings with the operator's log-domain passes (``'log_products'``):
-    finite whatever the spread of the scalings, Anderson-mixed. Starts from ``v = 1/m``."""
-    n, m = kernel.shape
-    mass = float(b.sum())
-    with np.errstate(divide="ignore"):
-        log_a, log_b = np.log(a), np.log(b)
-    log_v = np.full(m, -np.log(m))
-    history: list[tuple[int, float]] = []
-    converged = False
-    n_iter = 0
-    log_u = np.full(n, -np.log(n))
-    mixer = AndersonMixer(options.anderson_memory(log_domain=True), b > 0)
-    for iteration in range(1, options.max_iter + 1):
-        rows = kernel.fused_pass("rows", log_v, log_a, log=True)
-        log_u, log_Ktu = rows.ratios, rows.projection
-        n_iter = iteration
-        if (iteration - 1) % options.check_every == 0:
-            with np.errstate(over="ignore", invalid="ignore"):
-                error = _norm(np.exp(log_v + log_Ktu) - b) / mass
-            history.append((iteration, error))
-            printer.iteration(iteration, error)
-            if error < tol:
-                converged = True
-                break
-        log_v = mixer.step(log_v, np.where(b > 0, log_b - log_Ktu, -np.inf))
-    return log_u, log_v, n_iter, converged, history
-
-
-def _stabilized(kernel, a, b, options, tol, printer):
-    """The exact kernel's log-stable path (absorption, optional epsilon-scaling) on its
-    geometry: :func:`~sketchot.solver.exact_paths.exact_sinkhorn`."""
-    g = kernel.geometry
-    mass = float(b.sum())
-    path = exact_sinkhorn(
-        g.Xc, g.Yc, a, b, g.reg,
-        tol=tol * mass, max_iter=options.max_iter, check_every=options.check_every,
-        dtype=kernel.dtype, max_dense_bytes=kernel.info.params.get("max_dense_bytes", 1 << 30),
-        epsilon_scaling=options.epsilon_scaling,
-        anderson=options.anderson_memory(log_domain=True),
-    )  # fmt: skip
-    history = [(iteration, error / mass) for iteration, error in path.history]
-    for iteration, error in history:
-        printer.iteration(iteration, error)
-    return path.log_u, path.log_v, path.n_iter, path.converged, history
 
 
 #: A run estimated to take longer than this warns before it starts.
@@ -537,13 +521,17 @@ class _Printer:
         if self.enabled:
             print(f"sketchot.sinkhorn: {text}")
 
-    def iteration(self, iteration: int, error: float) -> None:
+    def log(self, text: str) -> None:
+        self.say(text)
+
+    def update(self, iteration: int, *, error: float, target: float | None = None) -> None:
         if not self.enabled:
             return
         if not self.header_done:
             print(f"{'iter':>6} | {'marginal err (L2)':>18} | {'elapsed s':>9}")
             self.header_done = True
         print(f"{iteration:6d} | {error:18.6e} | {time.perf_counter() - self.started:9.3f}")
+        del target
 
     def summary(self, result: SinkhornResult) -> None:
         err_a, err_b = result.marginal_errors

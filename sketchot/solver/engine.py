@@ -1,0 +1,505 @@
+"""The one Sinkhorn iteration of sketchot: every problem, every kernel, every strategy.
+
+For a problem (:class:`~sketchot.solver.problem.Problem`: weights ``a``, ``b``, ``reg`` and
+the marginal penalties ``reg_m``) and a kernel operator ``K``, the iteration alternates the
+two half-steps
+
+.. math:: v \\leftarrow (b \\oslash K^\\top u)^{\\rho_b}, \\qquad
+          u \\leftarrow (a \\oslash K v)^{\\rho_a}, \\qquad
+          \\rho = \\frac{\\mathrm{reg}_m}{\\mathrm{reg}_m + \\mathrm{reg}},
+
+(``rho = 1`` for a hard constraint: balanced transport; Chizat et al. 2018 for the
+unbalanced case), in POT's order from ``u = 1/n`` (or from given potentials). The state is the
+pair of log-potentials; each half-step is ONE fused pass of the operator (products, ratios and
+the next projection). The strategies are options of this one loop, chosen from the kernel's
+declared capabilities and the solver options:
+
+``multiplicative``
+    Passes on plain scalings; bad denominators of a signed approximation go to the
+    :class:`~sketchot.solver.safeguard.Safeguard`.
+``absorb``
+    For kernels with the ``'absorb'`` capability (the exact kernel): multiplicative passes on
+    the absorbed kernel ``diag(e^alpha) K diag(e^beta)``; when a scaling leaves
+    ``[e^-tau, e^tau]`` it is moved into ``(alpha, beta)`` and the kernel re-absorbed
+    (Schmitzer 2019, Sec. 3). Finite for any ``reg``; one exponential per entry per
+    absorption, not per iteration. A breakdown (a vanished product) is repaired by one exact
+    log-domain iteration.
+``log``
+    For kernels with the ``'log_products'`` capability: passes on logarithms.
+
+Anderson mixing (:class:`~sketchot.solver.acceleration.AndersonMixer`) of the column
+log-potentials, an epsilon schedule (:func:`epsilon_schedule`, for kernels that can be
+rebuilt at another ``reg``) and the paper's plain protocol (``order='paper'``: from ``v = 1``,
+``u`` first, a fixed number of iterations, no check) are options of the same loop.
+
+Stopping: at each check (every ``check_every`` iterations) the L2 norm of the fixed-point
+residual of the columns, ``||K^T u * (v - v_next)||_2 / sum(b)``; for balanced transport this
+is POT's column-marginal error ``||v * K^T u - b||_2 / sum(b)``. A run whose best error has not
+improved by :data:`STALL_IMPROVEMENT` over :data:`STALL_CHECKS` checks stops as stalled.
+
+References
+----------
+M. Cuturi, "Sinkhorn distances", NeurIPS 2013.
+L. Chizat, G. Peyre, B. Schmitzer, F.-X. Vialard, "Scaling algorithms for unbalanced optimal
+transport problems", Math. Comp. 87, 2018.
+B. Schmitzer, "Stabilized sparse scaling algorithms for entropy regularized transport
+problems", SIAM J. Sci. Comput. 41(3), 2019.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..kernels import KernelOperator
+from .acceleration import AndersonMixer
+from .problem import Problem
+from .safeguard import Safeguard
+
+#: Absorption thresholds ``tau`` on ``|log u~|``, ``|log v~|`` per storage precision (see
+#: :class:`sketchot.kernels.exact.AbsorbedExactKernel` for why the entry floor is harmless).
+ABSORB_THRESHOLD = {np.dtype(np.float64): 100.0, np.dtype(np.float32): 20.0}
+
+#: Breakdowns repaired by an exact log-domain iteration before the run gives up.
+MAX_RESETS = 20
+
+#: A run stops as stalled when its best error improved by less than this factor over the
+#: last :data:`STALL_CHECKS` checks (rounding has taken over: e.g. float64 potentials of a
+#: tiny ``reg``, where ``C / reg`` leaves too few significant digits).
+STALL_IMPROVEMENT = 0.99
+STALL_CHECKS = 30
+
+#: Intermediate stages of the epsilon schedule stop at this residual (relative to
+#: ``sum(b)``); the last stage dominates whatever the choice.
+STAGE_TOL = 1e-3
+
+ORDERS = ("pot", "paper")
+
+
+@dataclass
+class Iterate:
+    """What the iteration returns.
+
+    Attributes
+    ----------
+    log_u, log_v : ndarray
+        Log-scalings of ``P = diag(u) K diag(v)`` (``-inf`` where the weight is 0).
+    n_iter : int
+        Iterations run (a pair of half-steps each, over every stage).
+    converged : bool
+        Whether the last check met ``tol``.
+    history : list of (int, float)
+        ``(iteration, error)`` at every check.
+    status : str
+        ``'converged'``, ``'max_iter'``, ``'stalled'``, ``'breakdown'`` or ``'fixed'`` (the
+        plain protocol's fixed iteration count).
+    strategy : str
+        ``'multiplicative'``, ``'absorb'`` or ``'log'``.
+    info : dict
+        Counters: ``absorptions``, ``resets``, ``anderson_restarts``, ``stages``,
+        ``iteration_times`` (only with ``timed=True``).
+    scalings : tuple of ndarray or None
+        ``(u, v)`` themselves for the multiplicative strategy (no ``exp(log u)`` rounding;
+        negative or non-finite entries kept as the ``'propagate'`` safeguard left them).
+    """
+
+    log_u: np.ndarray
+    log_v: np.ndarray
+    n_iter: int
+    converged: bool
+    history: list[tuple[int, float]]
+    status: str
+    strategy: str
+    info: dict[str, Any] = field(default_factory=dict)
+    scalings: tuple[np.ndarray, np.ndarray] | None = None
+
+
+def choose_strategy(kernel: KernelOperator, log_domain: bool | str) -> str:
+    """The strategy for a kernel: its capabilities and the ``log_domain`` option."""
+    caps = kernel.info.capabilities
+    if log_domain is False:
+        return "multiplicative"
+    if "absorb" in caps:
+        return "absorb"
+    if "log_products" in caps:
+        return "log"
+    if log_domain is True:
+        raise ValueError(
+            f"log_domain=True needs a kernel with the 'absorb' or 'log_products' capability; "
+            f"backend {kernel.info.backend!r} only offers linear products"
+        )
+    return "multiplicative"
+
+
+def epsilon_schedule(reg: float, spread: float, factor: float = 0.5) -> list[float]:
+    """Geometric regularisations from ``spread`` down to ``reg``: ``reg_k = spread q^k``,
+    ``q = (reg / spread)^(1/K) >= factor``, the last exactly ``reg`` (``[reg]`` when
+    ``spread <= reg``)."""
+    if spread <= reg:
+        return [reg]
+    count = math.ceil(math.log(spread / reg) / math.log(1.0 / factor) - 1e-12)
+    return [reg * (spread / reg) ** ((count - k) / count) for k in range(count)] + [reg]
+
+
+def iterate(
+    kernel: KernelOperator,
+    problem: Problem,
+    *,
+    tol: float,
+    max_iter: int,
+    check_every: int = 10,
+    strategy: str = "multiplicative",
+    anderson: int = 0,
+    guard: Safeguard | None = None,
+    progress: Any = None,
+    order: str = "pot",
+    timed: bool = False,
+    schedule: list[KernelOperator] | None = None,
+) -> Iterate:
+    """Run the Sinkhorn iteration (see the module notes).
+
+    Parameters
+    ----------
+    kernel : KernelOperator
+        The kernel at ``problem.reg``.
+    problem : Problem
+        Weights, ``reg``, marginal exponents and an optional warm start.
+    tol : float
+        Stop when the residual (module notes) falls below ``tol``; ``0`` never stops early.
+    max_iter : int
+        Iterations at most, over all stages.
+    check_every : int
+        Iterations between checks.
+    strategy : {'multiplicative', 'absorb', 'log'}
+        From :func:`choose_strategy`.
+    anderson : int
+        Anderson memory on the column log-potentials (0: the plain iteration).
+    guard : Safeguard, optional
+        Policy for bad denominators (multiplicative strategy); none: they are left at 0.
+    progress : object, optional
+        Receives ``update(iteration, error=, target=)`` at every check and ``log(text)``.
+    order : {'pot', 'paper'}
+        ``'paper'``: from ``v = 1``, ``u`` first, ``max_iter`` iterations, no check.
+    timed : bool
+        Record the seconds of every iteration in ``info['iteration_times']``.
+    schedule : list of KernelOperator, optional
+        Kernels at decreasing ``reg`` (the epsilon schedule), solved before ``kernel``, each
+        warm-started from the previous potentials (in cost units).
+
+    Returns
+    -------
+    Iterate
+    """
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}; got {order!r}")
+    if not schedule:
+        return _Run(kernel, problem, strategy, anderson, guard, progress, order).run(
+            tol, max_iter, check_every, timed
+        )
+    total, history, stages, info = 0, [], [], {"absorptions": 0, "resets": 0}
+    log_u = log_v = None
+    mass = float(problem.b.sum())
+    for stage_kernel in [*schedule, kernel]:
+        last = stage_kernel is kernel
+        reg = stage_kernel.geometry.reg
+        stage_problem = problem.at_reg(reg, log_u, log_v)
+        stage_tol = tol if last else max(tol, STAGE_TOL * mass)
+        every = check_every if last else 1  # checks are free: don't overshoot a loose tol
+        result = _Run(
+            stage_kernel, stage_problem, strategy, anderson, guard, progress, order
+        ).run(stage_tol, max_iter - total, every, timed, offset=total)
+        history.extend(result.history)
+        total += result.n_iter
+        for key in ("absorptions", "resets"):
+            info[key] += result.info.get(key, 0)
+        stages.append({"reg": reg, "n_iter": result.n_iter, "status": result.status})
+        # potentials in cost units carry over: f = reg log u
+        log_u, log_v = reg * result.log_u, reg * result.log_v
+        if total >= max_iter and not last:
+            break
+    info["stages"] = stages
+    return Iterate(
+        result.log_u, result.log_v, total, result.converged, history, result.status,
+        result.strategy, info,
+    )  # fmt: skip
+
+
+class _Run:
+    """One stage of the iteration on one kernel (see :func:`iterate`)."""
+
+    def __init__(self, kernel, problem, strategy, anderson, guard, progress, order):
+        self.kernel, self.problem, self.strategy = kernel, problem, strategy
+        self.guard, self.progress, self.order = guard, progress, order
+        self.log = strategy == "log"
+        self.active = {"rows": problem.a > 0, "cols": problem.b > 0}
+        with np.errstate(divide="ignore"):
+            self.log_weights = {"rows": np.log(problem.a), "cols": np.log(problem.b)}
+        self.exponent = {"rows": problem.exponents[0], "cols": problem.exponents[1]}
+        self.mixer = AndersonMixer(anderson, self.active["cols"]) if anderson else None
+        self.mass = float(problem.b.sum())
+        self.counts = {"absorptions": 0, "resets": 0}
+        n, m = kernel.shape
+        # absorbed log-scalings (alpha, beta); zero for non-absorbing strategies
+        self.offset = {"rows": np.zeros(n), "cols": np.zeros(m)}
+        self.op = kernel
+        self.tau = ABSORB_THRESHOLD.get(kernel.dtype, 20.0)
+
+    # ------------------------------------------------------------ numerators
+    def numerator(self, side: str) -> np.ndarray:
+        """The weights the passes divide, in the form the passes take.
+
+        Absorbed: ``w e^(offset (1 - 1/rho))`` (module notes; ``w`` for rho = 1), so that the
+        absorbed scaling ``s~ = s e^-offset`` follows ``s = (w / K^T s')^rho``.
+        """
+        log_w, rho = self.log_weights[side], self.exponent[side]
+        if self.log:
+            return log_w
+        if self.strategy != "absorb" or rho == 1.0:
+            return self.problem.a if side == "rows" else self.problem.b
+        with np.errstate(over="ignore", invalid="ignore"):
+            shifted = log_w + self.offset[side] * (1.0 - 1.0 / rho)
+            return np.where(self.active[side], np.exp(shifted), 0.0)
+
+    # ------------------------------------------------------------ one half-step
+    def half_step(self, side: str, w: np.ndarray, other: np.ndarray):
+        """One fused pass: ``(new scaling of side, its projection, pass)``; the safeguard
+        handles bad entries of the multiplicative strategy."""
+        numerator = self.numerator(side)
+        result = self.op.fused_pass(
+            side, w, numerator, log=self.log, exponent=self.exponent[side]
+        )
+        if not result.n_bad or self.log or self.guard is None:
+            return result.ratios, result.projection, result
+        ratios, projection = self.guard.apply(
+            side, result, numerator, other, exponent=self.exponent[side]
+        )
+        return ratios, projection, result
+
+    # ------------------------------------------------------------ start
+    def start(self):
+        """Initial ``(u, v)`` in the strategy's form and the projection of the first side."""
+        p, kernel = self.problem, self.kernel
+        n, m = kernel.shape
+        if p.log_u0 is not None:
+            log_u = np.where(self.active["rows"], p.log_u0, -np.inf)
+        else:
+            log_u = np.where(self.active["rows"], -math.log(n), -np.inf)
+        if p.log_v0 is not None:
+            log_v = np.where(self.active["cols"], p.log_v0, -np.inf)
+        elif self.order == "paper":
+            log_v = np.zeros(m)
+        else:
+            log_v = np.where(self.active["cols"], -math.log(m), -np.inf)
+        if self.strategy == "absorb":
+            if p.log_v0 is None and not self._underflow_free():
+                # POT's start would underflow in the linear kernel: one exact log-domain
+                # iteration first (finite for any reg), then absorb it.
+                log_u, log_v = self.exact_iteration(log_u)
+                self.counts["first_exact"] = 1
+            self.absorb(log_u, log_v)
+            return self.unit("rows"), self.unit("cols")
+        if self.log:
+            return log_u, log_v
+        with np.errstate(over="ignore"):
+            return np.exp(log_u), np.exp(log_v)
+
+    def _underflow_free(self) -> bool:
+        """No entry of ``diag(1/n) K`` (POT's start) can fall below float's tiny."""
+        g = self.kernel.geometry
+        n, m = self.kernel.shape
+        spread = g.max_cost() / g.reg
+        tiny = -math.log(np.finfo(self.kernel.dtype).tiny)
+        return spread + self.tau + math.log(max(n, m)) < tiny - 1.0
+
+    def unit(self, side: str) -> np.ndarray:
+        return self.active[side].astype(np.float64)
+
+    def absorb(self, log_u: np.ndarray, log_v: np.ndarray) -> None:
+        """Move the log-scalings into the kernel: ``(alpha, beta) = (log u, log v)``."""
+        self.offset = {"rows": log_u, "cols": log_v}
+        self.op = self.kernel.absorbed(log_u, log_v, previous=None if self.op is self.kernel
+                                       else self.op)  # fmt: skip
+
+    def exact_iteration(self, log_u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One iteration in the log domain on the kernel itself (``'log_products'``)."""
+        kernel = self.kernel
+        z = kernel.project("rows", log_u, log=True)
+        cols = kernel.fused_pass(
+            "cols", z, self.log_weights["cols"], log=True, exponent=self.exponent["cols"]
+        )
+        rows = kernel.fused_pass(
+            "rows", cols.projection, self.log_weights["rows"], log=True,
+            exponent=self.exponent["rows"],
+        )  # fmt: skip
+        return rows.ratios, cols.ratios
+
+    def log_scalings(self, u: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Total log-scalings of the iterate (offsets included)."""
+        if self.log:
+            return u, v
+        with np.errstate(divide="ignore"):
+            log_u = np.where(self.active["rows"], self.offset["rows"] + np.log(u), -np.inf)
+            log_v = np.where(self.active["cols"], self.offset["cols"] + np.log(v), -np.inf)
+        return log_u, log_v
+
+    # ------------------------------------------------------------ the loop
+    def run(self, tol, max_iter, check_every, timed, offset=0) -> Iterate:
+        u, v = self.start()
+        first, second = ("cols", "rows") if self.order == "pot" else ("rows", "cols")
+        scaling = {"rows": u, "cols": v}
+        # projection of the side the first half-step multiplies
+        projection = self.op.project(second, scaling[second], log=self.log)
+        history: list[tuple[int, float]] = []
+        times: list[float] = []
+        status, n_iter, best, best_at = "max_iter", 0, math.inf, 0
+        checks = 0
+        last_finite = (u, v)
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            iteration = 1
+            while iteration <= max_iter + 1:
+                begin = time.perf_counter()
+                final = iteration == max_iter + 1
+                if final and self.order == "paper":
+                    break
+                new, proj_first, result = self.half_step(first, projection, scaling[second])
+                if self.order == "pot" and iteration > 1 and (
+                    (iteration - 2) % check_every == 0 or final
+                ):
+                    error = self.residual(scaling["cols"], result)
+                    if not math.isfinite(error):
+                        status = "breakdown"
+                    else:
+                        checks += 1
+                        history.append((offset + iteration - 1, error))
+                        if self.progress is not None:
+                            self.progress.update(offset + iteration - 1, error=error, target=tol)
+                        if error < tol:
+                            status = "converged"
+                        elif error < STALL_IMPROVEMENT * best:
+                            best, best_at = error, checks
+                        elif checks - best_at >= STALL_CHECKS:
+                            status = "stalled"
+                    if status == "breakdown" and self.can_reset(n_iter, max_iter):
+                        scaling, projection = self.reset(last_finite[0])
+                        n_iter = iteration
+                        iteration += 1
+                        status = "max_iter"
+                        continue
+                    if status != "max_iter":
+                        break
+                if final:
+                    break
+                new, mixed = self.mix(first, scaling[first], new, result)
+                if mixed:
+                    proj_first = self.op.project(first, new, log=self.log)
+                scaling[first] = new
+                scaling[second], projection, _ = self.half_step(second, proj_first, new)
+                n_iter = iteration
+                if timed:
+                    times.append(time.perf_counter() - begin)
+                iteration += 1
+                if self.log or self.order == "paper":
+                    continue
+                u, v = scaling["rows"], scaling["cols"]
+                if not (math.isfinite(u.sum()) and math.isfinite(v.sum())):
+                    if self.can_reset(n_iter, max_iter):
+                        scaling, projection = self.reset(last_finite[0])
+                        continue
+                    scaling = {"rows": last_finite[0], "cols": last_finite[1]}
+                    status, n_iter = "breakdown", n_iter - 1
+                    break
+                if self.guard is not None and self.guard.repaired:
+                    u, v = self.rebalance(u, v)
+                    scaling = {"rows": u, "cols": v}
+                    projection = self.op.project(second, scaling[second])
+                if self.strategy == "absorb" and self.out_of_bounds(u, v):
+                    self.absorb(*self.log_scalings(u, v))
+                    self.counts["absorptions"] += 1
+                    scaling = {"rows": self.unit("rows"), "cols": self.unit("cols")}
+                    projection = self.op.project(second, scaling[second])
+                last_finite = (scaling["rows"], scaling["cols"])
+            if self.order == "paper":
+                status = "fixed"
+        log_u, log_v = self.log_scalings(scaling["rows"], scaling["cols"])
+        info = dict(self.counts)
+        info["anderson_restarts"] = 0 if self.mixer is None else self.mixer.restarts
+        if timed:
+            info["iteration_times"] = times
+        plain = (scaling["rows"], scaling["cols"]) if self.strategy == "multiplicative" else None
+        return Iterate(
+            log_u, log_v, n_iter, status == "converged", history, status, self.strategy, info,
+            plain,
+        )  # fmt: skip
+
+    def residual(self, v: np.ndarray, result) -> float:
+        """``||K^T u * (v - v_next)||_2 / sum(b)`` from the columns pass (module notes)."""
+        if self.log:
+            diff = np.exp(result.products + v) - np.exp(result.products + result.ratios)
+        else:
+            diff = result.products * v - result.products * result.ratios
+        diff = np.where(self.active["cols"], diff, 0.0)
+        scale = float(np.max(np.abs(diff))) if diff.size else 0.0
+        if not math.isfinite(scale) or scale == 0.0:
+            return scale
+        return scale * float(np.linalg.norm(diff / scale)) / self.mass
+
+    def mix(self, side: str, previous: np.ndarray, new: np.ndarray, result) -> tuple:
+        """``(column update, whether it was extrapolated)``: Anderson mixing of the column
+        log-potentials, restarted after a pass with bad entries (the map itself changed)."""
+        if self.mixer is None or side != "cols":
+            return new, False
+        if result.n_bad:
+            self.mixer.reset()
+            return new, False
+        if self.log:
+            mixed = self.mixer.step(previous, new)
+            return mixed, mixed is not new
+        beta = self.offset["cols"]
+        with np.errstate(divide="ignore"):
+            x, g = beta + np.log(previous), beta + np.log(new)
+        mixed = self.mixer.step(x, g)
+        if mixed is g:
+            return new, False
+        return np.where(self.active["cols"], np.exp(mixed - beta), 0.0), True
+
+    def out_of_bounds(self, u: np.ndarray, v: np.ndarray) -> bool:
+        bound = math.exp(self.tau)
+        if u.max() > bound or v.max() > bound:
+            return True
+        low = 1.0 / bound
+        return bool(
+            np.any(u[self.active["rows"]] < low) or np.any(v[self.active["cols"]] < low)
+        )
+
+    def can_reset(self, n_iter: int, max_iter: int) -> bool:
+        return (
+            self.strategy == "absorb"
+            and self.counts["resets"] < MAX_RESETS
+            and n_iter < max_iter
+        )
+
+    def reset(self, u: np.ndarray):
+        """An exact log-domain iteration from the last finite ``u``, absorbed: the new
+        ``(scalings, projection)``."""
+        log_u, _ = self.log_scalings(u, self.unit("cols"))
+        log_u, log_v = self.exact_iteration(log_u)
+        self.counts["resets"] += 1
+        if self.mixer is not None:
+            self.mixer.reset()
+        self.absorb(log_u, log_v)
+        u = self.unit("rows")
+        return {"rows": u, "cols": self.unit("cols")}, self.op.project("rows", u)
+
+    @staticmethod
+    def rebalance(u: np.ndarray, v: np.ndarray):
+        """Repaired denominators mix the exact and the approximate kernel, so mass is no
+        longer conserved and ``u``, ``v`` can drift apart geometrically; ``P`` is invariant
+        under ``(u / c, v c)``."""
+        balance = np.sqrt(np.max(u) / np.max(v))
+        if np.isfinite(balance) and balance > 0:
+            return u / balance, v * balance
+        return u, v
