@@ -234,15 +234,6 @@ class KernelOperator(ABC):
         ``log(L^T exp(ratios))``; bad entries are non-finite products of finite numerators.
         """
 
-    def absorbed(self, alpha: np.ndarray, beta: np.ndarray, previous: Any = None):
-        """The operator of ``diag(e^alpha) K diag(e^beta)`` (``'absorb'`` capability).
-
-        ``previous``, an operator this method returned before, may lend its storage.
-        """
-        raise NotImplementedError(
-            f"backend {self.info.backend!r} declares no absorbed form of its kernel"
-        )
-
     @abstractmethod
     def project(
         self, side: str, values: np.ndarray, index: Any = None, *, log: bool = False

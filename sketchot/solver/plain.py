@@ -109,7 +109,7 @@ def plain_sinkhorn(
             timed=True,
         )  # fmt: skip
     u, v = state.scalings
-    return PlainRun(u, v, state.info["iteration_times"], guard.counts["faults"])
+    return PlainRun(u, v, state.info["iteration_times"], guard.faults)
 
 
 def plan_summaries(

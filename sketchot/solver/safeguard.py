@@ -46,7 +46,9 @@ class Safeguard:
     def __init__(self, kernel: KernelOperator, policy: str) -> None:
         self.kernel = kernel
         self.policy = policy
-        self.counts = {"rows_repaired": 0, "cols_repaired": 0, "clipped": 0, "faults": 0}
+        self.counts = {"rows_repaired": 0, "cols_repaired": 0, "clipped": 0}
+        # every bad entry seen, whatever the policy did with it (the plain protocol's faults)
+        self.faults = 0
         self.budget_exceeded = False
 
     @property
@@ -70,7 +72,7 @@ class Safeguard:
         """
         positions = np.flatnonzero(result.bad)
         count = positions.size
-        self.counts["faults"] += count
+        self.faults += count
         if self.policy == "none":
             return result.ratios, result.projection
         if self.policy == "propagate":

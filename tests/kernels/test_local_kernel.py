@@ -8,8 +8,7 @@ from scipy.spatial.distance import cdist
 
 from sketchot.gibbs import GibbsGeometry
 from sketchot.kernels.local import build_local
-from sketchot.solver import SolverOptions
-from sketchot.solver.sinkhorn import solve
+from sketchot import sinkhorn_kernel
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +53,7 @@ def test_small_reg_solve_meets_the_accuracy_where_scalings_overflow(problem):
     X, Y = problem
     kernel = build_local(GibbsGeometry(X, Y, 0.002), rng=0)
     a, b = np.full(400, 1 / 400), np.full(300, 1 / 300)
-    res = solve(a, b, kernel, SolverOptions(max_iter=5000, tol=1e-9, accuracy=1e-6))
+    res = sinkhorn_kernel(a, b, kernel, max_iter=5000, tol=1e-9, accuracy=1e-6)
     assert res.converged and res.log_domain
     assert res.true_kernel.exhaustive and res.accuracy_met
     mapped = res.barycentric_map()

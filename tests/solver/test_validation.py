@@ -41,7 +41,7 @@ Y = RNG.random((8, 3))
         (
             {"backend": "rff", "log_domain": True},
             ValueError,
-            r"log_domain=True needs a kernel with the .exact. or .log_products. capability",
+            r"log_domain=True needs a kernel with the .absorb. or .log_products. capability",
         ),
         ({"backend": "rff", "n_features": 0}, ValueError, "n_features must be >= 1"),
         ({"backend": "nystrom", "n_landmarks": 19}, ValueError, "n_landmarks must be <= 18"),
