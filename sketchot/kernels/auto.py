@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from .._defaults import DEFAULT_ACCURACY, DEFAULT_MAX_DENSE_BYTES
 from .._memory import USABLE_FRACTION, available_bytes
 from .._validation import check_rng
 from ..gibbs import GibbsGeometry
-from .base import DEFAULT_MAX_DENSE_BYTES, KernelOperator
+from .base import KernelOperator
 from .registry import build_kernel
 
 #: The low-rank backend of the ladder, and its first rank (doubled at each rung).
@@ -100,7 +101,7 @@ def adaptive_rank(
     geometry: GibbsGeometry,
     backend: str,
     *,
-    accuracy: float = 1e-3,
+    accuracy: float = DEFAULT_ACCURACY,
     rng: Any = None,
     dtype: Any = np.float64,
     **params: Any,
@@ -135,7 +136,7 @@ def adaptive_rank(
 def choose_kernel(
     geometry: GibbsGeometry,
     *,
-    accuracy: float = 1e-3,
+    accuracy: float = DEFAULT_ACCURACY,
     rng: Any = None,
     dtype: Any = np.float64,
     verbose: bool = False,

@@ -20,7 +20,8 @@ one pass over ``L``, the products ``p = L w``, the ratios ``s = c / p`` and the 
 ``L^T s``; entries whose product is not positive, not finite or negligible are reported in
 a mask (their ratio is left at 0), never repaired: what to do with them is the solver's
 business. With ``exponent=rho`` the ratios are ``(c / p)^rho``: the update of unbalanced
-transport, whose KL marginal penalty ``reg_m`` gives ``rho = reg_m / (reg_m + reg)``. ``fused_pass('cols', ...)`` is the same over ``R``. ``project(side, s, index)`` is
+transport, whose KL marginal penalty ``reg_m`` gives ``rho = reg_m / (reg_m + reg)``.
+``fused_pass('cols', ...)`` is the same over ``R``. ``project(side, s, index)`` is
 ``L[index]^T s`` (or ``R[index]^T s``), for the solver to start an iteration or to add the
 rows it repaired. An iteration is bound by memory bandwidth, so one pass instead of two pays.
 """
@@ -34,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from .._defaults import DEFAULT_MAX_DENSE_BYTES
 from .._parallel import run_parts
 from .._validation import check_choice, check_matrix, describe
 from ..gibbs import GibbsGeometry
@@ -53,9 +55,6 @@ SIDES = ("rows", "cols")
 
 # A ratio's denominator below this fraction of its numerator means the scaling would overflow.
 MIN_DENOMINATOR_RATIO = 1e-300
-
-# Largest dense array to_dense() builds unless told otherwise.
-DEFAULT_MAX_DENSE_BYTES = 1 << 30
 
 
 @dataclass

@@ -9,13 +9,13 @@ product. As ``K = L R^T`` with ``L = K`` and ``R = I``, a fused pass over the ro
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
 import numpy as np
 
-import math
-
+from .._defaults import DEFAULT_MAX_DENSE_BYTES
 from .._validation import check_int
 from ..gibbs import (
     GibbsGeometry,
@@ -26,7 +26,6 @@ from ..gibbs import (
     row_slices,
 )
 from .base import (
-    DEFAULT_MAX_DENSE_BYTES,
     FusedPass,
     KernelInfo,
     KernelOperator,

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_choice, check_float, check_int, check_rng
 from ..gibbs import GibbsGeometry
 from ..sketch import GaussianPolySketch, VanishingFunctionError
@@ -78,7 +79,7 @@ def build_polyts(
     center: Any = "auto",
     variant: str = "auto",
     rank: int | None = None,
-    accuracy: float = 1e-3,
+    accuracy: float = DEFAULT_ACCURACY,
 ) -> KernelOperator:
     """A polyts kernel (see the module notes for the variants).
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from .._dask import any_dask, require_dask
+from .._defaults import DEFAULT_ACCURACY
 from .._memory import check_fits
 from .._validation import check_dtype, check_float, check_int, check_matrix, describe
 from ..gibbs import GibbsGeometry
@@ -196,6 +197,12 @@ def available_backends() -> tuple[str, ...]:
 
 def get_backend(name: Any) -> Backend:
     """The record of a registered backend, with a clear error for unknown names."""
+    if name == "auto":
+        raise ValueError(
+            "'auto' is not a backend but a choice among them (sinkhorn(..., backend='auto') "
+            "and make_kernel(..., backend='auto') make it); get_backend takes one of "
+            f"{', '.join(map(repr, available_backends()))}"
+        )
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(
             f"backend must be 'auto' or one of {', '.join(map(repr, available_backends()))}; "
@@ -291,7 +298,7 @@ def make_kernel(
         Y = check_matrix(Y, "Y", n_features=X.shape[1], feature_name="X")
         reg = check_float(reg, "reg", positive=True)
         geometry = GibbsGeometry(X, Y, reg)
-    accuracy = check_float(params.pop("accuracy", 1e-3), "accuracy", positive=True)
+    accuracy = check_float(params.pop("accuracy", DEFAULT_ACCURACY), "accuracy", positive=True)
     if backend == "auto":
         from .auto import choose_kernel  # the ladder builds through this module
 
@@ -315,7 +322,7 @@ def build_kernel(
     rng: Any = None,
     dtype: Any = np.float64,
     rank: int | str | None = None,
-    accuracy: float = 1e-3,
+    accuracy: float = DEFAULT_ACCURACY,
     **params: Any,
 ):
     """:func:`make_kernel` on an already validated geometry (``accuracy`` is the target of

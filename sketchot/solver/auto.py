@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_rng
 from ..gibbs import GibbsGeometry
 from ..kernels import build_kernel
@@ -81,7 +82,7 @@ def solve_auto(
     """Run the ladder; ``solve(problem, kernel, options, rng=)`` runs one rung."""
     n, m = geometry.shape
     itemsize = np.dtype(dtype).itemsize
-    target = options.accuracy if options.accuracy is not None else 1e-3
+    target = options.accuracy if options.accuracy is not None else DEFAULT_ACCURACY
     attempts: list[Attempt] = []
 
     def say(text: str) -> None:

@@ -4,12 +4,14 @@ For a problem (:class:`~sketchot.solver.problem.Problem`: weights ``a``, ``b``, 
 the marginal penalties ``reg_m``) and a kernel operator ``K``, the iteration alternates the
 two half-steps
 
-.. math:: v \\leftarrow (b \\oslash K^\\top u)^{\\rho_b}, \\qquad
-          u \\leftarrow (a \\oslash K v)^{\\rho_a}, \\qquad
+.. math:: v \\leftarrow b \\odot (K^\\top u)^{-\\rho_b}, \\qquad
+          u \\leftarrow a \\odot (K v)^{-\\rho_a}, \\qquad
           \\rho = \\frac{\\mathrm{reg}_m}{\\mathrm{reg}_m + \\mathrm{reg}},
 
 (``rho = 1`` for a hard constraint: balanced transport; Chizat et al. 2018 for the
-unbalanced case), in POT's order from ``u = 1/n`` (or from given potentials). The state is the
+unbalanced case, with the entropic term ``reg KL(P | a b^T)`` of POT's default
+``reg_type='kl'``). A pass computes it as ``(w^(1/rho) / K s')^rho``, in POT's order from
+``u = 1/n`` (or from given potentials). The state is the
 pair of log-potentials; each half-step is ONE fused pass of the operator (products, ratios and
 the next projection). The strategies are options of this one loop, chosen from the kernel's
 declared capabilities and the solver options:
@@ -197,9 +199,17 @@ def iterate(
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}; got {order!r}")
     if not schedule:
-        return _Run(kernel, problem, strategy, anderson, guard, progress, order).run(
+        result = _Run(kernel, problem, strategy, anderson, guard, progress, order).run(
             tol, max_iter, check_every, timed
         )
+        if result.status == "breakdown" and _log_fallback(kernel, problem, strategy):
+            # marginals below float64's range (far outliers of unbalanced transport): the
+            # linear absorbed kernel cannot hold them, its log-domain passes can
+            result = _Run(kernel, problem, "log", anderson, guard, progress, order).run(
+                tol, max_iter, check_every, timed
+            )
+            result.info["fallback"] = "log"
+        return result
     total, history, stages, info = 0, [], [], {"absorptions": 0, "resets": 0}
     log_u = log_v = None
     mass = float(problem.b.sum())
@@ -209,9 +219,9 @@ def iterate(
         stage_problem = problem.at_reg(reg, log_u, log_v)
         stage_tol = tol if last else max(tol, STAGE_TOL * mass)
         every = check_every if last else 1  # checks are free: don't overshoot a loose tol
-        result = _Run(
-            stage_kernel, stage_problem, strategy, anderson, guard, progress, order
-        ).run(stage_tol, max_iter - total, every, timed, offset=total)
+        result = _Run(stage_kernel, stage_problem, strategy, anderson, guard, progress, order).run(
+            stage_tol, max_iter - total, every, timed, offset=total
+        )
         history.extend(result.history)
         total += result.n_iter
         for key in ("absorptions", "resets"):
@@ -226,6 +236,15 @@ def iterate(
         result.log_u, result.log_v, total, result.converged, history, result.status,
         result.strategy, info,
     )  # fmt: skip
+
+
+def _log_fallback(kernel: KernelOperator, problem: Problem, strategy: str) -> bool:
+    """Whether a broken-down absorbed run is retried with log-domain passes: unbalanced
+    problems, whose plan marginals can fall below float64's range, on kernels that have
+    them."""
+    return (
+        strategy == "absorb" and not problem.balanced and "log_products" in kernel.info.capabilities
+    )
 
 
 class _Run:
@@ -249,29 +268,35 @@ class _Run:
         self.tau = ABSORB_THRESHOLD.get(kernel.dtype, 20.0)
 
     # ------------------------------------------------------------ numerators
-    def numerator(self, side: str) -> np.ndarray:
-        """The weights the passes divide, in the form the passes take.
+    def log_numerator(self, side: str) -> np.ndarray:
+        """``log w / rho``: the KL-penalised update ``s = w (K s')^-rho`` is
+        ``(w^(1/rho) / K s')^rho`` (module notes)."""
+        rho = self.exponent[side]
+        return self.log_weights[side] if rho == 1.0 else self.log_weights[side] / rho
 
-        Absorbed: ``w e^(offset (1 - 1/rho))`` (module notes; ``w`` for rho = 1), so that the
-        absorbed scaling ``s~ = s e^-offset`` follows ``s = (w / K^T s')^rho``.
+    def numerator(self, side: str) -> np.ndarray:
+        """The numerator of the passes, in their form.
+
+        Absorbed: ``w^(1/rho) e^(offset (1 - 1/rho))``, so that the absorbed scaling
+        ``s~ = s e^-offset`` follows ``s = w (K s')^-rho``.
         """
-        log_w, rho = self.log_weights[side], self.exponent[side]
+        rho = self.exponent[side]
         if self.log:
-            return log_w
-        if self.strategy != "absorb" or rho == 1.0:
+            return self.log_numerator(side)
+        if rho == 1.0:
             return self.problem.a if side == "rows" else self.problem.b
+        log_numerator = self.log_numerator(side)
+        if self.strategy == "absorb":
+            log_numerator = log_numerator + self.offset[side] * (1.0 - 1.0 / rho)
         with np.errstate(over="ignore", invalid="ignore"):
-            shifted = log_w + self.offset[side] * (1.0 - 1.0 / rho)
-            return np.where(self.active[side], np.exp(shifted), 0.0)
+            return np.where(self.active[side], np.exp(log_numerator), 0.0)
 
     # ------------------------------------------------------------ one half-step
     def half_step(self, side: str, w: np.ndarray, other: np.ndarray):
         """One fused pass: ``(new scaling of side, its projection, pass)``; the safeguard
         handles bad entries of the multiplicative strategy."""
         numerator = self.numerator(side)
-        result = self.op.fused_pass(
-            side, w, numerator, log=self.log, exponent=self.exponent[side]
-        )
+        result = self.op.fused_pass(side, w, numerator, log=self.log, exponent=self.exponent[side])
         if not result.n_bad or self.log or self.guard is None:
             return result.ratios, result.projection, result
         ratios, projection = self.guard.apply(
@@ -329,10 +354,10 @@ class _Run:
         kernel = self.kernel
         z = kernel.project("rows", log_u, log=True)
         cols = kernel.fused_pass(
-            "cols", z, self.log_weights["cols"], log=True, exponent=self.exponent["cols"]
+            "cols", z, self.log_numerator("cols"), log=True, exponent=self.exponent["cols"]
         )
         rows = kernel.fused_pass(
-            "rows", cols.projection, self.log_weights["rows"], log=True,
+            "rows", cols.projection, self.log_numerator("rows"), log=True,
             exponent=self.exponent["rows"],
         )  # fmt: skip
         return rows.ratios, cols.ratios
@@ -366,8 +391,10 @@ class _Run:
                 if final and self.order == "paper":
                     break
                 new, proj_first, result = self.half_step(first, projection, scaling[second])
-                if self.order == "pot" and iteration > 1 and (
-                    (iteration - 2) % check_every == 0 or final
+                if (
+                    self.order == "pot"
+                    and iteration > 1
+                    and ((iteration - 2) % check_every == 0 or final)
                 ):
                     error = self.residual(scaling["cols"], result)
                     if not math.isfinite(error):
@@ -471,15 +498,11 @@ class _Run:
         if u.max() > bound or v.max() > bound:
             return True
         low = 1.0 / bound
-        return bool(
-            np.any(u[self.active["rows"]] < low) or np.any(v[self.active["cols"]] < low)
-        )
+        return bool(np.any(u[self.active["rows"]] < low) or np.any(v[self.active["cols"]] < low))
 
     def can_reset(self, n_iter: int, max_iter: int) -> bool:
         return (
-            self.strategy == "absorb"
-            and self.counts["resets"] < MAX_RESETS
-            and n_iter < max_iter
+            self.strategy == "absorb" and self.counts["resets"] < MAX_RESETS and n_iter < max_iter
         )
 
     def reset(self, u: np.ndarray):

@@ -5,13 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_bool, check_choice, check_float, check_int, describe
 
 SAFEGUARD_POLICIES = ("exact", "clip", "raise", "none", "propagate")
 ERROR_POLICIES = ("raise", "warn")
 
-#: Default accuracy contract: relative L1 marginal error against the TRUE kernel.
-DEFAULT_ACCURACY = 1e-3
 #: Anderson memory of ``anderson='auto'`` on log-domain paths: 5 past iterates (typical 3-8;
 #: each costs O(m) memory and work per step).
 DEFAULT_ANDERSON_MEMORY = 5
@@ -38,13 +37,13 @@ class SolverOptions:
         floor, raise :class:`~sketchot.NonPositiveKernelError`, or nothing (their scalings
         are set to 0; the paper's plain iteration, for benchmarks).
     log_domain : {'auto', True, False}, default='auto'
-        For kernels that declare the ``'exact'`` capability: ``'auto'`` and ``True`` run the
-        log-stable absorption path (Schmitzer 2019; multiplicative iterations on
-        ``exp((f_i + g_j - C_ij) / reg)``, re-absorbing the scalings when they grow:
-        :mod:`sketchot.solver.exact_paths`), finite for any ``reg`` and as fast as the plain
-        iteration where that one works; ``False`` the plain iteration through the kernel's
-        fused passes (it can underflow at small ``reg``). ``True`` is rejected for other
-        kernels.
+        The iteration's strategy (:mod:`sketchot.solver.engine`). ``'auto'`` and ``True``:
+        the log-stable form the kernel declares: absorption for the exact kernel (Schmitzer
+        2019; multiplicative passes on ``exp((f_i + g_j - C_ij) / reg)``, re-absorbing the
+        scalings when they grow), finite for any ``reg`` and as fast as the plain iteration
+        where that one works; log-domain passes for kernels with ``'log_products'``.
+        ``False``: the plain multiplicative iteration (it can underflow at small ``reg``).
+        ``True`` is rejected for kernels that offer neither.
     epsilon_scaling : bool, default=False
         For kernels with the ``'exact'`` capability: solve with ``reg`` decreasing
         geometrically from the squared diameter, warm-starting each stage (annealing).

@@ -11,7 +11,6 @@ no ``exp(log u)`` rounding enters the costs).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 

@@ -167,7 +167,8 @@ class SinkhornResult:
             )
         total_a, total_b = float(self.a.sum()), float(self.b.sum())
         value = self.reg * (entropic - self.mass + total_a * total_b)
-        for penalty, marginal, weights in zip(self.reg_m, self.marginals, (self.a, self.b), strict=True):
+        sides = zip(self.reg_m, self.marginals, (self.a, self.b), strict=True)
+        for penalty, marginal, weights in sides:
             if np.isfinite(penalty):
                 value += penalty * _kl(marginal, weights)
         return float(value)

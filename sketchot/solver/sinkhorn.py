@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._dask import any_dask, require_dask
+from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_float, check_matrix, describe
 from ..gibbs import GibbsGeometry
 from ..kernels import KernelOperator, build_kernel, get_backend
@@ -23,7 +24,7 @@ from .advice import advise
 from .auto import solve_auto
 from .engine import choose_strategy, epsilon_schedule, iterate
 from .errors import AccuracyWarning, InvalidResultError, InvalidResultWarning
-from .options import DEFAULT_ACCURACY, SolverOptions
+from .options import SolverOptions
 from .plans import check_from_masses, fixed_point_target, plan_summary
 from .problem import Problem, make_problem
 from .result import SinkhornResult
@@ -37,6 +38,7 @@ FLOAT32_RELATIVE_TOL = 1e-6
 # exact), this many sampled rows and columns otherwise.
 EXHAUSTIVE_CHECK_ENTRIES = 4_000_000
 SAMPLED_CHECK_SIZE = 256
+
 
 def sinkhorn(
     a: Any,
@@ -397,8 +399,7 @@ def finish_solve(result, options, guard, printer):
                 else f"did not converge in {result.n_iter} iterations"
             )
             warnings.warn(
-                f"Sinkhorn {what}; residual {final:.3e} > tol={result.tol:g}. "
-                f"{advise(result)}",
+                f"Sinkhorn {what}; residual {final:.3e} > tol={result.tol:g}. {advise(result)}",
                 UserWarning,
                 stacklevel=4,
             )
@@ -432,8 +433,8 @@ def _check_true_kernel(result: SinkhornResult, options: SolverOptions, rng: Any)
         return check_from_masses(
             np.where(a > 0, row, 0.0)[rows],
             np.where(b > 0, col, 0.0)[cols],
-            fixed_point_target(a, log_u, log_kv, rho_a),
-            fixed_point_target(b, log_v, log_ktu, rho_b),
+            fixed_point_target(a, log_kv, rho_a),
+            fixed_point_target(b, log_ktu, rho_b),
             (n, m),
             float(a.sum()),
         )

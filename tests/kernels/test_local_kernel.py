@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from scipy.spatial.distance import cdist
 
+from sketchot import sinkhorn_kernel
 from sketchot.gibbs import GibbsGeometry
 from sketchot.kernels.local import build_local
-from sketchot import sinkhorn_kernel
 
 
 @pytest.fixture(scope="module")
