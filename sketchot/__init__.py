@@ -38,6 +38,8 @@ from .solver import (
     sinkhorn,
     sinkhorn2,
     sinkhorn_kernel,
+    sinkhorn_unbalanced,
+    solve_sample,
 )
 
 __version__ = "0.2.0"
@@ -99,6 +101,8 @@ __all__ = [
     "sinkhorn",
     "sinkhorn2",
     "sinkhorn_kernel",
+    "sinkhorn_unbalanced",
+    "solve_sample",
     "thread_limit",
     "transfer_colors",
     "unregister_backend",

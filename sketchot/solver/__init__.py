@@ -17,8 +17,16 @@ from .plans import (
     sampled_true_kernel_check,
     true_kernel_check,
 )
+from .problem import Problem, make_problem
 from .result import SinkhornResult
-from .sinkhorn import check_backend_params, sinkhorn, sinkhorn2, sinkhorn_kernel
+from .sinkhorn import (
+    check_backend_params,
+    sinkhorn,
+    sinkhorn2,
+    sinkhorn_kernel,
+    sinkhorn_unbalanced,
+    solve_sample,
+)
 
 __all__ = [
     "SAFEGUARD_POLICIES",
@@ -30,11 +38,13 @@ __all__ = [
     "NonPositiveKernelError",
     "PlainRun",
     "PlanSummary",
+    "Problem",
     "SinkhornResult",
     "SolverOptions",
     "TrueKernelCheck",
     "check_backend_params",
     "entropic_dual",
+    "make_problem",
     "plain_sinkhorn",
     "plan_summaries",
     "plan_summary",
@@ -42,5 +52,7 @@ __all__ = [
     "sinkhorn",
     "sinkhorn2",
     "sinkhorn_kernel",
+    "sinkhorn_unbalanced",
+    "solve_sample",
     "true_kernel_check",
 ]
