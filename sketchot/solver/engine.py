@@ -80,6 +80,7 @@ STALL_CHECKS = 30
 STAGE_TOL = 1e-3
 
 ORDERS = ("pot", "paper")
+STRATEGIES = ("multiplicative", "absorb", "log")
 
 
 @dataclass
@@ -140,7 +141,9 @@ def choose_strategy(kernel: KernelOperator, log_domain: bool | str) -> str:
 def epsilon_schedule(reg: float, spread: float, factor: float = 0.5) -> list[float]:
     """Geometric regularisations from ``spread`` down to ``reg``: ``reg_k = spread q^k``,
     ``q = (reg / spread)^(1/K) >= factor``, the last exactly ``reg`` (``[reg]`` when
-    ``spread <= reg``)."""
+    ``spread <= reg``); ``factor`` in (0, 1)."""
+    if not 0.0 < factor < 1.0:
+        raise ValueError(f"factor must be in (0, 1); got {factor!r}")
     if spread <= reg:
         return [reg]
     count = math.ceil(math.log(spread / reg) / math.log(1.0 / factor) - 1e-12)
@@ -198,6 +201,8 @@ def iterate(
     """
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}; got {order!r}")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}; got {strategy!r}")
     if not schedule:
         result = _Run(kernel, problem, strategy, anderson, guard, progress, order).run(
             tol, max_iter, check_every, timed

@@ -37,10 +37,13 @@ class PlanSummary:
 
 
 def _log_form(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray) -> bool:
-    """Whether the plan must be evaluated entry by entry in log form."""
+    """Whether the plan must be evaluated entry by entry in log form (scalings beyond the
+    range of the kernel's storage precision: products run in it)."""
     if "exact" not in kernel.info.capabilities:
         return False
-    return not (log_u.max() + log_v.max() < SAFE_LOG and log_u.min() > -SAFE_LOG)
+    # float32 products overflow above e^88: keep the same margin below it as SAFE_LOG has
+    safe = min(SAFE_LOG, float(np.log(np.finfo(kernel.dtype).max)) - 59.0)
+    return not (log_u.max() + log_v.max() < safe and log_u.min() > -safe)
 
 
 def _log_kernel(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray) -> bool:

@@ -233,13 +233,6 @@ def test_float32_absorbed_close_to_float64(problem):
     assert np.abs(P - plan(*reference.potentials, Xc, Yc, reg)).sum() < 1e-4
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plans.plan_summary evaluates the plan of a float32 exact kernel with float32 "
-    "products of exp(log u), exp(log v) whenever log u + log v < 650 (a float64 bound): "
-    "exp(97) overflows float32, inf * 0 = nan, so mass and <P, M> are nan and the solve "
-    "raises InvalidResultError although the iteration converged",
-)
 def test_float32_summary_at_small_reg_is_finite(problem):
     Xc, Yc, a, b = problem
     K32 = kernel(Xc, Yc, 0.003, dtype=np.float32)
@@ -370,11 +363,6 @@ def test_epsilon_schedule_is_geometric_and_ends_at_reg(reg, ratio, factor):
     np.testing.assert_allclose(steps, steps[0], rtol=1e-9)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine.epsilon_schedule does not validate factor: 1.5 returns [reg] although "
-    "spread > reg, 1.0 and 0.0 raise ZeroDivisionError",
-)
 @pytest.mark.parametrize("factor", [1.5, 1.0, 0.0])
 def test_epsilon_schedule_rejects_factor_outside_unit_interval(factor):
     with pytest.raises(ValueError, match="factor"):
@@ -415,12 +403,6 @@ def unbalanced_kernel(strategy, Xc, Yc, reg):
 STRATEGIES = ["multiplicative", "absorb", "log"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the engine solves the unbalanced problem with reg KL(P | 1 1^T) (POT's "
-    "reg_type='entropy'), whereas Problem and sinkhorn document reg KL(P | a b^T) (POT's "
-    "default reg_type='kl'); L1 distance between the two plans here: 0.5",
-)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_unbalanced_matches_pot(colours, strategy):
     Xc, Yc, a, b = unbalanced_problem(colours)
