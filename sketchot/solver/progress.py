@@ -168,10 +168,13 @@ class Progress:
         with self._lock:
             if self.closed:
                 return
+            now = clock()
+            if self._display is None and self.show == "auto":
+                self._draw(now)  # work that ran long enough is shown, if only by its last line
             self.closed = True
             _TICKER.discard(self)
             if self._display is not None:
-                self._display.finish(self._text(clock(), status, final=True), self.done, self.total)
+                self._display.finish(self._text(now, status, final=True), self.done, self.total)
                 self._display = None
 
     def __enter__(self) -> Progress:
