@@ -30,10 +30,23 @@ a transfer whose scalings miss ``--accuracy`` against the true kernel exit code 
 
 from __future__ import annotations
 
-import argparse
+import os
+import signal
 import sys
-import time
+
+if __name__ == "__main__":
+    # Ctrl-C while the libraries below load: the program's one line and exit code 130, no
+    # traceback (sketchot.color.cli.run_program takes over once they are loaded).
+    def interrupted_while_loading(number, frame):
+        sys.stderr.write("error: interrupted; every output keeps its previous content\n")
+        sys.stderr.flush()
+        os._exit(130)
+
+    signal.signal(signal.SIGINT, interrupted_while_loading)
+
+import argparse
 from collections.abc import Sequence
+from contextlib import redirect_stdout
 from pathlib import Path
 
 import matplotlib
@@ -49,14 +62,18 @@ from sketchot.color import (
     transfer_colors,
 )
 from sketchot.color.cli import (
+    EXIT_INTERRUPTED,
+    INTERRUPTED,
     OneLineParser,
     check_outputs,
     one_line_warnings,
     positive_float,
     positive_int,
+    run_program,
 )
 from sketchot.color.figures import color_transfer_figure, figure_writer
 from sketchot.color.images import image_writer
+from sketchot.color.steps import Steps
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "images"
@@ -194,8 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return _main(argv)
         except KeyboardInterrupt:
-            print("error: interrupted; every output keeps its previous content", file=sys.stderr)
-            return 130
+            print(INTERRUPTED, file=sys.stderr)
+            return EXIT_INTERRUPTED
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -208,31 +225,31 @@ def _main(argv: Sequence[str] | None) -> int:
     source = args.source if args.source is not None else DEFAULT_SOURCE
     target = args.target if args.target is not None else DEFAULT_TARGET
 
-    def say(text: str) -> None:
-        print(f"[{time.perf_counter() - started:7.2f} s] {text}", flush=True)
-
-    started = time.perf_counter()
+    steps = Steps()  # each step (loading, sampling, ...) shown live once it runs a few seconds
+    say = steps.say
     say(f"source {source}\n{' ' * 12}target {target}")
     try:
-        run = transfer_colors(
-            source,
-            target,
-            reg=args.reg,
-            backend=args.backend,
-            n_samples=args.n_samples,
-            rng=args.seed,
-            replace=args.replace,
-            weighted=args.weighted,
-            inverse=inverse_out is not None,
-            max_iter=args.max_iter,
-            tol=args.tol,
-            safeguard=args.safeguard,
-            accuracy=args.accuracy,
-            verbose=True,
-            progress=say,
-            compact=True,  # uint8 images: full-resolution photographs in bounded memory
-            **params,
-        )
+        steps.start("loading")
+        with redirect_stdout(steps.lines()):  # the solver's lines go above the live step
+            run = transfer_colors(
+                source,
+                target,
+                reg=args.reg,
+                backend=args.backend,
+                n_samples=args.n_samples,
+                rng=args.seed,
+                replace=args.replace,
+                weighted=args.weighted,
+                inverse=inverse_out is not None,
+                max_iter=args.max_iter,
+                tol=args.tol,
+                safeguard=args.safeguard,
+                accuracy=args.accuracy,
+                verbose=True,
+                progress=say,
+                compact=True,  # uint8 images: full-resolution photographs in bounded memory
+                **params,
+            )
         result = run.result
         if result.reason:
             say(f"backend {result.backend}: {result.reason}")
@@ -270,16 +287,24 @@ def _main(argv: Sequence[str] | None) -> int:
                 )
             figure = color_transfer_figure(panels, title=title, rng=args.seed)
             writers.append((figure_out, figure_writer(figure, figure_out)))
+        steps.start("writing")
         with outputs:  # all written, or (error, Ctrl-C) none: the old files stay
             for path, writer in writers:
                 outputs.write(path, writer)
+        steps.finish()
+    except KeyboardInterrupt:
+        steps.finish("interrupted")
+        raise
     except (ValueError, TypeError, FileNotFoundError, IsADirectoryError) as exc:
+        steps.finish()  # its line ended before the error's
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except MemoryError as exc:
+        steps.finish()
         print(f"error: {exc or 'out of memory'}", file=sys.stderr)
         return 1
     except (OSError, FloatingPointError) as exc:
+        steps.finish()
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
 
@@ -304,4 +329,4 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_program(main))

@@ -32,9 +32,22 @@ Outputs are checked before any work and written all together (see examples/color
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+
+if __name__ == "__main__":
+    # Ctrl-C while the libraries below load: the program's one line and exit code 130, no
+    # traceback (sketchot.color.cli.run_program takes over once they are loaded).
+    def interrupted_while_loading(number, frame):
+        sys.stderr.write("error: interrupted; every output keeps its previous content\n")
+        sys.stderr.flush()
+        os._exit(130)
+
+    signal.signal(signal.SIGINT, interrupted_while_loading)
+
 import argparse
 import json
-import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,13 +62,17 @@ import numpy as np
 import sketchot
 from sketchot.color import OutputSet, load_image, transfer_colors
 from sketchot.color.cli import (
+    EXIT_INTERRUPTED,
+    INTERRUPTED,
     OneLineParser,
     check_outputs,
     one_line_warnings,
     positive_float,
     positive_int,
+    run_program,
 )
 from sketchot.color.figures import comparison_figure, figure_writer
+from sketchot.color.steps import Steps
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "images"
@@ -161,8 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return _main(argv)
         except KeyboardInterrupt:
-            print("error: interrupted; every output keeps its previous content", file=sys.stderr)
-            return 130
+            print(INTERRUPTED, file=sys.stderr)
+            return EXIT_INTERRUPTED
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -187,9 +204,12 @@ def _main(argv: Sequence[str] | None) -> int:
             rank_params(args.small_rank),
         ),
     ]
+    steps = Steps()  # each step shown live once it runs a couple of seconds
     try:
+        steps.start("loading")
         source = load_image(args.source or DEFAULT_SOURCE, name="source")
         target = load_image(args.target or DEFAULT_TARGET, name="target")
+        steps.finish()
         print(
             f"source {source.shape[1]} x {source.shape[0]}, target {target.shape[1]} x "
             f"{target.shape[0]}, {args.n_samples} samples each, seed {args.seed}, "
@@ -201,14 +221,18 @@ def _main(argv: Sequence[str] | None) -> int:
         for label, reg, table in settings:
             if reg not in exact_runs:
                 print(f"[{label}] exact ...", flush=True)
+                steps.start(f"exact, {label}")
                 exact_runs[reg] = run_one(source, target, reg, "exact", {}, args)
+                steps.finish()
             exact = exact_runs[reg]
             exact["diff_mean"] = 0.0
             panels = [(f"exact: {exact['per_iteration_ms']:.0f} ms/it", exact["image"])]
             setting_records = [exact]
             for backend in BACKENDS:
                 print(f"[{label}] {backend} {describe_params(table[backend])} ...", flush=True)
+                steps.start(f"{backend}, {label}")
                 record = run_one(source, target, reg, backend, table[backend], args)
+                steps.finish()
                 record["diff_mean"] = float(np.abs(record["image"] - exact["image"]).mean())
                 record["speedup_per_iteration"] = (
                     exact["per_iteration_ms"] / record["per_iteration_ms"]
@@ -227,6 +251,7 @@ def _main(argv: Sequence[str] | None) -> int:
             for record in setting_records:
                 records.append({"setting": label, **record})
             print_table(label, setting_records)
+        steps.start("drawing the figure")
         figure = comparison_figure(
             [("source", source), ("target", target)],
             rows,
@@ -237,19 +262,27 @@ def _main(argv: Sequence[str] | None) -> int:
         )
         payload = [{k: v for k, v in r.items() if k != "image"} for r in records]
         text = json.dumps(payload, indent=2, default=float)
+        steps.start("writing")
         with outputs:  # all written, or (error, Ctrl-C) none: the old files stay
             outputs.write(out, figure_writer(figure, out))
             if args.json is not None:
                 outputs.write(args.json, lambda stream: stream.write(text.encode()))
+        steps.finish()
         for path in outputs.paths:
             print(f"wrote {path}")
+    except KeyboardInterrupt:
+        steps.finish("interrupted")
+        raise
     except (ValueError, TypeError, FileNotFoundError, IsADirectoryError) as exc:
+        steps.finish()  # its line ended before the error's
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except MemoryError as exc:
+        steps.finish()
         print(f"error: {exc or 'out of memory'}", file=sys.stderr)
         return 1
     except (OSError, FloatingPointError) as exc:
+        steps.finish()
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -289,4 +322,4 @@ def print_table(label: str, records: list[dict[str, Any]]) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_program(main))

@@ -2,7 +2,11 @@
 
 Every bad input must end as ONE line ``error: ...`` on stderr and exit code 2, without a
 traceback, and before any output file is touched; the output files themselves are planned,
-checked and written with :class:`~sketchot.color.outputs.OutputSet`.
+checked and written with :class:`~sketchot.color.outputs.OutputSet`. Ctrl-C ends a program as
+one line (:data:`INTERRUPTED`) and exit code 130, also while it loads its libraries (the
+programs install their own handler for that before their imports, then :func:`run_program`
+takes over). :class:`~sketchot.color.steps.Steps` shows a live line for each step that runs
+more than a couple of seconds.
 """
 
 from __future__ import annotations
@@ -10,11 +14,20 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
+import sys
 import warnings
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
 
 from .outputs import OutputPathError, OutputSet
+
+#: The one line a program prints on stderr when Ctrl-C stops it.
+INTERRUPTED = "error: interrupted; every output keeps its previous content"
+
+#: Exit code of a program stopped by Ctrl-C (128 + SIGINT, as shells report it).
+EXIT_INTERRUPTED = 130
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -73,3 +86,28 @@ def one_line_warnings() -> Iterator[None]:
         yield
     finally:
         warnings.formatwarning = previous
+
+
+def run_program(main: Callable[[], int]) -> int:
+    """Run a program's ``main()`` and return its exit code; Ctrl-C at any moment ends it as
+    one line :data:`INTERRUPTED` on stderr and :data:`EXIT_INTERRUPTED`, never a traceback.
+
+    Restores Python's ``KeyboardInterrupt`` (the program may have installed a handler of its
+    own while it imported its libraries). Once ``main()`` is over, a further Ctrl-C ends the
+    process at once (the interpreter's shutdown would print a traceback).
+    """
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        code = main()
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        code = EXIT_INTERRUPTED
+    signal.signal(signal.SIGINT, _exit_interrupted)
+    return code
+
+
+def _exit_interrupted(number: int, frame: Any) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(EXIT_INTERRUPTED)

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from .._defaults import DEFAULT_MAX_DENSE_BYTES
-from .._parallel import run_parts
+from .._parallel import Part, add_in_place, reduce_parts
 from .._validation import check_choice, check_matrix, describe
 from ..gibbs import GibbsGeometry
 
@@ -341,8 +341,10 @@ def blocked_fused_pass(
     For each block ``F_b = block_of(rows)``: ``p_b = F_b w``, ``s_b = (c_b / p_b)^exponent``
     (healthy entries), ``proj += F_b^T s_b``. Products run in ``dtype`` (float32 factors are never
     copied to float64); ratios and sums are float64. Large passes are split over the pool's
-    threads (numpy releases the GIL): worker ``k`` takes blocks ``k, k + W, ...`` and partial
-    projections are added in worker order, so the result does not depend on scheduling.
+    threads (numpy releases the GIL) in groups of consecutive blocks that do not depend on the
+    number of threads; each group sums its own projection and the groups' projections are
+    added in group order, so the result is the same, bit for bit, with any number of threads.
+    Ctrl-C stops the pass between two blocks (see :func:`sketchot._parallel.run_parts`).
     """
     w_cast = w.astype(dtype, copy=False)
     products = np.empty(n_rows)
@@ -351,7 +353,7 @@ def blocked_fused_pass(
     all_active = numerator.min() > 0
     floor = MIN_DENOMINATOR_RATIO * numerator.max()
 
-    def run(part: Sequence[slice]) -> np.ndarray:
+    def run(part: Part[slice]) -> np.ndarray:
         proj = np.zeros(out_dim)
         # A diverging approximation can overflow; such entries come back in the mask.
         with np.errstate(over="ignore", invalid="ignore"):
@@ -371,8 +373,6 @@ def blocked_fused_pass(
                 proj += s.astype(dtype, copy=False) @ F
         return proj
 
-    partial = run_parts(run, slices, n_rows * out_dim >= THREADED_PASS_MIN_ENTRIES)
-    projection = partial[0]
-    for more in partial[1:]:
-        projection += more
+    threaded = n_rows * out_dim >= THREADED_PASS_MIN_ENTRIES
+    projection = reduce_parts(run, slices, threaded, add_in_place)
     return FusedPass(products, ratios, projection, bad)

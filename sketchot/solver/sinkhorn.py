@@ -27,6 +27,7 @@ from .errors import AccuracyWarning, InvalidResultError, InvalidResultWarning
 from .options import SolverOptions
 from .plans import check_from_masses, fixed_point_target, plan_summary
 from .problem import Problem, make_problem
+from .progress import Progress
 from .result import SinkhornResult
 from .safeguard import Safeguard
 
@@ -349,11 +350,17 @@ def solve(
         regs = epsilon_schedule(g.reg, g.max_cost())
         schedule = [kernel.at_reg(reg) for reg in regs[:-1]]
     start = time.perf_counter()
-    state = iterate(
-        kernel, problem, tol=tol, max_iter=options.max_iter, check_every=options.check_every,
-        strategy=strategy, anderson=options.anderson_memory(strategy != "multiplicative"),
-        guard=guard, progress=printer, schedule=schedule,
-    )  # fmt: skip
+    with Progress(
+        f"sinkhorn ({kernel.info.backend})", total=options.max_iter, show=options.warn
+        and "auto",
+    ) as live:  # fmt: skip
+        state = iterate(
+            kernel, problem, tol=tol, max_iter=options.max_iter,
+            check_every=options.check_every, strategy=strategy,
+            anderson=options.anderson_memory(strategy != "multiplicative"), guard=guard,
+            progress=_Monitor(printer, live), schedule=schedule,
+        )  # fmt: skip
+        live.close(state.status)
     elapsed = time.perf_counter() - start
     summary = plan_summary(kernel, state.log_u, state.log_v)
     result = SinkhornResult(
@@ -508,6 +515,20 @@ def _announce_long_run(kernel: KernelOperator, options: SolverOptions, printer: 
 def _relative(value: float) -> str:
     """A relative error as a percentage, or in scientific notation when it is huge."""
     return f"{value:.1%}" if value < 10 else f"{value:.2g}x"
+
+
+class _Monitor:
+    """What the iteration reports to: the live progress line and the verbose table."""
+
+    def __init__(self, printer: _Printer, live: Progress) -> None:
+        self.printer, self.live = printer, live
+
+    def update(self, iteration: int, *, error: float, target: float | None = None) -> None:
+        self.printer.update(iteration, error=error, target=target)
+        self.live.update(iteration, error=error, target=target)
+
+    def log(self, text: str) -> None:
+        self.printer.log(text)
 
 
 class _Printer:
