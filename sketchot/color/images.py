@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from .._validation import check_int, check_rng, describe
+from .._validation import check_int, check_rng, describe, refuse_masked
 from .outputs import atomic_write_with
 
 #: Pillow modes that hold 16-bit (or wider) integers, which ``Image.convert("RGB")`` would clip
@@ -654,6 +654,11 @@ def _from_pillow(picture: Image.Image, name: str, label: str) -> np.ndarray:
 
 
 def _from_array(value: Any, name: str) -> np.ndarray:
+    refuse_masked(
+        value,
+        name,
+        f"crop the masked pixels out, or fill them ({name}.filled(...))",
+    )
     try:
         array = np.asarray(value)
     except (TypeError, ValueError) as exc:
