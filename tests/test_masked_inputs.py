@@ -98,6 +98,6 @@ def test_masked_images_are_refused_by_the_colour_functions(seed, data):
         lambda: sketchot.color_transfer(masked, image, n_samples=3, rng=0),
     ):
         with pytest.raises(
-            TypeError, match=r"^source is a numpy masked array .* crop the masked pixels out"
+            TypeError, match=r"^source is a numpy masked array .* fully transparent instead"
         ):
             call()
