@@ -19,6 +19,11 @@ every check), map EVERY pixel of the source (and of the target, back) with the e
 and check the scalings against the exact kernel. Writes the recoloured image(s) and a figure
 (images and colour distributions side by side).
 
+Images with an alpha channel keep it: fully transparent pixels are not sampled, and the
+recoloured images are RGBA with the input's alpha unchanged (write them as .png, .tif or
+.webp). Image files above Pillow's decompression-bomb threshold are refused before decoding
+(``--max-pixels`` sets another limit, 0 none).
+
 Outputs are checked before any work (folder exists and is writable, no output is an input or
 another output) and written all together: a failure or Ctrl-C leaves every old output as it
 was, and no temporary file. Images are mapped at full resolution as 8-bit integers (about
@@ -65,7 +70,9 @@ from sketchot.color.cli import (
     EXIT_INTERRUPTED,
     INTERRUPTED,
     OneLineParser,
+    add_max_pixels_option,
     check_outputs,
+    max_pixels_of,
     one_line_warnings,
     positive_float,
     positive_int,
@@ -117,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--weighted", action="store_true",
         help="sample distinct colours, weighted by their pixel counts",
     )  # fmt: skip
+    add_max_pixels_option(parser)
     group = parser.add_argument_group("backend parameters")
     group.add_argument(
         "--rank", type=positive_int,
@@ -248,6 +256,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 verbose=True,
                 progress=say,
                 compact=True,  # uint8 images: full-resolution photographs in bounded memory
+                max_pixels=max_pixels_of(args),
                 **params,
             )
         result = run.result

@@ -42,6 +42,20 @@ def check_dtype(dtype: Any, name: str = "dtype") -> np.dtype:
     return resolved
 
 
+def refuse_masked(value: Any, name: str, remedy: str) -> None:
+    """Raise ``TypeError`` for a numpy masked array with masked entries.
+
+    ``numpy.asarray`` drops the mask and keeps whatever lies under it, so the masked values
+    would silently enter the computation. ``remedy`` says how to proceed.
+    """
+    if np.ma.isMaskedArray(value) and np.ma.is_masked(value):
+        count = int(np.count_nonzero(np.ma.getmaskarray(value)))
+        raise TypeError(
+            f"{name} is a numpy masked array with {count} masked entries, and sketchot does not "
+            f"read masks (the values under them would be used); {remedy}"
+        )
+
+
 def check_matrix(
     value: Any,
     name: str,
@@ -53,7 +67,8 @@ def check_matrix(
     """Validate a 2-D, non-empty, finite numeric matrix and return it as float64.
 
     Integer and boolean inputs (pixel arrays, say) are converted; complex, object and string
-    inputs are rejected. ``n_features`` checks the number of columns; ``feature_name`` names
+    inputs are rejected, and so are masked arrays with masked entries (see
+    :func:`refuse_masked`). ``n_features`` checks the number of columns; ``feature_name`` names
     the argument that fixed that number, for the error message.
     """
     if allow_sparse and sp.issparse(value):
@@ -63,6 +78,12 @@ def check_matrix(
     else:
         if sp.issparse(value):
             raise TypeError(f"{name} must be a dense array; got {describe(value)}")
+        refuse_masked(
+            value,
+            name,
+            f"drop the rows with masked entries ({name}[~{name}.mask.any(axis=1)]) and their "
+            "weights, or fill them and give those rows zero weight",
+        )
         try:
             array = np.asarray(value)
         except (ValueError, TypeError) as exc:
@@ -141,10 +162,18 @@ def check_choice(value: Any, name: str, choices: Iterable[str]) -> str:
 def check_weights(value: Any, name: str, n_points: int, points_name: str) -> np.ndarray:
     """Validate a histogram: 1-D, finite, non-negative, positive total, one weight per point.
 
+    A masked array with masked entries is refused (:func:`refuse_masked`).
+
     ``None`` gives uniform weights ``1 / n_points``.
     """
     if value is None:
         return np.full(n_points, 1.0 / n_points)
+    refuse_masked(
+        value,
+        name,
+        f"pass zero weights where it is masked ({name}.filled(0)), or drop those entries "
+        f"together with their rows of {points_name}",
+    )
     array = np.asarray(value)
     if array.dtype.kind not in "biuf":
         raise TypeError(f"{name} must be a 1-D array of real weights; got {describe(value)}")

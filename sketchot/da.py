@@ -120,7 +120,9 @@ class SketchSinkhornTransport(BaseTransport):
             )
         self.reg_e = reg_e
         self.backend = backend
-        self.backend_params = {**(backend_params or {}), **extra_backend_params}
+        self.backend_params = _check_backend_params(
+            {**(backend_params or {}), **extra_backend_params}
+        )
         self.max_iter = max_iter
         self.tol = tol
         self.verbose = verbose
@@ -131,7 +133,7 @@ class SketchSinkhornTransport(BaseTransport):
             raise TypeError(
                 f"solver_options must be a dict or None; got {describe(solver_options)}"
             )
-        self.solver_options = dict(solver_options or {})
+        self.solver_options = _check_solver_options(dict(solver_options or {}))
 
     # ------------------------------------------------------------------------------ fit
     def fit(self, Xs: Any = None, ys: Any = None, Xt: Any = None, yt: Any = None):
@@ -168,6 +170,8 @@ class SketchSinkhornTransport(BaseTransport):
         reg_e = check_float(self.reg_e, "reg_e", positive=True)
         if self.backend != "auto":
             get_backend(self.backend)
+        _check_backend_params(self.backend_params)  # set_params may have replaced them
+        _check_solver_options(self.solver_options)
         self.nx = self._get_backend(Xs, Xt)
         self.mu_s = np.asarray(self.distribution_estimation(Xs), dtype=np.float64)
         self.mu_t = np.asarray(self.distribution_estimation(Xt), dtype=np.float64)
@@ -288,6 +292,52 @@ class SketchSinkhornTransport(BaseTransport):
         _, index = np.unique(labels, return_inverse=True)
         index = index.reshape(-1)
         return np.eye(int(index.max()) + 1)[index]
+
+
+#: ``sinkhorn``'s own arguments, which the estimator sets itself, and what to pass instead.
+_RESERVED = {
+    "reg": "reg_e=... (POT's name for the entropic regularisation)",
+    "a": "distribution_estimation=... (the sample weights)",
+    "b": "distribution_estimation=... (the sample weights)",
+    "X": "fit(Xs=..., Xt=...)",
+    "Y": "fit(Xs=..., Xt=...)",
+    "backend": "backend=...",
+    "rng": "rng=...",
+}
+
+#: Solver options that are the estimator's own constructor arguments (POT's names).
+_OWN_OPTIONS = ("max_iter", "tol", "verbose", "safeguard")
+
+
+def _check_backend_params(params: Any) -> dict[str, Any]:
+    """Refuse backend parameters that are ``sinkhorn``'s own arguments or solver options: at
+    ``fit`` they would reach ``sinkhorn`` twice."""
+    if not isinstance(params, dict):
+        raise TypeError(f"backend_params must be a dict; got {describe(params)}")
+    for name in params:
+        if name in _RESERVED:
+            raise TypeError(
+                f"SketchSinkhornTransport got {name}={params[name]!r} as a backend parameter, "
+                f"but it sets {name!r} itself: pass {_RESERVED[name]}"
+            )
+        if name in SolverOptions.names():
+            where = f"{name}=..." if name in _OWN_OPTIONS else f"solver_options={{{name!r}: ...}}"
+            raise TypeError(
+                f"SketchSinkhornTransport got the solver option {name}={params[name]!r} as a "
+                f"backend parameter; pass {where}"
+            )
+    return params
+
+
+def _check_solver_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Refuse solver options that are constructor arguments of their own (given twice)."""
+    for name in options:
+        if name in _OWN_OPTIONS:
+            raise TypeError(
+                f"solver_options holds {name!r}, an argument of SketchSinkhornTransport itself: "
+                f"pass {name}=... to the constructor"
+            )
+    return options
 
 
 def _normalise_rows(values: np.ndarray, totals: np.ndarray) -> np.ndarray:

@@ -111,6 +111,21 @@ def gibbs_log_matvec(X: np.ndarray, Y: np.ndarray, reg: float, log_v: np.ndarray
     return out
 
 
+def check_finite_norms(name: str, points: np.ndarray) -> None:
+    """Refuse a cloud whose squared norms overflow float64 (values above ~1e154): every cost
+    built from them would be inf or NaN, whatever ``reg``. ``O(n d)``."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        finite = np.isfinite(sq_norms(points))
+    if not np.all(finite):
+        bad = int(np.count_nonzero(~finite))
+        raise ValueError(
+            f"{name} has {bad} point{'s' if bad > 1 else ''} whose squared norm overflows "
+            f"float64 (largest |value| {np.abs(points).max():.3g}; squares must stay below "
+            f"{np.finfo(np.float64).max:.3g}): rescale the points, e.g. divide X, Y by s and "
+            "reg by s**2 (the same kernel)"
+        )
+
+
 class GibbsGeometry:
     """Two point clouds and ``reg``: everything needed to evaluate the TRUE Gibbs kernel.
 
@@ -143,10 +158,20 @@ class GibbsGeometry:
         self.center = (X.sum(axis=0) + Y.sum(axis=0)) / (X.shape[0] + Y.shape[0])
         self.Xc = X - self.center
         self.Yc = Y - self.center
-        self.x_sq = sq_norms(self.Xc)
-        self.y_sq = sq_norms(self.Yc)
+        check_finite_norms("X", X)
+        check_finite_norms("Y", Y)
+        with np.errstate(over="ignore", invalid="ignore"):
+            self.x_sq = sq_norms(self.Xc)
+            self.y_sq = sq_norms(self.Yc)
+            cost = self.max_cost()
+        if not np.isfinite(cost):  # each cloud squares finely, but not their distances
+            raise ValueError(
+                "the squared distances between X and Y overflow float64 (largest |value| "
+                f"{max(np.abs(X).max(), np.abs(Y).max()):.3g}): rescale the points, e.g. "
+                "divide X, Y by s and reg by s**2 (the same kernel)"
+            )
         with np.errstate(over="ignore", divide="ignore"):
-            scale = self.max_cost() / self.reg
+            scale = cost / self.reg
             inverse = 1.0 / self.reg
         if not (np.isfinite(scale) and np.isfinite(inverse)):
             raise ValueError(

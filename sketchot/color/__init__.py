@@ -17,11 +17,13 @@ from .images import (
     available_memory,
     color_spread,
     distinct_colors,
+    image_alpha,
     image_pixels,
     load_image,
     load_image_pair,
     sample_pixels,
     save_image,
+    visible_pixels,
 )
 from .outputs import OutputPathError, OutputSet, check_output_paths
 from .transfer import (
@@ -54,6 +56,7 @@ __all__ = [
     "color_spread",
     "color_transfer",
     "distinct_colors",
+    "image_alpha",
     "image_pixels",
     "load_image",
     "load_image_pair",
@@ -62,4 +65,5 @@ __all__ = [
     "sample_pixels",
     "save_image",
     "transfer_colors",
+    "visible_pixels",
 ]

@@ -21,6 +21,9 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from PIL import Image
+
+from .images import PILLOW_LIMIT
 from .outputs import OutputPathError, OutputSet
 
 #: The one line a program prints on stderr when Ctrl-C stops it.
@@ -57,6 +60,31 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def add_max_pixels_option(parser: argparse.ArgumentParser) -> None:
+    """``--max-pixels N``: the ``max_pixels`` of :func:`~sketchot.color.load_image`."""
+    parser.add_argument(
+        "--max-pixels", type=non_negative_int, metavar="N",
+        help="refuse image files of more than N pixels before decoding them (default: "
+        f"Pillow's decompression-bomb threshold, {Image.MAX_IMAGE_PIXELS}); 0: no limit",
+    )  # fmt: skip
+
+
+def max_pixels_of(args: argparse.Namespace) -> int | str | None:
+    """The ``max_pixels`` argument for ``--max-pixels`` (absent: Pillow's; 0: none)."""
+    return PILLOW_LIMIT if args.max_pixels is None else (args.max_pixels or None)
 
 
 def check_outputs(

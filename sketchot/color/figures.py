@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .._validation import check_int, check_rng
-from .images import as_float, image_pixels
+from .images import as_float, visible_pixels
 from .outputs import atomic_write_with
 
 #: Pixels drawn per colour-distribution scatter plot (enough to show the shape, fast to draw).
@@ -41,9 +41,10 @@ def display_image(image: np.ndarray, max_side: int = DISPLAY_SIDE) -> np.ndarray
 def color_scatter(axes: Any, image: np.ndarray, rng: np.random.Generator, n_points: int) -> None:
     """Scatter of random pixels in the (red, blue) plane, each drawn in its own colour.
 
-    Red against blue separates warm from cool palettes, as in POT's colour example.
+    Red against blue separates warm from cool palettes, as in POT's colour example. Fully
+    transparent pixels (alpha 0) are not drawn.
     """
-    pixels = image_pixels(image)
+    pixels = visible_pixels(image)
     chosen = rng.choice(pixels.shape[0], size=min(n_points, pixels.shape[0]), replace=False)
     colors = as_float(pixels[chosen])
     axes.scatter(colors[:, 0], colors[:, 2], c=np.clip(colors, 0, 1), s=3, linewidths=0)
@@ -69,7 +70,7 @@ def color_transfer_figure(
     ----------
     panels : sequence of (label, image)
         E.g. ``[("source", src), ("target", tgt), ("source recoloured", out)]``; images of
-        shape ``(H, W, 3)`` in ``[0, 1]``.
+        shape ``(H, W, 3)`` or ``(H, W, 4)`` (drawn with their transparency).
     title : str, optional
         Figure title (timings, settings).
     rng : None, int or Generator

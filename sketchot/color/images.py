@@ -5,21 +5,28 @@ pixel). This module turns anything Pillow reads (or an array) into such a cloud,
 an explicit random generator, and writes results back to image files without ever leaving a
 partially written file behind.
 
-Conventions: images are float64 arrays of shape ``(H, W, 3)`` with values in ``[0, 1]``; 8-bit
-data are divided by 255 and 16-bit data by 65535 (so that white is exactly 1). For images too
+Conventions: images are float64 arrays of shape ``(H, W, 3)`` with values in ``[0, 1]``, or
+``(H, W, 4)`` when the image has an alpha channel (RGBA, kept as the fourth channel); 8-bit
+data are divided by 255 and 16-bit data by 65535 (so that white is exactly 1). Colour transfer
+acts on colours: fully transparent pixels (alpha 0) are left out of the palette
+(:func:`sample_pixels`), and the alpha channel passes through a mapping unchanged. For images too
 large for float64 copies, ``load_image(..., dtype=None)`` keeps the stored integers (uint8, or
 uint16 for 16-bit files: 3 or 6 bytes per pixel instead of 24) and :class:`ColorIndex` finds
 the distinct colours on packed integer codes, a block of pixels at a time.
 
 Files are read upright (the EXIF orientation tag is applied), 16-bit RGB(A) PNGs at their full
-16 bits, and an image is refused with a clear message when decoding it would exceed Pillow's
-decompression-bomb limit or the memory available.
+16 bits, and an image is refused with a clear message, before decoding, when it has more pixels
+than ``max_pixels`` (by default Pillow's decompression-bomb threshold
+``PIL.Image.MAX_IMAGE_PIXELS``, where Pillow itself only warns) or when decoding it would need
+more memory than is available.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import struct
+import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,7 +36,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from .._validation import check_int, check_rng, describe
+from .._validation import check_int, check_rng, describe, refuse_masked
 from .outputs import atomic_write_with
 
 #: Pillow modes that hold 16-bit (or wider) integers, which ``Image.convert("RGB")`` would clip
@@ -53,9 +60,24 @@ MEMORY_FRACTION = 0.8
 
 PathLike = str | os.PathLike
 
+#: Pillow modes with an alpha channel (``P`` and others may have one as ``transparency``).
+_ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
 
-def load_image(image: Any, *, name: str = "image", dtype: Any = np.float64) -> np.ndarray:
-    """Read an image as float RGB in ``[0, 1]`` (or as its stored integers, ``dtype=None``).
+#: ``max_pixels`` default: Pillow's ``Image.MAX_IMAGE_PIXELS``, read at each call.
+PILLOW_LIMIT = "pillow"
+
+# Serialises the moments this module switches Pillow's own bomb check off (see _open).
+_PILLOW_CHECK_LOCK = threading.Lock()
+
+
+def load_image(
+    image: Any,
+    *,
+    name: str = "image",
+    dtype: Any = np.float64,
+    max_pixels: int | str | None = PILLOW_LIMIT,
+) -> np.ndarray:
+    """Read an image as float RGB(A) in ``[0, 1]`` (or as its stored integers, ``dtype=None``).
 
     Parameters
     ----------
@@ -71,21 +93,26 @@ def load_image(image: Any, *, name: str = "image", dtype: Any = np.float64) -> n
         ``float64``: values in ``[0, 1]`` (24 bytes per pixel). ``None``: the values as stored,
         uint8 for 8-bit data, uint16 for 16-bit data (3 or 6 bytes per pixel), float64 in
         ``[0, 1]`` for float data; what full-resolution processing in bounded memory uses.
+    max_pixels : int, None or 'pillow', default='pillow'
+        Files with more pixels (width x height) are refused before decoding. ``'pillow'``:
+        Pillow's decompression-bomb threshold ``PIL.Image.MAX_IMAGE_PIXELS`` (89,478,485
+        unless changed), above which Pillow only warns and keeps going up to twice that;
+        ``None`` or ``0``: no limit. Arrays are not limited (they are decoded already).
 
     Returns
     -------
-    ndarray, shape (H, W, 3)
-        Greyscale is replicated on the three channels; an alpha channel is dropped (colour
-        transfer acts on colours, not on opacity).
+    ndarray, shape (H, W, 3) or (H, W, 4)
+        Greyscale is replicated on the three colour channels. An alpha channel (RGBA, LA,
+        palette or greyscale with transparency, ``(H, W, 4)`` arrays) is kept as the fourth
+        channel, in the same scale as the colours.
 
     Raises
     ------
     FileNotFoundError
         The path does not exist.
     ValueError
-        The file is not an image Pillow can read, it claims more pixels than Pillow's
-        decompression-bomb limit, the image has zero pixels, or float values lie outside
-        ``[0, 1]``.
+        The file is not an image Pillow can read, it has more pixels than ``max_pixels``,
+        the image has zero pixels, or float values lie outside ``[0, 1]``.
     MemoryError
         Decoding the file would need more memory than is available (estimated before
         decoding, see :func:`available_memory`).
@@ -99,8 +126,9 @@ def load_image(image: Any, *, name: str = "image", dtype: Any = np.float64) -> n
     """
     if dtype is not None and np.dtype(dtype) != np.float64:
         raise ValueError(f"dtype must be numpy.float64 or None; got {describe(dtype)}")
+    limit = _pixel_limit(max_pixels)
     if isinstance(image, (str, os.PathLike)):
-        stored = _load_file(Path(image), name, float_output=dtype is not None)
+        stored = _load_file(Path(image), name, float_output=dtype is not None, limit=limit)
     elif isinstance(image, Image.Image):
         stored = _from_pillow(image, name, f"{name} (a PIL image)")
     else:
@@ -168,8 +196,23 @@ def check_memory(needed: int, what: str) -> None:
 
 
 def image_pixels(image: np.ndarray) -> np.ndarray:
-    """The ``(H * W, 3)`` point cloud of an ``(H, W, 3)`` image (a view when possible)."""
-    return np.asarray(image).reshape(-1, 3)
+    """The ``(H * W, 3)`` colours of an ``(H, W, 3)`` or ``(H, W, 4)`` image, every pixel (a
+    view of an RGB image, a copy of the colour channels of an RGBA one)."""
+    return np.asarray(image)[..., :3].reshape(-1, 3)
+
+
+def image_alpha(image: np.ndarray) -> np.ndarray | None:
+    """The ``(H * W,)`` alpha values of an ``(H, W, 4)`` image, ``None`` without alpha."""
+    image = np.asarray(image)
+    return image[..., 3].reshape(-1) if image.shape[-1] == 4 else None
+
+
+def visible_pixels(image: np.ndarray) -> np.ndarray:
+    """The ``(k, 3)`` colours of the pixels that are not fully transparent (alpha > 0): all
+    of them, as :func:`image_pixels`, for an image without alpha."""
+    alpha = image_alpha(image)
+    pixels = image_pixels(image)
+    return pixels if alpha is None else pixels[alpha > 0]
 
 
 def load_image_pair(
@@ -211,8 +254,8 @@ def color_spread(source: Any, target: Any) -> dict[str, float]:
 
     Parameters
     ----------
-    source, target : array-like, shape (H, W, 3) or (N, 3)
-        Images or point clouds (all their pixels are used).
+    source, target : array-like, shape (H, W, 3), (H, W, 4) or (N, 3)
+        Images or point clouds (every pixel that is not fully transparent is used).
 
     Returns
     -------
@@ -222,7 +265,7 @@ def color_spread(source: Any, target: Any) -> dict[str, float]:
         which over ``reg`` is the half-width of the interval on which the ``polyts`` sketch
         fits ``exp(2 t)``.
     """
-    source, target = (image_pixels(image) for image in (source, target))
+    source, target = (visible_pixels(image) for image in (source, target))
     mean_x, mean_y = source.mean(axis=0), target.mean(axis=0)
     center = (source.sum(axis=0) + target.sum(axis=0)) / (len(source) + len(target))
     return {
@@ -247,7 +290,8 @@ class PixelSample:
     weights : ndarray, shape (n,)
         Non-negative weights summing to 1 (the histogram ``a`` or ``b`` of the transport).
     n_pixels : int
-        Number of pixels of the image the sample was drawn from.
+        Number of pixels the sample was drawn from: those of the image that are not fully
+        transparent.
     """
 
     colors: np.ndarray
@@ -271,7 +315,9 @@ def sample_pixels(
 
     Parameters
     ----------
-    image : array-like, shape (H, W, 3), or anything :func:`load_image` accepts
+    image : array-like, shape (H, W, 3) or (H, W, 4), or anything :func:`load_image` accepts
+        Fully transparent pixels (alpha 0) are left out: their colour is not part of the
+        picture. Partly transparent pixels count as much as opaque ones.
     n_samples : int
         Number of colours to draw (>= 1).
     rng : None, int, Generator, ...
@@ -305,8 +351,13 @@ def sample_pixels(
     if not isinstance(weighted, (bool, np.bool_)):
         raise TypeError(f"weighted must be True or False; got {describe(weighted)}")
     generator = check_rng(rng)
-    pixels = image_pixels(image)
+    pixels = visible_pixels(image)
     n_pixels = pixels.shape[0]
+    if n_pixels == 0:
+        raise ValueError(
+            f"every pixel of {name} is fully transparent (alpha 0): it has no colours to sample"
+        )
+    which = "non-transparent pixels" if image.shape[-1] == 4 else "pixels"
 
     if weighted:
         if replace:
@@ -327,7 +378,7 @@ def sample_pixels(
 
     if not replace and n_samples > n_pixels:
         raise ValueError(
-            f"n_samples ({n_samples}) is larger than the number of pixels of {name} "
+            f"n_samples ({n_samples}) is larger than the number of {which} of {name} "
             f"({n_pixels}) and sampling is without replacement; lower n_samples or sample "
             "with replacement (replace=True, --replace)"
         )
@@ -487,17 +538,20 @@ def unpack_colors(codes: np.ndarray, dtype: Any) -> np.ndarray:
 
 
 def save_image(image: Any, path: PathLike, *, name: str = "image") -> Path:
-    """Write an RGB image to a file, atomically.
+    """Write an RGB or RGBA image to a file, atomically.
 
     The format follows the file extension (any format Pillow writes RGB in: ``.png``, ``.jpg``,
-    ``.tif``, ``.bmp``, ``.webp``, ...). Values are rounded to 8 bits. The data go to a
+    ``.tif``, ``.bmp``, ``.webp``, ...; an RGBA image needs one that holds an alpha channel,
+    such as ``.png``, ``.tif`` or ``.webp``, and is refused otherwise). Values are rounded to
+    8 bits. The data go to a
     temporary file in the destination folder first, which then replaces ``path`` in one
     ``os.replace``: an interrupted or failed write never leaves a partial file.
 
     Parameters
     ----------
-    image : array-like, shape (H, W, 3)
-        Float values in ``[0, 1]``, uint8 (written as is) or uint16.
+    image : array-like, shape (H, W, 3) or (H, W, 4)
+        Float values in ``[0, 1]``, uint8 (written as is) or uint16; a fourth channel is
+        written as the alpha channel.
     path : str or os.PathLike
         Destination; its folder must exist.
     name : str
@@ -519,9 +573,12 @@ def image_writer(image: Any, path: PathLike, *, name: str = "image"):
     For :meth:`~sketchot.color.outputs.OutputSet.write`: every error about the image or the
     format is raised here, before any file is touched.
     """
-    pixels = _as_uint8(load_image(image, name=name, dtype=None))
+    pixels = as_uint8(load_image(image, name=name, dtype=None))
     image_format = _format_for(Path(path))
-    picture = Image.fromarray(pixels, mode="RGB")
+    mode = "RGBA" if pixels.shape[2] == 4 else "RGB"
+    if mode == "RGBA":
+        _check_alpha_format(image_format, Path(path), name)
+    picture = Image.fromarray(pixels, mode=mode)
     return lambda stream: picture.save(stream, format=image_format)
 
 
@@ -537,14 +594,64 @@ def _format_for(path: Path) -> str:
     return formats[extension]
 
 
-def _load_file(path: Path, name: str, *, float_output: bool) -> np.ndarray:
+def _check_alpha_format(image_format: str, path: Path, name: str) -> None:
+    """Refuse now, before any file is touched, a format Pillow cannot write RGBA in."""
+    probe = Image.new("RGBA", (1, 1))
+    try:
+        probe.save(io.BytesIO(), format=image_format)
+    except (OSError, KeyError, ValueError):
+        raise ValueError(
+            f"{name} has an alpha channel, which Pillow cannot write as {image_format} "
+            f"({str(path)!r}); write a .png, .tif or .webp file, or drop the alpha channel "
+            "(image[..., :3])"
+        ) from None
+
+
+def _pixel_limit(max_pixels: Any) -> int | None:
+    """``max_pixels`` as a number of pixels, or ``None`` for no limit."""
+    if isinstance(max_pixels, str) and max_pixels == PILLOW_LIMIT:
+        return Image.MAX_IMAGE_PIXELS or None  # what Pillow warns above, None if switched off
+    if max_pixels is None:
+        return None
+    if isinstance(max_pixels, str):
+        raise ValueError(f"max_pixels must be an integer, None or 'pillow'; got {max_pixels!r}")
+    return check_int(max_pixels, "max_pixels", minimum=0) or None
+
+
+def _open(path: Path) -> Image.Image:
+    """``Image.open`` without Pillow's decompression-bomb warning and error: the caller applies
+    its own limit, so that one threshold (``max_pixels``) governs, whatever Pillow's setting.
+
+    Pillow reads the threshold from a module attribute; it is switched off only for the
+    header read of ``Image.open`` (no pixel is decoded there), under a lock so concurrent
+    loads in this module restore it in order.
+    """
+    with _PILLOW_CHECK_LOCK:
+        saved = Image.MAX_IMAGE_PIXELS
+        Image.MAX_IMAGE_PIXELS = None
+        try:
+            return Image.open(path)
+        finally:
+            Image.MAX_IMAGE_PIXELS = saved
+
+
+def _load_file(path: Path, name: str, *, float_output: bool, limit: int | None) -> np.ndarray:
     if not path.exists():
         raise FileNotFoundError(f"{name}: file {str(path)!r} does not exist")
     if path.is_dir():
         raise ValueError(f"{name}: {str(path)!r} is a folder, not an image file")
     label = f"{name} {str(path)!r}"
     try:
-        with Image.open(path) as picture:
+        with _open(path) as picture:
+            width, height = picture.size
+            if limit is not None and width * height > limit:
+                raise ValueError(
+                    f"{name}: {str(path)!r} has {width} x {height} = {width * height} pixels, "
+                    f"over the limit of {limit} pixels (max_pixels; by default Pillow's "
+                    "decompression-bomb threshold PIL.Image.MAX_IMAGE_PIXELS); refusing to "
+                    "decode it. To read it anyway pass max_pixels=None (--max-pixels 0 on the "
+                    "command line)"
+                )
             wide = _wide_rawmode(picture)
             _check_decode_memory(picture, label, wide is not None, float_output)
             high = _from_pillow(_upright(picture), name, label)
@@ -552,20 +659,13 @@ def _load_file(path: Path, name: str, *, float_output: bool) -> np.ndarray:
                 return high
             # Pillow gives 16-bit RGB(A) PNGs as 8-bit RGB(A) (the high bytes); decoding the
             # same data again with the opposite byte order gives the low bytes
-            with Image.open(path) as again:
+            with _open(path) as again:
                 again.tile = [_with_rawmode(tile, wide) for tile in again.tile]
                 low = _from_pillow(_upright(again), name, label)
             full = high.astype(np.uint16)
             full <<= 8
             full |= low
             return full
-    except Image.DecompressionBombError:
-        size = _png_size(path)
-        claimed = f"{size[0]} x {size[1]} pixels" if size else "more pixels"
-        raise ValueError(
-            f"{name}: {str(path)!r} claims {claimed}, over Pillow's decompression-bomb limit "
-            f"of {2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels; refusing to decode it"
-        ) from None
     except UnidentifiedImageError:
         size = _png_size(path)
         if size is not None and 0 in size:
@@ -631,7 +731,7 @@ def _png_size(path: Path) -> tuple[int, int] | None:
 
 
 def _from_pillow(picture: Image.Image, name: str, label: str) -> np.ndarray:
-    """The stored values of a Pillow image: uint8 or uint16 RGB, or float64 in [0, 1]."""
+    """The stored values of a Pillow image: uint8 or uint16 RGB(A), or float64 in [0, 1]."""
     width, height = picture.size
     if width == 0 or height == 0:
         raise ValueError(f"{label} has zero pixels (width x height = {width} x {height})")
@@ -646,14 +746,20 @@ def _from_pillow(picture: Image.Image, name: str, label: str) -> np.ndarray:
         return np.repeat(values.astype(np.uint16)[:, :, None], 3, axis=2)
     if picture.mode == "F":
         return _from_array(np.asarray(picture, dtype=np.float64), name)
-    if picture.mode == "RGBA":
-        return np.asarray(picture)[:, :, :3].copy()
+    if picture.mode in _ALPHA_MODES or "transparency" in picture.info:
+        return np.asarray(picture if picture.mode == "RGBA" else picture.convert("RGBA"))
     if picture.mode != "RGB":
         picture = picture.convert("RGB")
     return np.asarray(picture)
 
 
 def _from_array(value: Any, name: str) -> np.ndarray:
+    refuse_masked(
+        value,
+        name,
+        "make the masked pixels fully transparent instead (a fourth, alpha channel that is 0 "
+        "there: they are left out of the palette), or crop them out",
+    )
     try:
         array = np.asarray(value)
     except (TypeError, ValueError) as exc:
@@ -675,8 +781,6 @@ def _from_array(value: Any, name: str) -> np.ndarray:
         )
     if array.shape[0] == 0 or array.shape[1] == 0:
         raise ValueError(f"{name} has zero pixels (shape {array.shape})")
-    if array.shape[2] == 4:
-        array = array[:, :, :3]  # drop alpha
     if array.shape[2] == 1:
         array = np.repeat(array, 3, axis=2)
     if array.dtype == np.bool_:
@@ -700,7 +804,8 @@ def _from_array(value: Any, name: str) -> np.ndarray:
     return result
 
 
-def _as_uint8(image: np.ndarray) -> np.ndarray:
+def as_uint8(image: np.ndarray) -> np.ndarray:
+    """Stored values (uint8, uint16 or float in ``[0, 1]``) rounded to uint8."""
     if image.dtype == np.uint8:
         return image
     if image.dtype == np.uint16:

@@ -47,10 +47,14 @@ from ..solver import (
     sinkhorn,
 )
 from .images import (
+    PILLOW_LIMIT,
     PIXEL_CHUNK,
     ColorIndex,
+    as_float,
+    as_uint8,
     check_memory,
     distinct_colors,
+    image_alpha,
     image_pixels,
     load_image,
     sample_pixels,
@@ -84,9 +88,10 @@ class MappedImage:
 
     Attributes
     ----------
-    image : ndarray, shape (H, W, 3)
+    image : ndarray, shape (H, W, 3) or (H, W, 4)
         Mapped colours, clipped to ``[0, 1]`` (float64), or rounded to 8 bits (uint8, with
-        ``map_image(..., dtype=numpy.uint8)``).
+        ``map_image(..., dtype=numpy.uint8)``); the input's alpha channel, if any, unchanged
+        (in the same scale).
     n_pixels : int
     n_colors : int
         Distinct colours actually mapped (``n_pixels`` when no duplicates were detected).
@@ -126,7 +131,9 @@ def map_image(
     result : SinkhornResult
         A solve between source colours ``X`` and target colours ``Y`` (3 columns).
     image : path, array or PIL image
-        Anything :func:`load_image` accepts.
+        Anything :func:`load_image` accepts. An alpha channel is copied to the output as it
+        is (RGBA in, RGBA out); the colours of every pixel are mapped, fully transparent ones
+        included (they stay invisible).
     inverse : bool, default=False
         ``False``: the forward map onto the target palette
         (:meth:`~sketchot.SinkhornResult.barycentric_map`); ``True``: the inverse map onto
@@ -183,8 +190,9 @@ def map_image(
     picture = load_image(image, name=name, dtype=None)
     start = time.perf_counter()
     pixels = image_pixels(picture)
-    n_pixels = pixels.shape[0]
-    check_memory(n_pixels * 3 * out_dtype.itemsize, f"the mapped {name} ({n_pixels} pixels)")
+    alpha = image_alpha(picture)
+    n_pixels, channels = pixels.shape[0], picture.shape[2]
+    check_memory(n_pixels * channels * out_dtype.itemsize, f"the mapped {name} ({n_pixels} pixels)")
     table, colors, gather = None, None, None
     if pixels.dtype.kind == "u":
         table = ColorIndex.build(pixels, chunk=pixel_chunk)
@@ -211,16 +219,22 @@ def map_image(
                 f"mapped {done}/{n_colors} distinct colours "
                 f"({100.0 * done / n_colors:.0f}%, {time.perf_counter() - start:.2f} s)"
             )
-    if table is None and gather is None:  # every pixel mapped on its own, in order
+    if table is None and gather is None and alpha is None:  # every pixel mapped, in order
         output, n_clipped = mapped, int(np.count_nonzero(outside))
+    elif table is None and gather is None:
+        output = np.empty((n_pixels, channels), dtype=out_dtype)
+        output[:, :3] = mapped
+        n_clipped = int(np.count_nonzero(outside))
     else:
-        output = np.empty((n_pixels, 3), dtype=out_dtype)
+        output = np.empty((n_pixels, channels), dtype=out_dtype)
         n_clipped = 0
         for begin in range(0, n_pixels, pixel_chunk):
             block = slice(begin, min(begin + pixel_chunk, n_pixels))
             index = table.index(pixels[block]) if table is not None else gather[block]
-            output[block] = mapped[index]
+            output[block, :3] = mapped[index]
             n_clipped += int(np.count_nonzero(outside[index]))
+    if alpha is not None:
+        output[:, 3] = as_float(alpha) if out_dtype.kind == "f" else as_uint8(alpha)
     return MappedImage(
         image=output.reshape(picture.shape),
         n_pixels=n_pixels,
@@ -238,9 +252,11 @@ class ColorTransferResult:
     Attributes
     ----------
     image : ndarray, shape of the source
-        The source recoloured with the target's palette, in ``[0, 1]``.
+        The source recoloured with the target's palette, in ``[0, 1]``; an RGBA source gives
+        an RGBA image with the source's alpha channel unchanged.
     inverse_image : ndarray or None
-        The target recoloured with the source's palette (``inverse=True``).
+        The target recoloured with the source's palette (``inverse=True``), with the target's
+        alpha channel if it has one.
     source, target : ndarray
         The loaded images.
     source_sample, target_sample : PixelSample
@@ -304,6 +320,7 @@ def transfer_colors(
     inverse: bool = False,
     progress: Progress | None = None,
     compact: bool = False,
+    max_pixels: int | str | None = PILLOW_LIMIT,
     **kwargs: Any,
 ) -> ColorTransferResult:
     """Colour transfer with every intermediate result and timing (:func:`color_transfer`
@@ -312,8 +329,10 @@ def transfer_colors(
     Parameters
     ----------
     source, target : str, os.PathLike or array-like
-        Image files (anything Pillow reads) or arrays of shape ``(H, W, 3)`` (uint8, uint16,
-        or float in ``[0, 1]``); see :func:`~sketchot.color.load_image`.
+        Image files (anything Pillow reads) or arrays of shape ``(H, W, 3)`` or ``(H, W, 4)``
+        (uint8, uint16, or float in ``[0, 1]``); see :func:`~sketchot.color.load_image`.
+        Fully transparent pixels (alpha 0) are not sampled; an alpha channel is kept
+        unchanged in the recoloured image.
     reg : float, default=0.1
         Entropic regularisation for colours in ``[0, 1]`` (``K = exp(-||x - y||^2 / reg)``);
         smaller is sharper and slower to converge, larger blurs every colour towards the
@@ -338,6 +357,9 @@ def transfer_colors(
         Full-resolution photographs in bounded memory: keep ``source`` and ``target`` as
         stored (uint8, or uint16 for 16-bit files) and return ``image`` and ``inverse_image``
         as uint8 (3 bytes per pixel each instead of 24 for float64).
+    max_pixels : int, None or 'pillow', default='pillow'
+        Image files with more pixels are refused before decoding (see
+        :func:`~sketchot.color.load_image`; ``None`` or ``0``: no limit).
     **kwargs
         Solver options (:class:`~sketchot.solver.SolverOptions`: ``max_iter``, ``tol``,
         ``safeguard``, ``accuracy``, ``verbose``, ``warn``, ...), ``dtype``, ``rank`` and the
@@ -362,8 +384,8 @@ def transfer_colors(
 
     tick = time.perf_counter()
     stored = None if compact else np.float64
-    source_image = load_image(source, name="source", dtype=stored)
-    target_image = load_image(target, name="target", dtype=stored)
+    source_image = load_image(source, name="source", dtype=stored, max_pixels=max_pixels)
+    target_image = load_image(target, name="target", dtype=stored, max_pixels=max_pixels)
     timings["load"] = time.perf_counter() - tick
 
     tick = time.perf_counter()
@@ -445,17 +467,19 @@ def color_transfer(source: Any, target: Any, **kwargs: Any) -> np.ndarray:
     Parameters
     ----------
     source, target : str, os.PathLike or array-like
-        Image files (anything Pillow reads) or arrays of shape ``(H, W, 3)`` (uint8, uint16,
-        or float in ``[0, 1]``).
+        Image files (anything Pillow reads) or arrays of shape ``(H, W, 3)`` or ``(H, W, 4)``
+        (uint8, uint16, or float in ``[0, 1]``); fully transparent pixels are not sampled.
     **kwargs
         Everything :func:`transfer_colors` takes: ``reg`` (default 0.1), ``backend``
         (default ``'auto'``), ``n_samples`` (default 10000), ``rng``, the sampling options,
-        solver options (:class:`~sketchot.SolverOptions`) and the backend's parameters.
+        ``max_pixels``, solver options (:class:`~sketchot.SolverOptions`) and the backend's
+        parameters.
 
     Returns
     -------
-    ndarray, float64, shape of the source ``(H, W, 3)``
-        The recoloured source, values in ``[0, 1]``.
+    ndarray, float64, shape of the source ``(H, W, 3)`` or ``(H, W, 4)``
+        The recoloured source, values in ``[0, 1]``; an RGBA source keeps its alpha channel
+        unchanged.
 
     Notes
     -----

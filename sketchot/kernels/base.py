@@ -166,11 +166,11 @@ class KernelOperator(ABC):
         """``K.T @ U`` for ``U`` of shape (n,) or (n, k)."""
 
     def matvec(self, v: Any) -> np.ndarray:
-        """``K v`` for a vector ``v`` of length m."""
+        """``K v`` for ``v`` of shape (m,) or (m, 1); the result has shape (n,) or (n, 1)."""
         return self.matmat(check_operand(v, self.shape[1], "v", vector=True))
 
     def rmatvec(self, u: Any) -> np.ndarray:
-        """``K^T u`` for a vector ``u`` of length n."""
+        """``K^T u`` for ``u`` of shape (n,) or (n, 1); the result has shape (m,) or (m, 1)."""
         return self.rmatmat(check_operand(u, self.shape[0], "u", vector=True))
 
     def to_dense(self, max_bytes: int = DEFAULT_MAX_DENSE_BYTES, rows: Any = None) -> np.ndarray:
@@ -250,12 +250,19 @@ def refuse_log(operator: KernelOperator, log: bool) -> None:
 
 
 def check_operand(value: Any, length: int, name: str, *, vector: bool) -> np.ndarray:
-    """A real vector (or matrix) whose first dimension is ``length``, as float64."""
+    """A real vector (or matrix) whose first dimension is ``length``, as float64.
+
+    ``vector=True`` accepts shape ``(length,)`` or ``(length, 1)``, as SciPy's
+    ``LinearOperator.matvec`` does; the product keeps the operand's number of dimensions.
+    """
     array = np.asarray(value)
     if array.dtype.kind not in "biuf":
         raise TypeError(f"{name} must be a real array; got {describe(value)}")
-    if vector and array.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D vector of length {length}; got shape {array.shape}")
+    if vector and not (array.ndim == 1 or (array.ndim == 2 and array.shape[1] == 1)):
+        raise ValueError(
+            f"{name} must be a vector of shape ({length},) or ({length}, 1); "
+            f"got shape {array.shape}"
+        )
     if array.ndim not in (1, 2) or array.shape[0] != length:
         raise ValueError(
             f"{name} must have shape ({length},) or ({length}, k); got shape {array.shape}"

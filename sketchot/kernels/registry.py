@@ -336,7 +336,10 @@ def build_kernel(
             f"backend {backend!r} got unexpected parameter(s) {', '.join(map(repr, unknown))}; "
             f"it accepts: {accepted}" + (", rank" if record.rank_parameter else "")
         )
+    # the size parameter a refusal names: the one the caller passed (rank= or the backend's)
+    sized_by = record.rank_parameter or next(iter(record.defaults), "the problem size")
     if rank is not None:
+        sized_by = "rank"
         if record.params_for_rank is None:
             raise TypeError(f"backend {backend!r} has no rank; do not pass rank=")
         if isinstance(rank, str) and rank == "auto":
@@ -365,7 +368,7 @@ def build_kernel(
         check_fits(
             record.memory(n, m, geometry.X.shape[1], {**record.defaults, **params}, dtype.itemsize),
             f"building backend {backend!r} on {n} x {m} points",
-            record.rank_parameter or next(iter(record.defaults), "the problem size"),
+            sized_by,
         )
     start = time.perf_counter()
     operator = record.builder(geometry, rng=rng, dtype=dtype, **params)

@@ -7,6 +7,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -83,6 +84,15 @@ BAD_INPUT = [
     (["{source}", "{target}", "--out", "{out}/r.unknown"], "cannot tell the image format"),
     (["{source}", "{target}", "--rank", "5", "--backend", "exact"], "--rank applies to"),
     (["{source}"], "give both SOURCE and TARGET"),
+    (
+        ["{source}", "{target}", "--max-pixels", "191"],
+        "16 x 12 = 192 pixels, over the limit of 191",
+    ),
+    (["{source}", "{target}", "--max-pixels", "-1"], "--max-pixels: must be >= 0"),
+    (
+        ["{rgba}", "{target}", "--out", "{out}/r.jpg", "--n-samples", "50", "--backend", "exact"],
+        "alpha channel, which Pillow cannot write as",
+    ),
 ]
 
 
@@ -97,7 +107,9 @@ def test_bad_input_gets_one_line_and_exit_code_2(
     inputs.mkdir()
     outputs.mkdir()
     (inputs / "text.png").write_text("this is not an image")
+    Image.open(source).convert("RGBA").save(inputs / "rgba.png")
     names = {
+        "rgba": inputs / "rgba.png",
         "source": source,
         "target": target,
         "text": inputs / "text.png",
@@ -173,10 +185,46 @@ def test_decompression_bomb_gets_one_line_and_exit_code_2(programs, tiny_pair, b
     done = programs.run(program, bomb_png, target, "--out", out, "--n-samples", 10, timeout=60)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
-        f"error: source: '{bomb_png}' claims 100000 x 100000 pixels, over Pillow's "
-        f"decompression-bomb limit of {2 * Image.MAX_IMAGE_PIXELS} pixels; refusing to decode it"
+        f"error: source: '{bomb_png}' has 100000 x 100000 = 10000000000 pixels, over the limit "
+        f"of {Image.MAX_IMAGE_PIXELS} pixels (max_pixels; by default Pillow's decompression-bomb "
+        "threshold PIL.Image.MAX_IMAGE_PIXELS); refusing to decode it. To read it anyway pass "
+        "max_pixels=None (--max-pixels 0 on the command line)"
     ]
     assert sorted(p.name for p in bomb_png.parent.iterdir()) == ["bomb.png"]
+
+
+@pytest.mark.parametrize("limit", ["192", "0"])
+def test_max_pixels_lets_a_file_at_or_below_it_through(tiny_pair, tmp_path, limit):
+    program = load_program(COLOR_TRANSFER)
+    source, target = tiny_pair  # 192 and 140 pixels
+    argv = [str(source), str(target), "--max-pixels", limit, "--backend", "exact", "--n-samples",
+            "30", "--out", str(tmp_path / "r.png"), "--no-figure", "--no-inverse"]  # fmt: skip
+    assert program.main(argv) == 0
+
+
+def test_rgba_images_keep_their_alpha_and_transparent_colours_stay_out(programs, tmp_path):
+    """The real program on RGBA files: outputs are RGBA with the inputs' alpha, and the
+    target's fully transparent pure-red pixels (a third of it) never reach the palette."""
+    rng = np.random.default_rng(2)
+    source = rng.integers([120, 60, 0, 0], [256, 160, 80, 256], size=(12, 16, 4), dtype=np.uint8)
+    source[:3, :, 3] = 0  # a transparent band
+    target = rng.integers([0, 60, 120, 1], [100, 180, 256, 256], size=(10, 14, 4), dtype=np.uint8)
+    transparent = rng.random((10, 14)) < 1 / 3
+    target[transparent] = (255, 0, 0, 0)
+    Image.fromarray(source, mode="RGBA").save(tmp_path / "source.png")
+    Image.fromarray(target, mode="RGBA").save(tmp_path / "target.png")
+    out = tmp_path / "out.png"
+    done = programs.run("color_transfer", tmp_path / "source.png", tmp_path / "target.png", "--out",
+                        out, "--backend", "exact", "--n-samples", 60, "--no-figure")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result, inverse = Image.open(out), Image.open(tmp_path / "out_inverse.png")
+    assert result.mode == inverse.mode == "RGBA"
+    result, inverse = np.asarray(result), np.asarray(inverse)
+    np.testing.assert_array_equal(result[..., 3], source[..., 3])
+    np.testing.assert_array_equal(inverse[..., 3], target[..., 3])
+    # the exact map is a convex combination of sampled visible target colours (red < 100),
+    # rounded to 8 bits
+    assert result[..., 0].max() <= target[~transparent, 0].max()
 
 
 def test_portrait_photo_stays_upright(programs, tiny_pair, tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -37,11 +39,34 @@ def test_load_rgb_png_exactly(tmp_path):
     np.testing.assert_array_equal(loaded, pixels / 255.0)
 
 
-def test_load_rgba_drops_alpha(tmp_path):
+def test_load_rgba_keeps_alpha(tmp_path):
     pixels = reference_rgb()
-    alpha = np.full((HEIGHT, WIDTH, 1), 40, dtype=np.uint8)
-    Image.fromarray(np.concatenate([pixels, alpha], axis=2), mode="RGBA").save(tmp_path / "a.png")
-    np.testing.assert_array_equal(load_image(tmp_path / "a.png"), pixels / 255.0)
+    alpha = np.arange(HEIGHT * WIDTH, dtype=np.uint8).reshape(HEIGHT, WIDTH, 1) * 7
+    rgba = np.concatenate([pixels, alpha], axis=2)
+    Image.fromarray(rgba, mode="RGBA").save(tmp_path / "a.png")
+    np.testing.assert_array_equal(load_image(tmp_path / "a.png"), rgba / 255.0)
+    np.testing.assert_array_equal(load_image(tmp_path / "a.png", dtype=None), rgba)
+    np.testing.assert_array_equal(load_image(rgba), rgba / 255.0)
+
+
+@pytest.mark.parametrize("kind", ["LA", "P with transparency", "RGB with transparency"])
+def test_other_transparent_modes_give_an_alpha_channel(tmp_path, kind):
+    pixels = reference_rgb()
+    if kind == "LA":
+        picture = Image.fromarray(pixels[:, :, 0], mode="L").convert("LA")
+        picture.putalpha(Image.fromarray(np.where(pixels[:, :, 1] > 127, 255, 0).astype(np.uint8)))
+    elif kind == "P with transparency":
+        picture = Image.fromarray(pixels, mode="RGB").quantize(colors=8)
+        picture.info["transparency"] = 0  # palette entry 0 is transparent
+    else:
+        picture = Image.fromarray(pixels, mode="RGB")
+        picture.info["transparency"] = tuple(int(v) for v in pixels[0, 0])
+    picture.save(tmp_path / "t.png")
+    loaded = load_image(tmp_path / "t.png", dtype=None)
+    assert loaded.shape == (HEIGHT, WIDTH, 4)
+    expected = np.asarray(Image.open(tmp_path / "t.png").convert("RGBA"))
+    np.testing.assert_array_equal(loaded, expected)
+    assert 0 in loaded[:, :, 3] and 255 in loaded[:, :, 3]
 
 
 @pytest.mark.parametrize("mode", ["L", "LA"])
@@ -108,7 +133,7 @@ def test_load_cmyk_jpeg(tmp_path):
 )
 def test_load_arrays(array, expected):
     loaded = load_image(array)
-    assert loaded.shape == (2, 3, 3)
+    assert loaded.shape == (2, 3, 4 if array.shape[-1] == 4 else 3)
     np.testing.assert_allclose(loaded, expected)
 
 
@@ -323,8 +348,44 @@ def test_portrait_jpeg_with_orientation_6_loads_portrait(tmp_path):
 
 # ------------------------------------------------------- decompression bombs and memory
 def test_decompression_bomb_is_a_value_error_naming_file_and_size(bomb_png):
-    with pytest.raises(ValueError, match=r"source: '.*bomb\.png' claims 100000 x 100000 pixels"):
+    expected = (
+        r"source: '.*bomb\.png' has 100000 x 100000 = 10000000000 pixels, over the limit of "
+        f"{Image.MAX_IMAGE_PIXELS} pixels"
+    )
+    with pytest.raises(ValueError, match=expected):
         load_image(bomb_png, name="source")
+
+
+def test_files_above_pillows_warning_threshold_are_refused(tmp_path, monkeypatch):
+    """Pillow warns above MAX_IMAGE_PIXELS and refuses only above twice that: a file in
+    between (a 144-Mpx PNG) used to be decoded. The threshold is lowered here instead of
+    writing such a file: 35 pixels, Pillow's warning at 20 and its error at 40."""
+    Image.fromarray(reference_rgb()).save(tmp_path / "seven_by_five.png")
+    path = tmp_path / "seven_by_five.png"
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 20)
+    message = (
+        r"photo: '.*seven_by_five\.png' has 7 x 5 = 35 pixels, over the limit of 20 pixels "
+        r"\(max_pixels; by default Pillow's decompression-bomb threshold .*\); refusing to "
+        r"decode it\. To read it anyway pass max_pixels=None \(--max-pixels 0"
+    )
+    with pytest.raises(ValueError, match=message):
+        load_image(path, name="photo")
+    with pytest.raises(ValueError, match="over the limit of 34 pixels"):
+        load_image(path, max_pixels=34)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no DecompressionBombWarning either
+        for limit in (35, None, 0):
+            np.testing.assert_array_equal(
+                load_image(path, max_pixels=limit, dtype=None), reference_rgb()
+            )
+    # beyond Pillow's own error (2 x 20 < 35 + 10): the override still reads it
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 10)
+    assert load_image(path, max_pixels=None).shape == (HEIGHT, WIDTH, 3)
+    assert Image.MAX_IMAGE_PIXELS == 10  # Pillow's setting is left as it was
+    with pytest.raises(ValueError, match="max_pixels must be >= 0"):
+        load_image(path, max_pixels=-1)
+    with pytest.raises(ValueError, match="max_pixels must be an integer, None or 'pillow'"):
+        load_image(path, max_pixels="none")
 
 
 def test_image_too_large_for_memory_is_refused_before_decoding(tmp_path, monkeypatch):
@@ -391,8 +452,8 @@ def test_16_bit_rgb_png_is_read_at_16_bits(tmp_path, write_png, channels, color_
     write_png(tmp_path / "deep.png", WIDTH, HEIGHT + 5, 16, color_type, data)
     stored = load_image(tmp_path / "deep.png", dtype=None)
     assert stored.dtype == np.uint16
-    np.testing.assert_array_equal(stored, values[:, :, :3])
-    np.testing.assert_array_equal(load_image(tmp_path / "deep.png"), values[:, :, :3] / 65535.0)
+    np.testing.assert_array_equal(stored, values)  # alpha too, at 16 bits
+    np.testing.assert_array_equal(load_image(tmp_path / "deep.png"), values / 65535.0)
 
 
 def test_16_bit_file_read_at_8_bits_warns(tmp_path, write_png):

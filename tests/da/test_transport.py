@@ -6,6 +6,7 @@ import numpy as np
 import ot
 import pytest
 
+from sketchot import SolverOptions
 from sketchot.da import SketchSinkhornTransport
 
 
@@ -145,3 +146,32 @@ def test_errors_name_the_argument(clouds):
         fitted.transform(Xs=Xs, batch_size=0)
     with pytest.raises(ValueError, match="one label per fitted sample"):
         fitted.transform_labels(np.zeros(3))
+
+
+def test_reg_is_refused_at_construction_with_reg_e_suggested():
+    with pytest.raises(TypeError, match=r"reg=0\.1 .* pass reg_e=\.\.\."):
+        SketchSinkhornTransport(reg=0.1)
+    with pytest.raises(TypeError, match=r"reg=0\.1 .* pass reg_e"):
+        SketchSinkhornTransport(backend_params={"reg": 0.1})
+
+
+@pytest.mark.parametrize(
+    "name", ["a", "b", "X", "Y", "reg", "backend", "rng", *SolverOptions.names()]
+)
+def test_every_argument_that_would_reach_sinkhorn_twice_is_refused(clouds, name):
+    """Each name sinkhorn receives from the estimator itself, given again as a backend
+    parameter, is refused before fit (where it used to fail with 'multiple values')."""
+    with pytest.raises(TypeError, match=f"{name}=1 as a backend parameter"):
+        SketchSinkhornTransport(backend_params={name: 1})
+    # set_params bypasses the constructor: fit checks again
+    mapping = SketchSinkhornTransport(backend="exact")
+    mapping.set_params(backend_params={name: 1})
+    with pytest.raises(TypeError, match=f"{name}=1 as a backend parameter"):
+        mapping.fit(Xs=clouds[0], Xt=clouds[1])
+
+
+def test_solver_options_that_are_constructor_arguments_are_refused():
+    with pytest.raises(TypeError, match=r"pass max_iter=\.\.\. to the constructor"):
+        SketchSinkhornTransport(solver_options={"max_iter": 5})
+    mapping = SketchSinkhornTransport(solver_options={"accuracy": 1e-2})
+    assert mapping.solver_options == {"accuracy": 1e-2}

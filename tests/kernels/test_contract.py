@@ -76,6 +76,42 @@ def test_rows_and_scipy_linear_operator(kernel):
     np.testing.assert_allclose(op.H @ np.ones(120), dense.T @ np.ones(120), rtol=1e-10, atol=1e-12)
 
 
+def test_column_vectors_follow_scipy_linear_operator_semantics(kernel):
+    """matvec takes (m,) or (m, 1) and returns (n,) or (n, 1), as SciPy's LinearOperator."""
+    dense = kernel.to_dense()
+    v, u = np.linspace(-1, 1, 90), np.linspace(0, 2, 120)
+    column = kernel.matvec(v[:, None])
+    assert column.shape == (120, 1)
+    # the same arithmetic on the same numbers: bit-identical to the 1-D product
+    np.testing.assert_array_equal(column[:, 0], kernel.matvec(v))
+    assert kernel.rmatvec(u[:, None]).shape == (90, 1)
+    op = aslinearoperator(kernel)
+    np.testing.assert_allclose(op @ v[:, None], dense @ v[:, None], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(op.H @ u[:, None], dense.T @ u[:, None], rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match=r"v must be a vector of shape \(90,\) or \(90, 1\)"):
+        kernel.matvec(np.ones((90, 2)))
+
+
+@pytest.mark.parametrize(
+    ("backend", "reg"),
+    # every backend where its test parameters are a fair kernel; exact at 0.002 as well, where
+    # the plan is held in the log domain (another branch of the product)
+    [*((backend, 1.0) for backend in available_backends()), ("exact", 0.002)],
+)
+def test_lazy_plan_takes_column_vectors(colours, backend, reg):
+    X, Y = colours
+    params = get_backend(backend).test_params
+    plan = sketchot.sinkhorn(None, None, X, Y, reg, backend, rng=1, warn=False, **params).lazy_plan
+    x, y = np.linspace(0, 1, 90), np.linspace(1, 2, 120)
+    assert plan.matvec(x[:, None]).shape == (120, 1)
+    assert plan.rmatvec(y[:, None]).shape == (90, 1)
+    # rtol: the column may take the matrix-product path, summing in another order
+    np.testing.assert_allclose(plan.matvec(x[:, None])[:, 0], plan.matvec(x), rtol=1e-12)
+    np.testing.assert_allclose(plan.rmatvec(y[:, None])[:, 0], plan.rmatvec(y), rtol=1e-12)
+    with pytest.raises(ValueError, match=r"x must be a vector of shape \(90,\)"):
+        plan.matvec(np.ones((90, 3)))
+
+
 def test_fused_passes_agree_with_products(kernel):
     """A rows pass computes K v, u = a / K v and L^T u; a cols pass K^T u, v = b / K^T u and
     R^T v; bad denominators are reported in the mask with ratio 0, never repaired."""
