@@ -126,6 +126,26 @@ def check_finite_norms(name: str, points: np.ndarray) -> None:
         )
 
 
+def dual_lower_bound(
+    Xc: np.ndarray, Yc: np.ndarray, f: np.ndarray, a: np.ndarray, b: np.ndarray
+) -> float:
+    """A lower bound of the unregularised OT cost between ``(a, X)`` and ``(b, Y)`` (equal
+    masses, cost ``||x - y||^2``) from any finite source potential ``f``.
+
+    With its c-transform ``g_j = min_i (C_ij - f_i)``, ``(f, g)`` is dual-feasible, so
+    ``<f, a> + <g, b> <= OT(a, b)`` (weak duality). ``O(n m d)``, block by block.
+    """
+    active = a > 0
+    Xa, fa = Xc[active], f[active]
+    g = np.full(Yc.shape[0], np.inf)
+    y_sq = sq_norms(Yc)
+    for rows in row_slices(Xa.shape[0], block_rows(Yc.shape[0])):
+        cost = -neg_cost_over_reg(Xa[rows], Yc, 1.0, y_sq=y_sq)
+        cost -= fa[rows, None]
+        np.minimum(g, cost.min(axis=0), out=g)
+    return float(fa @ a[active] + g @ b)
+
+
 class GibbsGeometry:
     """Two point clouds and ``reg``: everything needed to evaluate the TRUE Gibbs kernel.
 

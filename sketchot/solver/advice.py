@@ -22,6 +22,11 @@ from ..kernels.auto import dense_budget_bytes
 if TYPE_CHECKING:
     from .result import SinkhornResult
 
+#: Largest cost / reg at which an exact solve (with its epsilon schedule) met the default
+#: accuracy in the default 1000 iterations, measured on colour-like clouds in d = 2 and 3:
+#: 2.2e5 and 1.7e5 met it (bounds 1e-4, 3e-5), 1.7e6 and 2.2e6 did not (0.4-0.6%).
+RESOLVED_SPREAD = 2e5
+
 #: Margin on the extrapolated number of iterations: Sinkhorn's rate slows down as it goes.
 ITERATION_MARGIN = 2.0
 
@@ -45,12 +50,31 @@ def iterations_needed(history: list[tuple[int, float]], tol: float) -> int | Non
     return math.ceil(last[0] + math.log(tol / last[1]) / rate)
 
 
+def _reg_advice(result: SinkhornResult) -> str:
+    """A stalled exact solve: its progress per iteration shrinks like ``reg / cost``, so the
+    fix is a larger reg, at most :data:`RESOLVED_SPREAD` below the largest cost."""
+    spread = result.kernel.geometry.max_cost()
+    suggestion = float(f"{spread / RESOLVED_SPREAD:.2g}")
+    scheduled = "stages" in result.iteration_info
+    return (
+        f"The exact kernel's iteration {result.stop} at reg={result.reg:g} (largest cost / reg "
+        f"= {spread / result.reg:.2g}){', even with an epsilon schedule' if scheduled else ''}"
+        f": its progress per iteration shrinks like reg / cost. Pass reg={suggestion:g} or "
+        "larger (largest cost / "
+        f"reg <= {RESOLVED_SPREAD:.0e}), or use an exact OT solver (ot.emd) for unregularised "
+        "transport."
+    )
+
+
 def advise(result: SinkhornResult) -> str:
     """One or two sentences: what to change, from the measured errors and iterations."""
     backend = result.backend
     check = result.true_kernel
     n, m = result.kernel.shape
     if "exact" in result.kernel.info.capabilities:
+        stalled = result.stop in ("stalled", "breakdown")
+        if stalled or result.kernel.geometry.max_cost() / result.reg > RESOLVED_SPREAD:
+            return _reg_advice(result)
         if not result.converged:
             needed = iterations_needed(result.error_history, result.tol)
             if needed is None:

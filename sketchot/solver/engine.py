@@ -231,7 +231,10 @@ def iterate(
         total += result.n_iter
         for key in ("absorptions", "resets"):
             info[key] += result.info.get(key, 0)
-        stages.append({"reg": reg, "n_iter": result.n_iter, "status": result.status})
+        error = result.history[-1][1] if result.history else float("nan")
+        stages.append(
+            {"reg": reg, "n_iter": result.n_iter, "status": result.status, "error": error}
+        )
         # potentials in cost units carry over: f = reg log u
         log_u, log_v = reg * result.log_u, reg * result.log_v
         if total >= max_iter and not last:
@@ -304,6 +307,12 @@ class _Run:
         result = self.op.fused_pass(side, w, numerator, log=self.log, exponent=self.exponent[side])
         if not result.n_bad or self.log or self.guard is None:
             return result.ratios, result.projection, result
+        if self.strategy == "absorb":
+            # a vanished product of the absorbed exact kernel is a breakdown (repaired by an
+            # exact log-domain iteration), never a kernel to repair row by row
+            ratios = result.ratios.copy()
+            ratios[result.bad] = np.inf
+            return ratios, result.projection, result
         ratios, projection = self.guard.apply(
             side, result, numerator, other, exponent=self.exponent[side]
         )

@@ -44,9 +44,13 @@ class SolverOptions:
         where that one works; log-domain passes for kernels with ``'log_products'``.
         ``False``: the plain multiplicative iteration (it can underflow at small ``reg``).
         ``True`` is rejected for kernels that offer neither.
-    epsilon_scaling : bool, default=False
+    epsilon_scaling : {'auto', True, False}, default='auto'
         For kernels with the ``'exact'`` capability: solve with ``reg`` decreasing
         geometrically from the squared diameter, warm-starting each stage (annealing).
+        ``'auto'``: when the largest cost over ``reg`` exceeds
+        :data:`~sketchot.solver.sinkhorn.EPSILON_SCALING_SPREAD` (a cold start there needs
+        thousands of iterations), and as a second attempt when a cold start stalls or breaks
+        down.
     anderson : int or 'auto', default='auto'
         Memory of the Anderson acceleration of the column log-scalings
         (:mod:`sketchot.solver.acceleration`): each iteration extrapolates from the last
@@ -81,7 +85,7 @@ class SolverOptions:
     check_every: int = 10
     safeguard: str = "exact"
     log_domain: bool | str = "auto"
-    epsilon_scaling: bool = False
+    epsilon_scaling: bool | str = "auto"
     anderson: int | str = "auto"
     accuracy: float | None = DEFAULT_ACCURACY
     true_kernel_samples: int | str = "auto"
@@ -104,7 +108,10 @@ class SolverOptions:
                 raise TypeError(
                     f"log_domain must be 'auto', True or False; got {describe(self.log_domain)}"
                 ) from None
-        set_(self, "epsilon_scaling", check_bool(self.epsilon_scaling, "epsilon_scaling"))
+        if isinstance(self.epsilon_scaling, str):
+            check_choice(self.epsilon_scaling, "epsilon_scaling", ("auto",))
+        else:
+            set_(self, "epsilon_scaling", check_bool(self.epsilon_scaling, "epsilon_scaling"))
         if isinstance(self.anderson, str):
             check_choice(self.anderson, "anderson", ("auto",))
         else:
