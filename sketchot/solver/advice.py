@@ -23,9 +23,12 @@ if TYPE_CHECKING:
     from .result import SinkhornResult
 
 #: Largest cost / reg at which an exact solve (with its epsilon schedule) met the default
-#: accuracy in the default 1000 iterations, measured on colour-like clouds in d = 2 and 3:
-#: 2.2e5 and 1.7e5 met it (bounds 1e-4, 3e-5), 1.7e6 and 2.2e6 did not (0.4-0.6%).
-RESOLVED_SPREAD = 2e5
+#: accuracy in the default 1000 iterations on every cloud measured (colour-like and Gaussian,
+#: d = 2 and 3, n = 120-500: bounds 1e-6 at 1.7e4-2.2e4); at 1.7e5-2.2e5 some did (bounds
+#: 3e-5-1e-4), some stalled (4e-3), and at 1.7e6 none did.
+RESOLVED_SPREAD = 2e4
+
+STOPS = {"max_iter": "reached max_iter", "breakdown": "broke down"}
 
 #: Margin on the extrapolated number of iterations: Sinkhorn's rate slows down as it goes.
 ITERATION_MARGIN = 2.0
@@ -57,7 +60,8 @@ def _reg_advice(result: SinkhornResult) -> str:
     suggestion = float(f"{spread / RESOLVED_SPREAD:.2g}")
     scheduled = "stages" in result.iteration_info
     return (
-        f"The exact kernel's iteration {result.stop} at reg={result.reg:g} (largest cost / reg "
+        f"The exact kernel's iteration {STOPS.get(result.stop, result.stop)} at "
+        f"reg={result.reg:g} (largest cost / reg "
         f"= {spread / result.reg:.2g}){', even with an epsilon schedule' if scheduled else ''}"
         f": its progress per iteration shrinks like reg / cost. Pass reg={suggestion:g} or "
         "larger (largest cost / "
