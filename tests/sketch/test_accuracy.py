@@ -118,7 +118,8 @@ def test_narrow_gaussian_kernels_warn_and_a_smaller_gamma_meets_the_tolerance(ga
     message = fit_warning(sketch, X)
     assert message is not None
     truth = gaussian_error(sketch, X, X, gamma)
-    # measured against every entry: 0.85, 1.0, 1.0; the coreset estimate within 20% of it
+    # every entry: 0.78, 1.0, 1.0 (the coreset's estimate: 0.735, 1.0, 1.0); 20% leaves room
+    # for other draws of the coreset
     assert truth > 0.5 and sketch.fit_error_ == pytest.approx(truth, rel=0.2)
     assert f"a = gamma max||x - c|| max||y - c|| = {sketch.half_width_:.4g}" in message
     smaller = float(re.search(r"gamma=([0-9.e+-]+) meets it", message).group(1))
@@ -150,8 +151,10 @@ def test_accurate_fits_are_quiet_and_report_a_small_error():
 )
 def test_no_silent_wrong_answer(function, spread, d, n, integer, seed):
     """Over scales from harmless to hopeless: features off by more than 30% on all entries
-    always warn, features within 0.5% never do (in between, the coreset estimate decides);
-    a warning is given exactly when the measured error exceeds the tolerance."""
+    always warn, features within 0.5% never do; a warning is given exactly when the measured
+    error exceeds the tolerance. Between the two bounds the coreset's estimate decides: it
+    differed from the error on every entry by up to 1.5x (README's tanh: 0.18 against 0.12),
+    and the bounds are 6x and 1/10 of the tolerance (300 examples passed)."""
     rng = np.random.default_rng(seed)
     U = rng.standard_normal((n, d)) * spread
     if integer:
