@@ -174,6 +174,7 @@ def _build_global(
         center=center,
         variant=variant,
         rank=rank,
+        fit_tolerance=None,  # the solver checks against the true kernel, 'auto' samples its own
         rng=generator,
     ).fit(X, Y)
 

@@ -4,6 +4,7 @@ Nothing here knows about optimal transport: it approximates ``f(U V^T)`` for any
 element-wise ``f`` by thin factors ``F_U F_V^T`` (Han, Avron and Shin, ICML 2020).
 """
 
+from .accuracy import SketchAccuracyWarning
 from .coefficients import (
     COEFFICIENT_METHODS,
     REGULARIZERS,
@@ -37,6 +38,7 @@ __all__ = [
     "LocalGaussianExpansion",
     "PolyTensorSketch",
     "Sigmoid",
+    "SketchAccuracyWarning",
     "TensorSketch",
     "VanishingFunctionError",
     "allocate_sizes",

@@ -17,12 +17,25 @@ which is bounded by ``e^a``.
 
 from __future__ import annotations
 
+import copy
+import warnings
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import numpy as np
 
-from .._validation import check_dtype, check_float, check_matrix, describe
+from .._validation import check_dtype, check_float, check_matrix, check_rng, describe
+from .accuracy import (
+    ADVICE_MARGIN,
+    SketchAccuracyWarning,
+    describe_changes,
+    first_passing,
+    largest_passing_scale,
+    measured_entries,
+    refit_error,
+    relative_error,
+    size_candidates,
+)
 from .functions import Exponential
 from .poly import PolySketchParameters, PolyTensorSketch
 
@@ -52,6 +65,12 @@ class GaussianPolySketch(PolySketchParameters):
         ``variant='paper'`` (as before) and ``'bbox'`` for ``'improved'``, whose relative fit
         gains from the smaller ``a``: colours at reg 0.1, rank 241, true-kernel L1 marginal
         error 0.078 with ``'bbox'`` vs 0.12 with ``'mean'`` (``a`` 5.96 vs 8.64).
+    fit_tolerance : float or None, default=0.05
+        After fitting, the product of the features is measured against the kernel itself on
+        the coreset entries (:attr:`fit_error_`); above this relative error the fit warns
+        (:class:`~sketchot.sketch.SketchAccuracyWarning`) with the error, the interval and
+        changes tried on the same coreset that meet the tolerance (a larger sketch, a
+        smaller ``gamma``). ``None``: measure, never warn.
     rng : None, int, Generator, ...
         Randomness of the sketch (``numpy.random.default_rng``).
 
@@ -64,6 +83,9 @@ class GaussianPolySketch(PolySketchParameters):
         Fitted on ``u, v`` with ``f(t) = exp(2 t - 2 a)``.
     n_features_out_ : int
         ``1 + r m`` (``'paper'``), at most ``rank`` (``'improved'``).
+    fit_error_ : float
+        Relative Frobenius error of ``phi_X phi_Y^T`` against ``exp(-gamma ||x - y||^2)``,
+        measured on the coreset entries (see :attr:`PolyTensorSketch.fit_error_`).
     """
 
     gamma: float = 1.0
@@ -91,6 +113,9 @@ class GaussianPolySketch(PolySketchParameters):
                 "'nystrom' or 'exact' backend"
             )
         self.half_width_ = half_width
+        if self.fit_tolerance is not None:
+            check_float(self.fit_tolerance, "fit_tolerance", positive=True)
+        start = copy.deepcopy(check_rng(self.rng))  # the advice refits from this random state
         self.sketch_ = PolyTensorSketch(
             Exponential(scale=2.0, offset=-2.0 * half_width),
             degree=self.degree,
@@ -102,18 +127,74 @@ class GaussianPolySketch(PolySketchParameters):
             taylor_center=self.taylor_center,
             variant=self.variant,
             rank=self.rank,
+            fit_tolerance=None,  # the kernel's error is measured below, with its row scales
             rng=self.rng,
         ).fit(U, V)
         self.n_features_out_ = self.sketch_.n_features_out_
+        self.fit_error_, n_entries = self._measure(X, Y, U, V)
+        if self.fit_tolerance is not None and self.fit_error_ > self.fit_tolerance:
+            warnings.warn(
+                self._accuracy_message(X, Y, start, n_entries), SketchAccuracyWarning, stacklevel=2
+            )
         return self
+
+    def _measure(
+        self, X: np.ndarray, Y: np.ndarray, U: np.ndarray, V: np.ndarray
+    ) -> tuple[float, int]:
+        """``(relative error of phi_X phi_Y^T against the kernel, entries)`` on the coreset."""
+        entries = measured_entries(U, V, self.sketch_.fit_info_.details, self.coreset_size)
+        u, v = U[entries.left], V[entries.right]
+        with np.errstate(over="ignore", invalid="ignore"):
+            approx = self.transform_x(X[entries.left]) @ self.transform_y(Y[entries.right]).T
+        distances = _sq_norms(u)[:, None] + _sq_norms(v)[None, :] - 2.0 * (u @ v.T)
+        truth = np.exp(-np.maximum(distances, 0.0))  # u, v are scaled: this is gamma ||x - y||^2
+        return relative_error(approx, truth, entries), entries.size
+
+    def _accuracy_message(
+        self, X: np.ndarray, Y: np.ndarray, start: np.random.Generator, n_entries: int
+    ) -> str:
+        """What was measured, and what was found to meet the tolerance on the same coreset."""
+        target = ADVICE_MARGIN * self.fit_tolerance
+        head = (
+            f"GaussianPolySketch(gamma={self.gamma:g}): its features miss exp(-gamma ||x - y||^2) "
+            f"by a relative error of {self.fit_error_:.2g} (fit_error_, measured on {n_entries} "
+            f"coreset entries; fit_tolerance={self.fit_tolerance:g}). Its polynomial of degree "
+            f"{self.sketch_.degree_} ({self.n_features_out_} features) approximates exp(2 t) on "
+            f"[-a, a], a = gamma max||x - c|| max||y - c|| = {self.half_width_:.4g}. Tried with "
+            f"the same coreset and random draws, for an error below {target:.2g}: "
+        )
+        candidates, largest = size_candidates(self.sketch_)
+        found = first_passing(candidates, lambda c: refit_error(self, start, c, X, Y), target)
+        if found is not None:
+            advice = [f"{describe_changes(self, found[0])} meets it ({found[1]:.2g})"]
+        else:
+            advice = [f"no larger sketch up to {largest} meets it"]
+        scaled = largest_passing_scale(
+            lambda t: refit_error(self, start, {"gamma": self.gamma * t}, X, Y), target
+        )
+        if scaled is None:
+            advice.append("neither does a gamma 4096 times smaller")
+        else:
+            t, error = scaled
+            advice.append(
+                f"gamma={self.gamma * t:.3g} meets it ({error:.2g}; for the Gibbs kernel, "
+                f"reg = 1 / gamma = {1 / (self.gamma * t):.3g})"
+            )
+        return head + "; ".join(advice) + "."
 
     def transform_x(self, X: Any, *, dtype: Any = np.float64) -> np.ndarray:
         """``phi_X`` of each row (coefficients folded in): shape ``(n, n_features_out_)``."""
+        self._check_fitted()
         return self._transform(X, "X", self.sketch_.coef_, dtype)
 
     def transform_y(self, Y: Any, *, dtype: Any = np.float64) -> np.ndarray:
         """``phi_Y`` of each row: shape ``(n, n_features_out_)``."""
+        self._check_fitted()
         return self._transform(Y, "Y", np.ones_like(self.sketch_.coef_), dtype)
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "sketch_"):
+            raise RuntimeError("this GaussianPolySketch is not fitted yet: call fit(X, Y) first")
 
     def fit_transform(self, X: Any, Y: Any = None, *, dtype: Any = np.float64):
         """Fit, then return ``(transform_x(X), transform_y(Y))``."""
@@ -123,8 +204,6 @@ class GaussianPolySketch(PolySketchParameters):
         )
 
     def _transform(self, points: Any, name: str, weights: np.ndarray, dtype: Any) -> np.ndarray:
-        if not hasattr(self, "sketch_"):
-            raise RuntimeError("this GaussianPolySketch is not fitted yet: call fit(X, Y) first")
         dtype = check_dtype(dtype)
         points = check_matrix(
             points, name, n_features=self.center_.shape[0], feature_name="the fitted data"

@@ -38,12 +38,14 @@ class KCenterResult:
         return float(self.distances.sum())
 
 
-def greedy_k_center(points: Any, n_centers: int, rng: Any = None) -> KCenterResult:
+def greedy_k_center(
+    points: Any, n_centers: int, rng: Any = None, *, first: int | None = None
+) -> KCenterResult:
     """Greedy farthest-point k-center.
 
-    The first centre is a uniformly random row; each next centre is the row farthest from
-    the centres chosen so far (the first such row on ties). Every row is then assigned to its
-    nearest centre. This is a 2-approximation of the optimal k-center radius.
+    The first centre is a uniformly random row (or ``first``); each next centre is the row
+    farthest from the centres chosen so far (the first such row on ties). Every row is then
+    assigned to its nearest centre. This is a 2-approximation of the optimal k-center radius.
 
     Parameters
     ----------
@@ -52,6 +54,8 @@ def greedy_k_center(points: Any, n_centers: int, rng: Any = None) -> KCenterResu
         Number of centres ``k``, ``1 <= k <= n``.
     rng : None, int, Generator, ...
         Draws the first centre.
+    first : int, optional
+        Row of the first centre instead of a draw (``rng`` is then not used).
 
     Returns
     -------
@@ -65,9 +69,10 @@ def greedy_k_center(points: Any, n_centers: int, rng: Any = None) -> KCenterResu
     points = check_matrix(points, "points")
     n = points.shape[0]
     n_centers = check_int(n_centers, "n_centers", minimum=1, maximum=n)
-    generator = check_rng(rng)
-
-    first = int(generator.integers(n))
+    if first is None:
+        first = int(check_rng(rng).integers(n))
+    else:
+        first = check_int(first, "first", minimum=0, maximum=n - 1)
     centers = [first]
     # Squared distances through ||p||^2 - 2 p.c + ||c||^2: one matrix-vector product per
     # centre instead of an n x d temporary (the k-center pass is memory bound).

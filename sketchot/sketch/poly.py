@@ -17,6 +17,8 @@ per-degree sizes for the others, and a relative-error coefficient fit.
 
 from __future__ import annotations
 
+import copy
+import warnings
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
@@ -31,6 +33,18 @@ from .._validation import (
     check_matrix,
     check_rng,
     describe,
+)
+from .accuracy import (
+    ADVICE_MARGIN,
+    DEFAULT_FIT_TOLERANCE,
+    SketchAccuracyWarning,
+    describe_changes,
+    first_passing,
+    largest_passing_scale,
+    measured_entries,
+    refit_error,
+    relative_error,
+    size_candidates,
 )
 from .coefficients import (
     COEFFICIENT_METHODS,
@@ -70,6 +84,7 @@ class PolySketchParameters:
     taylor_center: float | str = 0.0
     variant: str = "improved"
     rank: int | None = None
+    fit_tolerance: float | None = DEFAULT_FIT_TOLERANCE
     rng: Any = None
 
 
@@ -110,6 +125,12 @@ class PolyTensorSketch(PolySketchParameters):
         with Nystrom landmarks or random features. Default ``1 + r m`` (61). ``'paper'`` uses
         ``m = (R - 1) // r`` (``rank`` and ``sketch_dim`` are exclusive); ``'improved'`` spends
         exactly ``R`` features unless every degree up to ``degree`` is exact with room to spare.
+    fit_tolerance : float or None, default=0.05
+        After fitting, the product of the features is measured against ``f`` itself on the
+        coreset entries (:attr:`fit_error_`); above this relative error the fit warns
+        (:class:`~sketchot.sketch.SketchAccuracyWarning`) with the error, the interval
+        ``[-a, a]`` and changes tried on the same coreset that meet the tolerance (a larger
+        sketch, inputs scaled down). ``None``: measure, never warn.
     rng : None, int, Generator, ...
         Randomness of the hashes, signs and k-center start (``numpy.random.default_rng``).
 
@@ -134,6 +155,11 @@ class PolyTensorSketch(PolySketchParameters):
     n_features_out_ : int
         ``1 + r m`` (``'paper'``); ``1 + sum_{j<=e} C(d + j - 1, j) + sum_j m_j``
         (``'improved'``).
+    fit_error_ : float
+        Relative error ``||F_U F_V^T - f(U V^T)||_F / ||f(U V^T)||_F`` measured on the
+        coreset entries (the k-center centres of one side against up to 1024 rows of the
+        other, weighted to stand for all entries; a deterministic k-center when the
+        coefficients were not fitted on one): polynomial and sketch errors together.
 
     Notes
     -----
@@ -170,6 +196,7 @@ class PolyTensorSketch(PolySketchParameters):
         evaluate_finite(f, half_width * np.cos(np.linspace(0.0, np.pi, 65)))
 
         generator = check_rng(self.rng)
+        start = copy.deepcopy(generator)  # the advice refits from the same random state
         if self.variant == "paper":
             self.tensor_sketch_ = TensorSketch(
                 U.shape[1], self.degree_, self.sketch_dim_, generator
@@ -206,7 +233,69 @@ class PolyTensorSketch(PolySketchParameters):
         self.input_dim_ = U.shape[1]
         exact = sum(monomial_count(U.shape[1], j) for j in range(1, self.exact_degree_ + 1))
         self.n_features_out_ = 1 + exact + int(self.sketch_sizes_.sum())
+        self.fit_error_, n_entries = self._measure(U, V)
+        if self.fit_tolerance is not None and self.fit_error_ > self.fit_tolerance:
+            warnings.warn(
+                self._accuracy_message(U, V, start, n_entries),
+                SketchAccuracyWarning,
+                stacklevel=2,
+            )
         return self
+
+    def _measure(self, U: np.ndarray, V: np.ndarray) -> tuple[float, int]:
+        """``(relative error of F_U F_V^T against f(U V^T), entries)`` on the coreset."""
+        entries = measured_entries(U, V, self.fit_info_.details, self.coreset_size)
+        left, right = U[entries.left], V[entries.right]
+        with np.errstate(over="ignore", invalid="ignore"):
+            approx = self.left_features(left) @ self.right_features(right).T
+            truth = np.asarray(self.function_(left @ right.T), dtype=np.float64)
+        return relative_error(approx, truth, entries), entries.size
+
+    def _accuracy_message(
+        self, U: np.ndarray, V: np.ndarray, start: np.random.Generator, n_entries: int
+    ) -> str:
+        """What was measured, and what was found to meet the tolerance on the same coreset."""
+        target = ADVICE_MARGIN * self.fit_tolerance
+        a = self.half_width_
+        head = (
+            f"PolyTensorSketch of {self.function_!r}: its features miss f(U V^T) by a relative "
+            f"error of {self.fit_error_:.2g} (fit_error_, measured on {n_entries} coreset "
+            f"entries; fit_tolerance={self.fit_tolerance:g}). Its polynomial of degree "
+            f"{self.degree_} ({self.n_features_out_} features) approximates f on the interval "
+            f"[-{a:.4g}, {a:.4g}] that U V^T spans. Tried with the same coreset and random "
+            f"draws, for an error below {target:.2g}: "
+        )
+        return head + "; ".join(self._advice(U, V, start, target)) + "."
+
+    def _advice(
+        self, U: np.ndarray, V: np.ndarray, start: np.random.Generator, target: float
+    ) -> list[str]:
+        a = self.half_width_
+        candidates, largest = size_candidates(self)
+        found = first_passing(candidates, lambda c: refit_error(self, start, c, U, V), target)
+        if found is not None:
+            advice = [f"{describe_changes(self, found[0])} meets it ({found[1]:.2g})"]
+        else:
+            advice = [f"no larger sketch up to {largest} meets it"]
+            if self.nonnegative:
+                error = refit_error(self, start, {"nonnegative": False}, U, V)
+                advice.append(
+                    f"nonnegative=False meets it ({error:.2g}), without symmetric_features"
+                    if error <= target
+                    else "nor does nonnegative=False"
+                )
+        scaled = largest_passing_scale(
+            lambda t: refit_error(self, start, {}, np.sqrt(t) * U, np.sqrt(t) * V), target
+        )
+        if scaled is None:
+            advice.append("neither does scaling U and V down by up to 64x")
+        else:
+            t, error = scaled
+            advice.append(
+                f"scaling U and V by {np.sqrt(t):.3g} meets it ({error:.2g}; U V^T then spans "
+                f"[-{t * a:.3g}, {t * a:.3g}], which makes the matrix f({t:.3g} U V^T))"
+            )
+        return advice
 
     def _validate_parameters(self, n1: int, n2: int) -> None:
         variant = check_choice(self.variant, "variant", VARIANTS)
@@ -252,6 +341,8 @@ class PolyTensorSketch(PolySketchParameters):
             check_int(self.coreset_size, "coreset_size", minimum=1, maximum=min(n1, n2))
         if self.coefficients == "taylor" and self.taylor_center != "mean":
             check_float(self.taylor_center, "taylor_center")
+        if self.fit_tolerance is not None:
+            check_float(self.fit_tolerance, "fit_tolerance", positive=True)
 
     def _fit_coefficients(
         self,

@@ -16,6 +16,11 @@ def mean_relative_sq_error(sketch, X, Y, gamma):
 
 VARIANTS = ["paper", "improved"]
 
+# These tests are about centring, scaling and dtypes, not about the fit's accuracy: the
+# paper's default sketch misses 5% at gamma = 1 here and would warn (SketchAccuracyWarning,
+# tested in test_accuracy.py), each warning costing refits for its advice.
+QUIET = {"fit_tolerance": None}
+
 
 @pytest.mark.parametrize(("variant", "bound"), [("paper", 0.05), ("improved", 1e-6)])
 def test_centering_improves_accuracy(variant, bound):
@@ -28,12 +33,12 @@ def test_centering_improves_accuracy(variant, bound):
     for seed in range(10):
         centred.append(
             mean_relative_sq_error(
-                GaussianPolySketch(1.0, variant=variant, rng=seed).fit(X, Y), X, Y, 1.0
+                GaussianPolySketch(1.0, variant=variant, rng=seed, **QUIET).fit(X, Y), X, Y, 1.0
             )
         )
         raw.append(
             mean_relative_sq_error(
-                GaussianPolySketch(1.0, center=None, variant=variant, rng=seed).fit(X, Y),
+                GaussianPolySketch(1.0, center=None, variant=variant, rng=seed, **QUIET).fit(X, Y),
                 X,
                 Y,
                 1.0,
@@ -48,8 +53,8 @@ def test_translation_invariance(variant):
     rng = np.random.default_rng(1)
     X, Y = rng.random((50, 3)), rng.random((40, 3))
     shift = np.array([1e3, -2e3, 5e2])
-    a = GaussianPolySketch(2.0, variant=variant, rng=3).fit(X, Y)
-    b = GaussianPolySketch(2.0, variant=variant, rng=3).fit(X + shift, Y + shift)
+    a = GaussianPolySketch(2.0, variant=variant, rng=3, **QUIET).fit(X, Y)
+    b = GaussianPolySketch(2.0, variant=variant, rng=3, **QUIET).fit(X + shift, Y + shift)
     # the centred coordinates differ only by rounding of the shift (1e3 * eps)
     np.testing.assert_allclose(b.transform_x(X + shift), a.transform_x(X), rtol=1e-9, atol=1e-9)
 
@@ -60,7 +65,7 @@ def test_no_overflow_far_from_the_origin(variant):
     scales keep every feature finite."""
     rng = np.random.default_rng(2)
     X, Y = 1000 + rng.random((60, 3)), 1000 + rng.random((50, 3))
-    sketch = GaussianPolySketch(1.0, variant=variant, rng=0).fit(X, Y)
+    sketch = GaussianPolySketch(1.0, variant=variant, rng=0, **QUIET).fit(X, Y)
     features = sketch.transform_x(X), sketch.transform_y(Y)
     assert all(np.all(np.isfinite(f)) for f in features)
     assert mean_relative_sq_error(sketch, X, Y, 1.0) < 0.1
@@ -72,7 +77,7 @@ def test_too_small_reg_is_a_clear_error(variant):
     X = rng.random((30, 3)) * 10
     with pytest.raises(ValueError, match="too large for a polynomial sketch"):
         GaussianPolySketch(1e3, variant=variant, rng=0).fit(X)
-    sketch = GaussianPolySketch(8.0, variant=variant, rng=0).fit(
+    sketch = GaussianPolySketch(8.0, variant=variant, rng=0, **QUIET).fit(
         X
     )  # a ~ 8 * 8.5^2 ~ 580: fine in float64
     with pytest.raises(ValueError, match="float32 features would overflow"):
@@ -83,7 +88,7 @@ def test_too_small_reg_is_a_clear_error(variant):
 def test_float32_features(variant):
     rng = np.random.default_rng(4)
     X = rng.random((40, 3))
-    sketch = GaussianPolySketch(1.0, variant=variant, rng=0).fit(X)
+    sketch = GaussianPolySketch(1.0, variant=variant, rng=0, **QUIET).fit(X)
     f32 = sketch.transform_x(X, dtype=np.float32)
     assert f32.dtype == np.float32
     np.testing.assert_allclose(f32, sketch.transform_x(X), rtol=1e-5, atol=1e-6)
@@ -93,14 +98,14 @@ def test_float32_features(variant):
 @pytest.mark.parametrize("center", ["auto", "bbox", np.array([0.5, 0.5, 0.5]), None])
 def test_center_options(center, variant):
     X = np.random.default_rng(5).random((30, 3))
-    sketch = GaussianPolySketch(1.0, center=center, variant=variant, rng=0).fit(X)
+    sketch = GaussianPolySketch(1.0, center=center, variant=variant, rng=0, **QUIET).fit(X)
     assert sketch.center_.shape == (3,)
 
 
 def test_auto_center_is_the_mean_for_the_paper_and_the_bbox_otherwise():
     X = np.random.default_rng(6).random((30, 3)) ** 3  # skewed: mean != bbox centre
-    paper = GaussianPolySketch(1.0, variant="paper", rng=0).fit(X)
-    improved = GaussianPolySketch(1.0, rng=0).fit(X)
+    paper = GaussianPolySketch(1.0, variant="paper", rng=0, **QUIET).fit(X)
+    improved = GaussianPolySketch(1.0, rng=0, **QUIET).fit(X)
     np.testing.assert_allclose(paper.center_, X.mean(axis=0), rtol=1e-12)
     np.testing.assert_allclose(improved.center_, (X.min(axis=0) + X.max(axis=0)) / 2, rtol=1e-12)
 

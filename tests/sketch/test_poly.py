@@ -47,8 +47,9 @@ def test_unbiased_for_fixed_coefficients():
     rng = np.random.default_rng(4)
     U, V = rng.standard_normal((5, 3)) / 2, rng.standard_normal((4, 3)) / 2
     sketch = PolyTensorSketch(
-        "exp", degree=3, sketch_dim=4, coefficients="taylor", variant="paper", rng=0
-    ).fit(U, V)
+        "exp", degree=3, sketch_dim=4, coefficients="taylor", variant="paper", rng=0,
+        fit_tolerance=None,  # m = 4 is noisy on purpose: this test is about the mean
+    ).fit(U, V)  # fmt: skip
     polynomial = P.polyval(U @ V.T, sketch.coef_)
     estimates = []
     for seed in np.random.SeedSequence(10).spawn(3000):
@@ -84,6 +85,7 @@ def test_reference_protocol_accuracy():
                 coreset_size=10,
                 coefficients="coreset" if method == "improved" else method,
                 variant="improved" if method == "improved" else "paper",
+                fit_tolerance=None,  # Chebyshev-TS misses 6%: the comparison is the point
                 rng=rng,
             )
             left, right = sketch.fit_transform(U)
@@ -101,8 +103,9 @@ def test_any_elementwise_function_sigmoid():
     errors = {}
     for regularizer in ("none", "shifted"):
         sketch = PolyTensorSketch(
-            "sigmoid", degree=3, sketch_dim=64, regularizer=regularizer, variant="paper", rng=0
-        )
+            "sigmoid", degree=3, sketch_dim=64, regularizer=regularizer, variant="paper", rng=0,
+            fit_tolerance=None,  # the reference W shrinks c_1: the comparison is the point
+        )  # fmt: skip
         left, right = sketch.fit_transform(U, V)
         errors[regularizer] = np.mean(np.abs(left @ right.T - exact))
     # measured with this seed: 4.2e-4 without W; 2.3e-2 with the reference W, whose variance
@@ -119,15 +122,18 @@ def test_any_elementwise_function_sigmoid():
 def test_symmetric_features_need_nonnegative_coefficients(variant, method):
     rng = np.random.default_rng(13)
     U = rng.standard_normal((100, 4)) / 2
+    quiet = {"fit_tolerance": None}  # about the coefficients' signs, not the accuracy
     signed = PolyTensorSketch(
-        "sigmoid", degree=5, coefficients=method, regularizer="none", variant=variant, rng=0
-    ).fit(U)
+        "sigmoid", degree=5, coefficients=method, regularizer="none", variant=variant, rng=0,
+        **quiet,
+    ).fit(U)  # fmt: skip
     assert np.any(signed.coef_ < 0)
     with pytest.raises(ValueError, match="nonnegative=True"):
         signed.symmetric_features(U)
     positive = PolyTensorSketch(
-        "sigmoid", degree=5, coefficients=method, nonnegative=True, variant=variant, rng=0
-    ).fit(U)
+        "sigmoid", degree=5, coefficients=method, nonnegative=True, variant=variant, rng=0,
+        **quiet,
+    ).fit(U)  # fmt: skip
     features = positive.symmetric_features(U)
     assert np.all(positive.coef_ >= 0)
     # F F^T is a Gram matrix: positive semi-definite up to rounding
@@ -175,6 +181,6 @@ def test_bad_inputs():
         PolyTensorSketch(np.log).fit(U)  # log of negative entries is NaN
     with pytest.raises(RuntimeError, match="not fitted"):
         PolyTensorSketch().left_features(U)
-    fitted = PolyTensorSketch(rng=0).fit(U)
+    fitted = PolyTensorSketch(fit_tolerance=None, rng=0).fit(U)  # exp on [-11, 11]: would warn
     with pytest.raises(ValueError, match="U must have 3 columns"):
         fitted.left_features(np.ones((2, 2)))
