@@ -329,8 +329,8 @@ def _main(argv: Sequence[str] | None) -> int:
     if missed:
         print(
             f"error: backend {result.backend!r} missed accuracy={args.accuracy:g}: the scalings "
-            f"miss the true kernel's marginals by up to {run.check.bound:.2g} (relative L1); "
-            "--backend auto meets it",
+            f"miss the true kernel's marginals by up to {run.check.bound:.2g} (relative L1). "
+            f"{result.advice}",
             file=sys.stderr,
         )
         return EXIT_ACCURACY_MISSED

@@ -108,6 +108,7 @@ def solve_auto(
             f"n x m = {n} x {m} is small ({n * m * itemsize / 2**20:.0f} MiB): the exact "
             "kernel, stored"
         )
+        kernel.info.reason = reason  # the solve knows auto chose it
         return finish(solve(problem, kernel, options, rng=rng), reason)
 
     generator = check_rng(rng)
@@ -211,6 +212,7 @@ def solve_auto(
             f"({n * m * itemsize / 2**20:.0f} MiB) fits the dense budget: the exact kernel, "
             "stored"
         )
+        kernel.info.reason = reason  # the solve knows auto chose it
         return finish(solve(problem, kernel, options, rng=generator), reason)
 
     kernel = build_kernel(geometry, "exact", dtype=dtype, max_dense_bytes=0)
@@ -224,6 +226,7 @@ def solve_auto(
         "n x m too large to store and no low rank met the accuracy while cheaper than the "
         "exact kernel: the exact kernel, streamed"
     )
+    kernel.info.reason = reason  # the solve knows auto chose it
     return finish(solve(problem, kernel, options, rng=generator), reason)
 
 

@@ -182,6 +182,15 @@ class SinkhornResult:
         return self.reg * (dual - constant - self.mass + total_a * total_b)
 
     @property
+    def advice(self) -> str:
+        """What to change when the accuracy was missed or the iteration stopped early,
+        computed from what was measured (:func:`sketchot.solver.advice.advise`); ``''``
+        otherwise."""
+        if self.converged and self.accuracy_met is not False:
+            return ""
+        return advise(self)
+
+    @property
     def status(self) -> str:
         """``'converged'``, or why not (``'max_iter reached'``, ``'stalled'``, ...)."""
         return {"max_iter": "max_iter reached"}.get(self.stop, self.stop)

@@ -366,7 +366,7 @@ def solve(
             kernel, problem, tol=tol, max_iter=options.max_iter,
             check_every=options.check_every, strategy=strategy,
             anderson=options.anderson_memory(strategy != "multiplicative"), guard=guard,
-            progress=_Monitor(printer, live), schedule=schedule,
+            progress=_Monitor(printer, live, options.check_every), schedule=schedule,
         )  # fmt: skip
         if state.status in ("stalled", "breakdown") and schedule is None and automatic:
             # the iteration cannot resolve this reg from a cold start (the scalings' range
@@ -380,7 +380,7 @@ def solve(
                 kernel, problem, tol=tol, max_iter=options.max_iter,
                 check_every=options.check_every, strategy=strategy,
                 anderson=options.anderson_memory(strategy != "multiplicative"), guard=guard,
-                progress=_Monitor(printer, live), schedule=_schedule(kernel),
+                progress=_Monitor(printer, live, options.check_every), schedule=_schedule(kernel),
             )  # fmt: skip
         live.close(state.status)
     elapsed = time.perf_counter() - start
@@ -566,8 +566,12 @@ def _announce_long_run(kernel: KernelOperator, options: SolverOptions, printer: 
         warnings.warn(
             f"backend {kernel.info.backend!r}: one iteration on {kernel.shape[0]} x "
             f"{kernel.shape[1]} points is estimated at {per_iteration:.3g} s, so 100 "
-            f"iterations take about {per_iteration * 100 / 3600:.2g} h; a larger reg, fewer "
-            "points, or backend='auto' cost less",
+            f"iterations take about {per_iteration * 100 / 3600:.2g} h; a larger reg"
+            + (
+                " or fewer points cost less"
+                if kernel.info.reason
+                else ", fewer points, or backend='auto' cost less"
+            ),
             UserWarning,
             stacklevel=4,
         )
@@ -581,11 +585,13 @@ def _relative(value: float) -> str:
 class _Monitor:
     """What the iteration reports to: the live progress line and the verbose table."""
 
-    def __init__(self, printer: _Printer, live: Progress) -> None:
-        self.printer, self.live = printer, live
+    def __init__(self, printer: _Printer, live: Progress, check_every: int) -> None:
+        self.printer, self.live, self.check_every = printer, live, check_every
 
     def update(self, iteration: int, *, error: float, target: float | None = None) -> None:
-        self.printer.update(iteration, error=error, target=target)
+        # the stages of an epsilon schedule check every iteration: the table keeps its pace
+        if (iteration - 1) % self.check_every == 0:
+            self.printer.update(iteration, error=error, target=target)
         self.live.update(iteration, error=error, target=target)
 
     def log(self, text: str) -> None:
