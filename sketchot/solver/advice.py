@@ -77,7 +77,8 @@ def advise(result: SinkhornResult) -> str:
     n, m = result.kernel.shape
     if "exact" in result.kernel.info.capabilities:
         stalled = result.stop in ("stalled", "breakdown")
-        if stalled or result.kernel.geometry.max_cost() / result.reg > RESOLVED_SPREAD:
+        beyond = result.kernel.geometry.max_cost() / result.reg > RESOLVED_SPREAD
+        if stalled or (beyond and result.n_iter >= BLIND_MINIMUM):
             return _reg_advice(result)
         if not result.converged:
             needed = iterations_needed(result.error_history, result.tol)

@@ -216,7 +216,8 @@ def solve_auto(
         return finish(solve(problem, kernel, options, rng=generator), reason)
 
     kernel = build_kernel(geometry, "exact", dtype=dtype, max_dense_bytes=0)
-    estimate = kernel.info.seconds_per_pass
+    # one estimate everywhere: a pass each way (as the solve's own announcement says)
+    estimate = None if kernel.info.seconds_per_pass is None else 2 * kernel.info.seconds_per_pass
     if estimate is not None:
         say(
             f"the exact kernel streamed: about {estimate:.2g} s per iteration "

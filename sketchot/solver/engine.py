@@ -240,6 +240,13 @@ def iterate(
         if total >= max_iter and not last:
             break
     info["stages"] = stages
+    if not last:
+        # the budget ran out before the target reg: the potentials carry over to it
+        target = problem.reg
+        return Iterate(
+            log_u / target, log_v / target, total, False, history, "max_iter",
+            result.strategy, info,
+        )  # fmt: skip
     return Iterate(
         result.log_u, result.log_v, total, result.converged, history, result.status,
         result.strategy, info,

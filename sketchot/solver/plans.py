@@ -43,7 +43,8 @@ def _log_form(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray) -> b
         return False
     # float32 products overflow above e^88: keep the same margin below it as SAFE_LOG has
     safe = min(SAFE_LOG, float(np.log(np.finfo(kernel.dtype).max)) - 59.0)
-    return not (log_u.max() + log_v.max() < safe and log_u.min() > -safe)
+    with np.errstate(invalid="ignore"):  # inf + -inf of a broken run: not finite, log form
+        return not (log_u.max() + log_v.max() < safe and log_u.min() > -safe)
 
 
 def _log_kernel(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray) -> bool:

@@ -351,7 +351,9 @@ def solve(
     _announce_long_run(kernel, options, printer)
     guard = Safeguard(kernel, options.safeguard)
     g = kernel.geometry
-    automatic = options.epsilon_scaling == "auto" and exact
+    # 'auto' anneals the log-stable (absorbed) iteration only: log_domain=False asks for the
+    # plain one
+    automatic = options.epsilon_scaling == "auto" and exact and strategy == "absorb"
     wanted = options.epsilon_scaling is True or (
         automatic and g.max_cost() / g.reg > EPSILON_SCALING_SPREAD
     )
@@ -457,8 +459,11 @@ def _norm(x: np.ndarray) -> float:
 
 def _check_true_kernel(result: SinkhornResult, options: SolverOptions, rng: Any):
     n, m = result.kernel.shape
-    if "exact" in result.kernel.info.capabilities:
-        # The plan's own marginals are the true-kernel check, exactly and at no cost.
+    single = result.problem.balanced and min(n, m) == 1
+    if "exact" in result.kernel.info.capabilities or single:
+        # The plan's own marginals are the true-kernel check, exactly and at no cost: for
+        # the exact kernel, and when one side is a single point (every coupling is then
+        # a b^T, whatever the kernel's values).
         rows, cols = np.arange(n), np.arange(m)
         log_u, log_v = result.potentials
         row, col = result.marginals

@@ -134,12 +134,6 @@ def test_following_the_rescaling_advice_works():
     assert scaled.converged
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="solver, not kernel: with one point on a side, every positive kernel gives the exact "
-    "plan a b^T (the rff entry is merely off by its usual ~1/sqrt(n_features)), but the "
-    "true-kernel check judges the scalings u, v and warns that the marginals are missed",
-)
 def test_a_one_by_one_problem_is_exact_with_any_positive_kernel():
     X, Y = np.array([[0.0, 0.0]]), np.array([[1.0, 0.5]])
     kernel = sketchot.make_kernel(X, Y, 1.0, "rff", rng=0)
