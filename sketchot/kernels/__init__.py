@@ -2,16 +2,15 @@
 
 from . import exact, nystrom, polyts, rff  # noqa: F401  (registration side effects)
 from .base import CAPABILITIES, FusedPass, KernelInfo, KernelOperator
+from .build import build_kernel, make_kernel
 from .exact import ExactKernel
-from .lowrank import LowRankKernel
+from .lowrank import FactorMaps, LowRankKernel
 from .registry import (
     Backend,
     available_backends,
     backend_parameters,
-    build_kernel,
     comparable_parameters,
     get_backend,
-    make_kernel,
     register_backend,
     unregister_backend,
 )
@@ -20,6 +19,7 @@ __all__ = [
     "CAPABILITIES",
     "Backend",
     "ExactKernel",
+    "FactorMaps",
     "FusedPass",
     "KernelInfo",
     "KernelOperator",
