@@ -1,7 +1,7 @@
 """Gibbs-kernel operators: one contract, one backend per module, one record per backend."""
 
 from . import exact, nystrom, polyts, rff  # noqa: F401  (registration side effects)
-from .base import CAPABILITIES, FusedPass, KernelInfo, KernelOperator
+from .base import CAPABILITIES, DeferredPass, FusedPass, KernelInfo, KernelOperator
 from .build import build_kernel, make_kernel
 from .exact import ExactKernel
 from .lowrank import FactorMaps, LowRankKernel
@@ -18,6 +18,7 @@ from .registry import (
 __all__ = [
     "CAPABILITIES",
     "Backend",
+    "DeferredPass",
     "ExactKernel",
     "FactorMaps",
     "FusedPass",

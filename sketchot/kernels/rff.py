@@ -19,9 +19,7 @@ from .lowrank import FactorMaps, LowRankKernel, low_rank_from_maps
 from .registry import PAPER_DEGREE, PAPER_SKETCH_DIM, _paper_rank, register_backend
 
 
-def rff_maps(
-    geometry: GibbsGeometry, *, rng: Any, dtype: Any, n_features: int
-) -> FactorMaps:
+def rff_maps(geometry: GibbsGeometry, *, rng: Any, dtype: Any, n_features: int) -> FactorMaps:
     """The fitted feature map of :func:`build_rff` (every parameter explicit)."""
     n_features = check_int(n_features, "n_features", minimum=1)
     generator = check_rng(rng)
