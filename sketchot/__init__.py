@@ -8,10 +8,20 @@ Layers, bottom up (imports only point down): :mod:`sketchot.sketch` (the sketch 
 optimal transport) and :mod:`sketchot.gibbs` (true-kernel values) -> :mod:`sketchot.kernels`
 (the operator contract, one record per backend) -> :mod:`sketchot.solver` (owns the
 iteration, repairs, checks) -> :mod:`sketchot.da` (POT-style estimator) and
-:mod:`sketchot.color` (colour transfer).
+:mod:`sketchot.color` (colour transfer). :mod:`sketchot.distributed` holds the same layers
+on Dask arrays; :mod:`sketchot.api`, on top, is where the public entries send Dask inputs
+there and everything else to the in-memory layers.
 """
 
 from ._parallel import get_num_threads, set_num_threads, thread_limit
+from .api import (
+    make_kernel,
+    sinkhorn,
+    sinkhorn2,
+    sinkhorn_kernel,
+    sinkhorn_unbalanced,
+    solve_sample,
+)
 from .kernels import (
     Backend,
     ExactKernel,
@@ -21,7 +31,6 @@ from .kernels import (
     available_backends,
     comparable_parameters,
     get_backend,
-    make_kernel,
     register_backend,
     unregister_backend,
 )
@@ -35,11 +44,6 @@ from .solver import (
     SinkhornResult,
     SolverOptions,
     TrueKernelCheck,
-    sinkhorn,
-    sinkhorn2,
-    sinkhorn_kernel,
-    sinkhorn_unbalanced,
-    solve_sample,
 )
 
 __version__ = "0.2.0"

@@ -1,5 +1,11 @@
-"""The layout shows the architecture: imports only point down, and the solver knows kernels
-only through the operator contract (no backend module, no private attribute)."""
+"""The layout shows the architecture: imports only point down, no import circle, no private
+name across packages, the solver knows kernels only through the operator contract (no
+backend module, no private attribute, no Dask), and Dask inputs part from in-memory ones in
+one place, :mod:`sketchot.api`.
+
+Every import counts, module level or inside a function, except those under
+``if TYPE_CHECKING:`` (never executed: annotations only).
+"""
 
 from __future__ import annotations
 
@@ -14,11 +20,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "sketchot"
 LAYERS = {
     "_validation": 0, "_memory": 0, "_dask": 0, "_defaults": 0, "_parallel": 1, "gibbs": 1,
     "sketch": 1,
-    "distributed.geometry": 1, "kernels": 2, "distributed.kernels": 2, "solver": 3,
-    "distributed.solver": 3, "distributed": 3, "da": 4, "color": 4,
+    "distributed.geometry": 1, "kernels": 2, "distributed.kernels": 2,
+    "distributed.builders": 2, "solver": 3, "distributed.solver": 3, "distributed": 3,
+    "da": 4, "color": 4, "api": 5,
 }  # fmt: skip
-BACKEND_MODULES = {"exact", "rff", "nystrom", "polyts"}
+BACKEND_MODULES = {"exact", "rff", "nystrom", "polyts", "local"}
 SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent != PACKAGE)
+ALL_SOURCES = sorted(PACKAGE.rglob("*.py"))
 
 
 def layer(parts: list[str]) -> int:
@@ -31,20 +39,97 @@ def part_of(path: Path) -> list[str]:
     return list(path.relative_to(PACKAGE).parts)
 
 
-def imported_modules(path: Path) -> list[list[str]]:
-    """Imported sketchot modules as path components below the package."""
+def module_name(path: Path) -> str:
+    """Dotted name below the package (``''`` for ``sketchot/__init__.py``)."""
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """Ids of the nodes under ``if TYPE_CHECKING:``."""
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                skipped |= {id(inner) for inner in ast.walk(child)}
+    return skipped
+
+
+def imports(path: Path) -> list[tuple[list[str], list[str]]]:
+    """``(module, names)`` of every executed import of sketchot modules: the module as path
+    components below the package, the imported names."""
     here = list(path.relative_to(PACKAGE).parent.parts)
+    tree = ast.parse(path.read_text())
+    skipped = _type_checking_only(tree)
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
+        if id(node) in skipped or not isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+        names = [alias.name for alias in node.names]
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = here[: len(here) - node.level + 1]
-                found.append(base + (node.module.split(".") if node.module else []))
+                found.append((base + (node.module.split(".") if node.module else []), names))
             elif node.module and node.module.startswith("sketchot"):
-                found.append(node.module.split(".")[1:])
+                found.append((node.module.split(".")[1:], names))
         elif isinstance(node, ast.Import):
-            found += [a.name.split(".")[1:] for a in node.names if a.name.startswith("sketchot.")]
-    return [parts for parts in found if parts]
+            found += [(n.split(".")[1:], []) for n in names if n.startswith("sketchot.")]
+    return found
+
+
+def imported_modules(path: Path) -> list[list[str]]:
+    """Imported sketchot modules as path components below the package."""
+    return [parts for parts, _ in imports(path) if parts]
+
+
+MODULES = {module_name(path): path for path in ALL_SOURCES}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the sketchot modules it imports (``from pkg import sub`` is an import of the
+    submodule ``pkg.sub``)."""
+    graph = {}
+    for name, path in MODULES.items():
+        targets = set()
+        for parts, names in imports(path):
+            module = ".".join(parts)
+            for imported in names or [""]:
+                sub = f"{module}.{imported}".strip(".")
+                targets.add(sub if sub in MODULES else module)
+        graph[name] = {t for t in targets if t in MODULES and t != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
@@ -54,13 +139,54 @@ def test_imports_point_down(path):
         assert layer(parts) <= own, f"{path.name} imports {'.'.join(parts)} (a layer up)"
 
 
-def test_solver_imports_no_backend_module_and_no_private_attribute():
+def test_no_import_circle():
+    assert circles(import_graph()) == []
+
+
+def test_the_checks_see_imports_inside_functions():
+    """The checkers themselves: a function-level import is an edge (``api`` imports
+    ``distributed`` only when given Dask arrays), and a loop of edges is a circle."""
+    assert "distributed" in import_graph()["api"]
+    graph = {"a": {"b"}, "b": set()}
+    assert circles(graph) == []
+    graph["b"].add("a")
+    assert circles(graph) == [["a", "b"]]
+
+
+def test_no_private_name_imported_across_packages():
+    for name, path in MODULES.items():
+        own = name.split(".")[0]
+        for parts, names in imports(path):
+            theirs = parts[0] if parts else ""
+            if theirs == own or theirs.startswith("_"):
+                continue
+            private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+            assert not private, f"{name} imports {private} from {'.'.join(parts)}"
+
+
+def test_solver_imports_no_backend_module_no_dask_and_no_private_attribute():
     for path in sorted((PACKAGE / "solver").glob("*.py")):
         for parts in imported_modules(path):
             assert not (parts[0] == "kernels" and parts[-1] in BACKEND_MODULES), path.name
+            assert parts[0] not in ("distributed", "_dask", "api"), path.name
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
                 owner = node.value.id if isinstance(node.value, ast.Name) else ""
                 assert node.attr.startswith("__") or owner in ("self", "cls"), (
                     f"{path.name}: private attribute .{node.attr}"
                 )
+
+
+def test_dask_inputs_part_in_one_place():
+    """Only :mod:`sketchot.api` tells Dask inputs apart (``_dask``) and sends them to
+    :mod:`sketchot.distributed`; no other module asks whether a geometry is distributed."""
+    for name, path in MODULES.items():
+        if name.split(".")[0] in ("api", "distributed", "_dask"):
+            continue
+        for parts in imported_modules(path):
+            assert parts[0] not in ("distributed", "_dask"), f"{name} imports {parts}"
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            attribute = isinstance(node, ast.Attribute) and node.attr == "distributed"
+            lookup = isinstance(node, ast.Constant) and node.value == "distributed"
+            assert not (attribute or lookup), f"{name} asks for 'distributed'"

@@ -1,9 +1,11 @@
 """Sinkhorn beyond one machine: the same solvers on Dask arrays and Dask clusters.
 
-``sketchot.sinkhorn``, ``sinkhorn2`` and ``make_kernel`` dispatch here when given Dask arrays
-(this package imports Dask; the rest of sketchot never does). Layers as in sketchot:
-:mod:`.geometry` (clouds on the cluster) -> :mod:`.kernels` (operators with Dask factors)
--> :mod:`.solver` (the solve and its result).
+``sketchot.sinkhorn``, ``sinkhorn2``, ``sinkhorn_kernel`` and ``make_kernel`` dispatch here
+when given Dask arrays (:mod:`sketchot.api`; this package imports Dask, the rest of sketchot
+never does). Layers as in sketchot: :mod:`.geometry` (clouds on the cluster) ->
+:mod:`.kernels` (operators with Dask factors, deferred passes) and :mod:`.builders` (the
+backends on Dask, ``'auto'``) -> :mod:`.solver` (the solve, through the solver's own
+iteration, and its result).
 
 **Same seed, same answer.** The fitted state is drawn exactly as in memory: RFF frequencies
 depend only on ``rng``; Nystrom draws the same landmark indices (uniform) or the same
@@ -21,17 +23,23 @@ lands within rounding of ``tol`` could stop one path 10 iterations apart) and no
 entries on the edge of the bad-denominator test (signed kernels at small ``reg``).
 """
 
+from .builders import choose_dask_kernel, dask_backends, make_kernel_dask
 from .geometry import FIT_ROWS, DaskGibbsGeometry
-from .kernels import DaskExactKernel, DaskFusedPass, DaskLowRankKernel
+from .kernels import ArrayPass, ChainedPass, DaskExactKernel, DaskLowRankKernel, LazyRatios
 from .solver import DaskSinkhornResult, sinkhorn_dask, sinkhorn_kernel_dask, solve_dask
 
 __all__ = [
     "FIT_ROWS",
+    "ArrayPass",
+    "ChainedPass",
     "DaskExactKernel",
-    "DaskFusedPass",
     "DaskGibbsGeometry",
     "DaskLowRankKernel",
     "DaskSinkhornResult",
+    "LazyRatios",
+    "choose_dask_kernel",
+    "dask_backends",
+    "make_kernel_dask",
     "sinkhorn_dask",
     "sinkhorn_kernel_dask",
     "solve_dask",

@@ -2,10 +2,10 @@
 
 :class:`DaskGibbsGeometry` has the members of :class:`~sketchot.gibbs.GibbsGeometry` that the
 builders and the solver use (``shape``, ``reg``, ``center``, ``Xc``, ``Yc``, ``x_sq``,
-``y_sq``, ``max_cost``, ``union_rows``, ``fit_clouds``) with every ``n``- or ``m``-sized
-array a persisted Dask array; ``distributed = True`` tells the kernels layer to build the
-operators of :mod:`sketchot.distributed.kernels`. Only small things reach the client: the
-centre (``d``), norms' maxima, and fixed-size row samples for fitting.
+``y_sq``, ``max_cost``, ``rows``, ``union_rows``, ``fit_clouds``) with every ``n``- or
+``m``-sized array a persisted Dask array, so that the backends' fitting code runs on it
+unchanged (:mod:`.builders`). Only small things reach the client: the centre (``d``), norms'
+maxima, and fixed-size row samples for fitting.
 """
 
 from __future__ import annotations
@@ -81,9 +81,6 @@ class DaskGibbsGeometry:
     their norms, persisted): ``O((n + m) d)`` work on the workers, ``O(d)`` to the client.
     Worker memory ``O((n + m) (d + 1))`` floats for the persisted centred clouds and norms.
     """
-
-    #: Arrays live on a cluster: local memory budgets do not apply.
-    distributed = True
 
     def __init__(self, X: Any, Y: Any, reg: float) -> None:
         X_chunks = X.chunks[0] if hasattr(X, "chunks") else None

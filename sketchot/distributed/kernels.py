@@ -1,20 +1,28 @@
 """Kernel operators whose ``n``- and ``m``-sized arrays are Dask arrays on a cluster.
 
-Both classes keep :class:`~sketchot.kernels.KernelOperator`'s contract. A fused pass over one
-side (``K = L R^T``) is ONE pass over the row chunks of ``L`` (or ``R``): each chunk's task
-runs the in-memory :func:`~sketchot.kernels.base.blocked_fused_pass` on its rows (products,
-ratios and the partial projection ``F_chunk^T ratios`` together) and returns the partial
-projection and its count of bad entries; a tree reduction adds them, and one scheduler
-call brings the rank-sized sum and the count to the client. The products and
-ratios are returned lazily (a chunk-local recomputation, ``O(chunk r)``), so the solver
-only materialises the scalings it keeps. :class:`PassGraph` chains passes: the next pass
-takes the last one's sum by key, so many half-steps cost one scheduler call.
+Both classes keep :class:`~sketchot.kernels.KernelOperator`'s contract and declare the
+``'deferred'`` capability: their fused passes are lazy
+(:class:`~sketchot.kernels.base.DeferredPass`), so the solver's one iteration
+(:func:`sketchot.solver.engine.iterate`) builds the passes between two convergence checks
+without computing them, then computes them in one go.
+
+Low rank (``K = A B^T``): a pass over one side is ONE pass over the row chunks of ``A`` (or
+``B``): each chunk's task runs the in-memory :func:`~sketchot.kernels.base.matrix_fused_pass`
+on its rows (products, ratios and the partial projection ``F_chunk^T ratios`` together) and
+returns the partial projection and its count of bad entries; a tree of additions reduces
+them. Between half-steps the state is rank-sized, so the passes are tasks of one raw graph
+(:class:`PassGraph`), each taking the previous pass's partial sums by key: the iterations of
+a check block cost ONE scheduler call. The ratios (the scalings ``u``, ``v``) are never
+stored: :class:`LazyRatios` is a chunk-local function of the rank-sized input, a Dask array
+once that input is known.
+
+Exact: each pass streams the true kernel per row chunk; its ``m``-sized projection stays on
+the cluster (persisted, so with a distributed client the passes are queued, not waited for).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import dask
@@ -24,31 +32,24 @@ import numpy as np
 
 from ..gibbs import block_rows, gibbs_softmax_average, neg_cost_over_reg, row_slices
 from ..kernels.base import (
-    FusedPass,
+    DeferredPass,
     KernelInfo,
     KernelOperator,
     blocked_fused_pass,
     matrix_fused_pass,
     ratios_and_bad,
+    refuse_log,
 )
-from ..kernels.lowrank import LowRankKernel
+from ..kernels.lowrank import FactorMaps, LowRankKernel
 from .geometry import SPLIT_EVERY, DaskGibbsGeometry, persist_now
 
-
-@dataclass(frozen=True)
-class DaskFusedPass(FusedPass):
-    """A :class:`~sketchot.kernels.FusedPass` whose ``products``, ``ratios`` and ``bad`` are
-    lazy Dask arrays; ``count`` (the number of bad entries) is already computed."""
-
-    count: int = 0
-
-    @property
-    def n_bad(self) -> int:
-        return self.count
+#: Most passes chained in one graph before it is computed (50 iterations): a graph holds
+#: about ``chunks + 2`` tasks per pass, and each cut costs one scheduler call.
+MAX_CHAINED_PASSES = 100
 
 
-def _ratios(numerator: np.ndarray, products: np.ndarray) -> np.ndarray:
-    return ratios_and_bad(numerator, products)[0]
+def _ratios(numerator: np.ndarray, products: np.ndarray, exponent: float = 1.0) -> np.ndarray:
+    return ratios_and_bad(numerator, products, exponent)[0]
 
 
 def _bad(numerator: np.ndarray, products: np.ndarray) -> np.ndarray:
@@ -62,19 +63,23 @@ def _add(*parts: np.ndarray) -> np.ndarray:
     return total
 
 
+# ------------------------------------------------------------------ lazy values in a graph
 class PassGraph:
-    """A raw task graph of one or more passes over row chunks, computed in ONE scheduler call.
+    """A raw task graph of passes over row chunks, computed in ONE scheduler call.
 
     The hot path of every iteration, so the graph is written directly (one task per chunk, a
     tree of additions ``SPLIT_EVERY`` at a time): no collection optimisation on the client,
     ~half the latency of the array expression. A task's input may be the key of an earlier
-    task, so several passes chain without a round trip. Task names are content hashes, so a
-    repeated pass is the same graph.
+    task, so passes chain without a round trip. Task names are content hashes, so a repeated
+    pass is the same graph. Once computed, a graph takes no more tasks: every :class:`Lazy`
+    in it has its value, and later passes start from those values.
     """
 
     def __init__(self) -> None:
         self.graph: dict[Any, Any] = {}
         self.arrays: dict[str, da.Array] = {}
+        self.pending: list[Lazy] = []
+        self.passes = 0
 
     def blocks(self, array: da.Array) -> list[tuple[Any, ...]]:
         """The keys of ``array``'s row chunks (its graph is added once)."""
@@ -118,56 +123,92 @@ class PassGraph:
 
     def sum_over_chunks(
         self, function: Callable[..., np.ndarray], row_arrays: list[da.Array], shared: tuple
-    ) -> tuple[str, int]:
-        """The key of ``sum_i function(*chunks_i, *shared)`` over the row chunks."""
+    ) -> Lazy:
+        """``sum_i function(*chunks_i, *shared)`` over the row chunks, lazily."""
         parts = self.partial_sums(function, row_arrays, shared)
-        return parts[0] if len(parts) == 1 else self.task(_add, *parts)
+        return Lazy(self, self.task(_add, *parts), parts)
 
-    def compute(self, items: list[Any]) -> list[Any]:
-        """The values of ``items`` (keys of this graph; anything else is its own value), from
-        one call to the current scheduler."""
+    @staticmethod
+    def compute(graphs: list[PassGraph]) -> None:
+        """Every pending value of ``graphs``, from one call to the current scheduler."""
         from dask.base import get_scheduler
 
-        keys = list(dict.fromkeys(item for item in items if isinstance(item, tuple)))
-        scheduler = get_scheduler(collections=list(self.arrays.values())) or dask.threaded.get
-        values = dict(zip(keys, scheduler(self.graph, keys), strict=True))
-        return [values[item] if isinstance(item, tuple) else item for item in items]
+        graph: dict[Any, Any] = {}
+        arrays: dict[str, da.Array] = {}
+        pending: list[Lazy] = []
+        for part in graphs:
+            graph.update(part.graph)
+            arrays.update(part.arrays)
+            pending += part.pending
+            part.pending = []
+        keys = list(dict.fromkeys(lazy.key for lazy in pending))
+        scheduler = get_scheduler(collections=list(arrays.values())) or dask.threaded.get
+        values = dict(zip(keys, scheduler(graph, keys), strict=True))
+        for lazy in pending:
+            lazy.value = values[lazy.key]
+            lazy.graph = None
 
 
-def sum_over_chunks(
-    function: Callable[..., np.ndarray], row_arrays: list[da.Array], shared: tuple[Any, ...]
-) -> np.ndarray:
-    """``sum_i function(*chunks_i, *shared)`` over the row chunks, computed now (first row)."""
-    graph = PassGraph()
-    (total,) = graph.compute([graph.sum_over_chunks(function, row_arrays, shared)])
-    return np.asarray(total)[0]
+class Lazy:
+    """A value of a :class:`PassGraph`: its key (and, for a sum, the keys of the partial sums
+    adding up to it) until the graph is computed, then the value itself."""
+
+    def __init__(self, graph: PassGraph, key: Any, parts: list[Any] | None = None) -> None:
+        self.graph: PassGraph | None = graph
+        self.key = key
+        self.parts = parts
+        self.value: Any = None
+        graph.pending.append(self)
+
+    @property
+    def pending(self) -> bool:
+        """Whether the value is still a key of an uncomputed graph."""
+        return self.graph is not None
+
+    def result(self) -> Any:
+        """The value (its graph is computed if it was not)."""
+        if self.graph is not None:
+            PassGraph.compute([self.graph])
+        return self.value
+
+    def summands(self) -> list[Any]:
+        """What a task adds up to get this sum: the partial sums' keys, or the value."""
+        return list(self.parts) if self.pending else [self.value]
 
 
-def _tree_sum(partials: da.Array) -> da.Array:
-    """Sum of per-chunk rows ``(chunks, k) -> (k,)`` by a tree reduction."""
-    return partials.sum(axis=0, split_every=SPLIT_EVERY)
+class LazyCount:
+    """The count of bad entries stored last in a pass total."""
+
+    def __init__(self, total: Lazy) -> None:
+        self.total = total
+
+    def result(self) -> int:
+        return int(np.asarray(self.total.result())[0, -1])
 
 
-def _lazy_pass(
-    numerator: da.Array, products: da.Array, projection: Any, count: int
-) -> DaskFusedPass:
-    ratios = da.map_blocks(_ratios, numerator, products, dtype=np.float64)
-    bad = da.map_blocks(_bad, numerator, products, dtype=bool)
-    return DaskFusedPass(products, ratios, projection, bad, count)
+def _graph_of(value: Any) -> PassGraph | None:
+    if isinstance(value, LazyCount):
+        value = value.total
+    return value.graph if isinstance(value, Lazy) else None
 
 
-def _align(vector: Any, chunks: tuple[int, ...], name: str) -> da.Array:
-    """A 1-D Dask array in float64 with the given chunks (a NumPy array is wrapped)."""
-    length = sum(chunks)
-    if getattr(vector, "ndim", None) != 1 or vector.shape[0] != length:
-        raise ValueError(
-            f"{name} must be a vector of length {length}; got shape {getattr(vector, 'shape', ())}"
-        )
-    if not hasattr(vector, "chunks"):
-        return da.from_array(np.asarray(vector, dtype=np.float64), chunks=(chunks,))
-    return vector.astype(np.float64).rechunk((chunks,))
+def evaluate(*values: Any) -> list[Any]:
+    """The values of :class:`Lazy` values and counts (anything else passes through): every
+    graph they belong to, in one scheduler call."""
+    graphs = list({id(g): g for g in map(_graph_of, values) if g is not None}.values())
+    if graphs:
+        PassGraph.compute(graphs)
+    return [value.result() if isinstance(value, Lazy | LazyCount) else value for value in values]
 
 
+def _leading(total: Any, rank: int) -> np.ndarray:
+    """``w``: the first ``rank`` entries of a total ``(1, r [+ 1])`` (a pass's projection and
+    count of bad entries, or a projection), or a vector."""
+    total = np.asarray(total, dtype=np.float64)
+    return (total[0] if total.ndim == 2 else total)[:rank]
+
+
+# ----------------------------------------------------------------------------- chunk tasks
 def per_chunk(
     function: Callable[..., np.ndarray],
     row_arrays: list[da.Array],
@@ -192,6 +233,52 @@ def per_chunk(
         value = task(*(b[i] for b in blocks), *whole)
         parts.append(da.from_delayed(value, shape=shape, dtype=np.float64))
     return da.concatenate(parts, axis=0)
+
+
+def _tree_sum(partials: da.Array) -> da.Array:
+    """Sum of per-chunk rows ``(chunks, k) -> (k,)`` by a tree reduction."""
+    return partials.sum(axis=0, split_every=SPLIT_EVERY)
+
+
+def _align(vector: Any, chunks: tuple[int, ...], name: str) -> da.Array:
+    """A 1-D Dask array in float64 with the given chunks (a NumPy array is wrapped)."""
+    if isinstance(vector, LazyVector):
+        vector = vector.to_dask()
+    length = sum(chunks)
+    if getattr(vector, "ndim", None) != 1 or vector.shape[0] != length:
+        raise ValueError(
+            f"{name} must be a vector of length {length}; got shape {getattr(vector, 'shape', ())}"
+        )
+    if not hasattr(vector, "chunks"):
+        return da.from_array(np.asarray(vector, dtype=np.float64), chunks=(chunks,))
+    return vector.astype(np.float64).rechunk((chunks,))
+
+
+def _scaled_norm_parts(values: np.ndarray) -> list[float]:
+    """``[max |x|, sum (x / max)^2]`` of one chunk (0 for the sum when the max is 0 or not
+    finite)."""
+    top = float(np.max(np.abs(values))) if values.size else 0.0
+    if not np.isfinite(top) or top == 0.0:
+        return [top, 0.0]
+    return [top, float(np.sum((values / top) ** 2))]
+
+
+def _norm_of_chunks(*parts: list[float]) -> float:
+    """The L2 norm from per-chunk ``[max, sum (x / max)^2]``, scaled by the largest entry
+    (no overflow; as the solver's residual)."""
+    top = max(part[0] for part in parts)
+    if not np.isfinite(top) or top == 0.0:
+        return top
+    return top * float(np.sqrt(sum(total * (peak / top) ** 2 for peak, total in parts)))
+
+
+def _residual_values(
+    numerator: np.ndarray, products: np.ndarray, scaling: np.ndarray, exponent: float
+) -> np.ndarray:
+    """``products * scaling - products * ratios`` where the numerator is positive, 0
+    elsewhere (the solver's residual, chunk by chunk)."""
+    ratios = _ratios(numerator, products, exponent)
+    return np.where(numerator > 0, products * scaling - products * ratios, 0.0)
 
 
 # ---------------------------------------------------------------------------- low rank
@@ -221,26 +308,15 @@ def dask_factors(
     )
 
 
-def _low_rank_pass_chunk(
-    F: np.ndarray, numerator: np.ndarray, w: np.ndarray, dtype: np.dtype
+def _pass_chunk(
+    F: np.ndarray, numerator: np.ndarray, dtype: np.dtype, exponent: float, *w_parts: Any
 ) -> np.ndarray:
-    """``[F^T ratios, n_bad]`` of one chunk, shape (1, r + 1), by the in-memory pass."""
-    result = matrix_fused_pass(F, w, numerator, dtype)
+    """``[F^T ratios, n_bad]`` of one chunk, shape (1, r + 1), by the in-memory pass, with
+    ``w`` the first ``r`` entries of the sum of ``w_parts`` (the previous pass's partial
+    sums, added in the same order on every chunk, or its total)."""
+    w = _leading(_add(*w_parts), F.shape[1])
+    result = matrix_fused_pass(F, w, numerator, dtype, exponent)
     return np.append(result.projection, result.n_bad)[None, :]
-
-
-def _chained_pass_chunk(
-    F: np.ndarray, numerator: np.ndarray, dtype: np.dtype, *w_parts: np.ndarray
-) -> np.ndarray:
-    """:func:`_low_rank_pass_chunk` with ``w`` the first ``r`` entries of the sum of the
-    previous pass's partial sums (the same sum, in the same order, on every chunk)."""
-    return _low_rank_pass_chunk(F, numerator, _leading(_add(*w_parts), F.shape[1]), dtype)
-
-
-def _leading(total: np.ndarray, rank: int) -> np.ndarray:
-    """``w``: the first ``rank`` entries of a pass's ``[projection, n_bad]`` (1, r + 1), or
-    of a projection (1, r)."""
-    return np.asarray(total)[0, :rank]
 
 
 def _project_chunk(F: np.ndarray, values: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -251,29 +327,165 @@ def _products_chunk(F: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray
     return (F @ w.astype(dtype, copy=False)).astype(np.float64, copy=False)
 
 
-def _error_chunk(
-    F: np.ndarray, numerator: np.ndarray, w_scaling: np.ndarray, w: np.ndarray, dtype: np.dtype
+def _low_rank_residual_chunk(
+    F: np.ndarray,
+    numerator: np.ndarray,
+    scaling: np.ndarray,
+    total: np.ndarray,
+    dtype: np.dtype,
+    exponent: float,
 ) -> list[float]:
-    """``[max |e|, sum (e / max)^2]`` of ``e = ratios(numerator, F w_scaling) F w - numerator``
-    on one chunk: the marginal error of the scalings from ``w_scaling`` against ``F w``
-    (both given as pass totals, :func:`_leading`)."""
-    w_scaling, w = _leading(w_scaling, F.shape[1]), _leading(w, F.shape[1])
+    """:func:`_scaled_norm_parts` of the residual on one chunk, with products ``F w`` (``w``
+    from the pass input ``total``) and ``scaling`` either the chunk's values or, given as a
+    total ``(1, r [+ 1])``, the ratios of a pass with that input."""
+    rank = F.shape[1]
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        scaling = _ratios(numerator, _products_chunk(F, w_scaling, dtype))
-        error = scaling * _products_chunk(F, w, dtype) - numerator
-        top = float(np.max(np.abs(error))) if error.size else 0.0
-        if not np.isfinite(top) or top == 0.0:
-            return [top, 0.0]
-        return [top, float(np.sum((error / top) ** 2))]
+        products = _products_chunk(F, _leading(total, rank), dtype)
+        if scaling.ndim == 2:
+            scaling = _ratios(
+                numerator, _products_chunk(F, _leading(scaling, rank), dtype), exponent
+            )
+        return _scaled_norm_parts(_residual_values(numerator, products, scaling, exponent))
 
 
-def _norm_of_chunks(*parts: list[float]) -> float:
-    """The L2 norm from per-chunk ``[max, sum (x / max)^2]``, scaled by the largest entry
-    (no overflow; as :func:`sketchot.solver.sinkhorn._norm`)."""
-    top = max(part[0] for part in parts)
-    if not np.isfinite(top) or top == 0.0:
-        return top
-    return top * float(np.sqrt(sum(total * (peak / top) ** 2 for peak, total in parts)))
+def _input_of(w: Any) -> tuple[PassGraph | None, list[Any]]:
+    """``(graph, summands)`` of a pass input: a pending :class:`Lazy` sum chains into its
+    graph; a computed one, or a vector, starts a new graph."""
+    if isinstance(w, Lazy):
+        return w.graph, w.summands()
+    return None, [np.asarray(w, dtype=np.float64).reshape(1, -1)]
+
+
+def _value_arg(value: Any, graph: PassGraph) -> Any:
+    """A :class:`Lazy` as a task argument of ``graph``: its key while pending there, else
+    its value."""
+    if isinstance(value, Lazy):
+        if value.pending and value.graph is not graph:
+            value.result()
+        return value.key if value.pending else value.value
+    return np.asarray(value, dtype=np.float64)
+
+
+def _quietly(ufunc: np.ufunc, *blocks: Any) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return ufunc(*blocks)
+
+
+class LazyVector:
+    """A lazy ``n``- or ``m``-sized vector of a deferred pass (a pass's ratios): a Dask array
+    once asked for (:meth:`to_dask`). NumPy ufuncs and functions apply to that array, ufuncs
+    block by block with floating-point warnings off, as the solver's ``np.errstate`` does in
+    memory (``np.log`` of the zero scalings of zero weights)."""
+
+    def to_dask(self) -> da.Array:
+        raise NotImplementedError
+
+    @staticmethod
+    def _unwrap(values: Any) -> tuple[Any, ...]:
+        return tuple(v.to_dask() if isinstance(v, LazyVector) else v for v in values)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        inputs = self._unwrap(inputs)
+        if method != "__call__" or kwargs:
+            return getattr(ufunc, method)(*inputs, **kwargs)
+        probes = [np.ones(1, x.dtype) if hasattr(x, "dtype") else x for x in inputs]
+        dtype = _quietly(ufunc, *probes).dtype
+        return da.map_blocks(_quietly, ufunc, *inputs, dtype=dtype)
+
+    def __array_function__(self, func, types, args, kwargs):
+        return func(*self._unwrap(args), **kwargs)
+
+
+class DaskVector(LazyVector):
+    """A Dask vector as a :class:`LazyVector` (the exact kernel's ratios)."""
+
+    def __init__(self, array: da.Array) -> None:
+        self.array = array
+        self.shape, self.ndim, self.dtype = array.shape, 1, array.dtype
+
+    def to_dask(self) -> da.Array:
+        return self.array
+
+
+class LazyRatios(LazyVector):
+    """A low-rank pass's ratios ``(numerator / (F w))^exponent`` (0 where the product is not
+    healthy), ``w`` the pass's rank-sized input, possibly not computed yet: a chunk-local
+    recomputation (``O(chunk r)``) once ``w`` is known (computed first if needed)."""
+
+    def __init__(
+        self, kernel: DaskLowRankKernel, side: str, w: Any, numerator: da.Array, exponent: float
+    ) -> None:
+        self.kernel, self.side, self.w = kernel, side, w
+        self.numerator, self.exponent = numerator, exponent
+        self.shape, self.ndim, self.dtype = numerator.shape, 1, np.dtype(np.float64)
+        self._array: da.Array | None = None
+
+    def to_dask(self) -> da.Array:
+        """The ratios as a lazy Dask vector."""
+        if self._array is None:
+            factor = self.kernel.factor(self.side)
+            w = self.w.result() if isinstance(self.w, Lazy) else self.w
+            w = _leading(w, factor.shape[1]).copy()
+            products = per_chunk(_products_chunk, [factor], (w, self.kernel.dtype), None)
+            self._array = da.map_blocks(
+                _ratios, self.numerator, products, self.exponent, dtype=np.float64
+            )
+        return self._array
+
+    def __repr__(self) -> str:
+        return f"<LazyRatios {self.side} of length {self.shape[0]}>"
+
+
+class ChainedPass(DeferredPass):
+    """A low-rank pass in a :class:`PassGraph` (see :class:`DeferredPass`): ``projection``
+    is the lazy total ``[F^T ratios, n_bad]``, ``ratios`` a :class:`LazyRatios`."""
+
+    def __init__(
+        self,
+        kernel: DaskLowRankKernel,
+        side: str,
+        w: Any,
+        numerator: da.Array,
+        exponent: float,
+        total: Lazy,
+    ) -> None:
+        self.kernel, self.side, self.w, self.numerator = kernel, side, w, numerator
+        self.exponent = exponent
+        self.projection = total
+        self.ratios = LazyRatios(kernel, side, w, numerator, exponent)
+        self.n_bad = LazyCount(total)
+
+    def _products(self) -> da.Array:
+        w = _leading(self.w.result() if isinstance(self.w, Lazy) else self.w, self.kernel.rank)
+        factor = self.kernel.factor(self.side)
+        return per_chunk(_products_chunk, [factor], (w.copy(), self.kernel.dtype), None)
+
+    @property
+    def products(self) -> da.Array:
+        return self._products()
+
+    @property
+    def bad(self) -> da.Array:
+        return da.map_blocks(_bad, self.numerator, self._products(), dtype=bool)
+
+    def residual(self, scaling: Any) -> Lazy:
+        factor = self.kernel.factor(self.side)
+        graph = self.projection.graph or (self.w.graph if isinstance(self.w, Lazy) else None)
+        graph = graph or PassGraph()
+        w = _value_arg(self.w, graph)
+        if isinstance(scaling, LazyRatios) and scaling.kernel is self.kernel:
+            scalings = [_value_arg(scaling.w, graph)] * factor.numblocks[0]
+        else:
+            scalings = graph.blocks(_align(scaling, factor.chunks[0], "scaling"))
+        chunks = zip(graph.blocks(factor), graph.blocks(self.numerator), scalings, strict=True)
+        parts = [
+            graph.task(_low_rank_residual_chunk, F, b, s, w, self.kernel.dtype, self.exponent)
+            for F, b, s in chunks
+        ]
+        return Lazy(graph, graph.task(_norm_of_chunks, *parts))
+
+    def evaluate(self, *values: Any) -> list[Any]:
+        return evaluate(*values)
 
 
 class DaskLowRankKernel(LowRankKernel):
@@ -296,18 +508,40 @@ class DaskLowRankKernel(LowRankKernel):
     -----
     Worker memory: ``(chunk_rows r itemsize)`` per factor chunk held, ``O((n + m) r)`` over the
     cluster. A fused pass costs ``O(n r)`` work over the workers and moves ``O(r)`` floats per
-    chunk; the client receives ``r + 1`` numbers.
+    chunk; the client receives ``r + 1`` numbers per pass, once per check block.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.info.capabilities = self.info.capabilities | {"deferred"}
+
+    @classmethod
+    def from_maps(cls, geometry: DaskGibbsGeometry, maps: FactorMaps) -> DaskLowRankKernel:
+        """The operator of fitted maps, its factors built chunk by chunk on the workers."""
+        left, right = dask_factors(geometry, maps.left_factor, maps.right_factor, maps.dtype)
+        operator = cls(geometry, maps.info, left, right, **maps.operator_arguments())
+        for name, value in maps.attributes.items():
+            setattr(operator, name, value)
+        return operator
 
     def _hold(self, factor: da.Array) -> da.Array:
         """The persisted Dask factor itself (never gathered)."""
         return factor
 
+    @property
+    def rank(self) -> int:
+        """Number of features ``r``."""
+        return self.left.shape[1]
+
+    def factor(self, side: str) -> da.Array:
+        """``A`` (``'rows'``) or ``B`` (``'cols'``)."""
+        return self._factor(side)
+
     # ------------------------------------------------------------- products
     def _small(self, factor: da.Array, values: Any) -> np.ndarray:
         """``factor^T values`` (r x k), reduced over chunks and brought to the client."""
         if np.ndim(values) == 1:
-            return self._project(factor, _align(values, factor.chunks[0], "values")).compute()
+            return self.project_now(factor, _align(values, factor.chunks[0], "values"))
         if np.ndim(values) != 2 or values.shape[0] != factor.shape[0]:
             raise ValueError(
                 f"values must have shape ({factor.shape[0]},) or ({factor.shape[0]}, k); "
@@ -315,6 +549,12 @@ class DaskLowRankKernel(LowRankKernel):
             )
         values = _as_dask(values).rechunk((factor.chunks[0], -1))
         return (factor.T.astype(np.float64) @ values).compute()
+
+    def project_now(self, factor: da.Array, values: da.Array) -> np.ndarray:
+        """``factor^T values``, computed."""
+        graph = PassGraph()
+        total = graph.sum_over_chunks(_project_chunk, [factor, values], (self.dtype,))
+        return _leading(total.result(), factor.shape[1])
 
     def matmat(self, V: Any) -> da.Array:
         """``A (B^T V)``: ``B^T V`` is reduced to the client (``r x k``), then broadcast."""
@@ -355,81 +595,41 @@ class DaskLowRankKernel(LowRankKernel):
         return self._apply_new(points, values, side == "target")
 
     # -------------------------------------------------------- fused passes
-    def _project(self, factor: da.Array, values: da.Array) -> da.Array:
-        partials = per_chunk(
-            _project_chunk, [factor, values], (self.dtype,), factor.shape[1], partial=True
+    def fused_pass(
+        self, side: str, w: Any, numerator: Any, *, log: bool = False, exponent: float = 1.0
+    ) -> ChainedPass:
+        """One lazy pass over the chunks of ``A`` (``'rows'``) or ``B`` (``'cols'``).
+
+        ``w`` is a rank-sized vector or the ``projection`` of an earlier pass (then this pass
+        is chained into that pass's graph, unless :data:`MAX_CHAINED_PASSES` are there
+        already: the graph is then computed first); ``numerator`` a Dask vector.
+        """
+        refuse_log(self, log)
+        factor = self._factor(side)
+        numerator = _align(numerator, factor.chunks[0], "numerator")
+        graph, summands = _input_of(w)
+        if graph is not None and graph.passes >= MAX_CHAINED_PASSES:
+            PassGraph.compute([graph])
+            graph, summands = _input_of(w)
+        graph = graph or PassGraph()
+        exponent = float(exponent)
+        total = graph.sum_over_chunks(
+            _pass_chunk, [factor, numerator], (self.dtype, exponent, *summands)
         )
-        return _tree_sum(partials)
+        graph.passes += 1
+        return ChainedPass(self, side, w, numerator, exponent, total)
 
-    def fused_pass(self, side: str, w: np.ndarray, numerator: Any) -> DaskFusedPass:
-        """One pass over the chunks of ``A`` (``'rows'``) or ``B`` (``'cols'``).
-
-        ``w`` (r,) is NumPy; ``numerator`` a Dask vector. One call to the scheduler
-        (:func:`sum_over_chunks`) returns the projection (r,) and the number of bad entries.
-        """
-        factor = self._factor(side)
-        numerator = _align(numerator, factor.chunks[0], "numerator")
-        w = np.asarray(w, dtype=np.float64)
-        total = sum_over_chunks(_low_rank_pass_chunk, [factor, numerator], (w, self.dtype))
-        products = per_chunk(_products_chunk, [factor], (w, self.dtype), None)
-        return _lazy_pass(numerator, products, total[:-1], int(total[-1]))
-
-    # ------------------------------------------- passes chained in one graph
-    def first_projection(self, graph: PassGraph, side: str, values: Any) -> tuple[Any, list]:
-        """``F^T values`` in ``graph``: the keys of its total (1, r) and of its partial sums
-        (what :meth:`chained_pass` takes)."""
-        factor = self._factor(side)
-        values = _align(values, factor.chunks[0], "values")
-        parts = graph.partial_sums(_project_chunk, [factor, values], (self.dtype,))
-        return graph.task(_add, *parts), parts
-
-    def chained_pass(
-        self, graph: PassGraph, side: str, w_parts: list, numerator: da.Array
-    ) -> tuple[Any, list]:
-        """:meth:`fused_pass` as tasks of ``graph``, with ``w`` the leading ``r`` entries of
-        the sum of ``w_parts`` (keys of the previous pass's partial sums, or arrays).
-
-        Returns the keys of the total ``[projection, n_bad]`` (1, r + 1), for the client,
-        and of the partial sums, for the next pass: passes chain with one scheduler hop
-        each and no round trip to the client.
-        """
-        factor = self._factor(side)
-        numerator = _align(numerator, factor.chunks[0], "numerator")
-        parts = graph.partial_sums(_chained_pass_chunk, [factor, numerator], (self.dtype, *w_parts))
-        return graph.task(_add, *parts), parts
-
-    def marginal_error(
-        self, graph: PassGraph, side: str, numerator: da.Array, scaling_total: Any, total: Any
-    ) -> tuple[str, int]:
-        """The key of ``||s * (F w) - numerator||_2`` with ``s = ratios(numerator, F
-        w_scaling)``, ``w`` and ``w_scaling`` the leading entries of two pass totals: with
-        ``'cols'``, the column-marginal error of ``(u, v)`` when ``w = A^T u`` and ``v`` came
-        from ``w_scaling``."""
-        factor = self._factor(side)
-        numerator = _align(numerator, factor.chunks[0], "numerator")
-        blocks = zip(graph.blocks(factor), graph.blocks(numerator), strict=True)
-        parts = [
-            graph.task(_error_chunk, F, b, scaling_total, total, self.dtype) for F, b in blocks
-        ]
-        return graph.task(_norm_of_chunks, *parts)
-
-    def scalings(self, side: str, total: np.ndarray, numerator: Any) -> da.Array:
-        """``ratios(numerator, F w)`` as a lazy Dask vector (chunk-local, ``O(chunk r)``),
-        ``w`` the leading ``r`` entries of a pass total."""
-        factor = self._factor(side)
-        numerator = _align(numerator, factor.chunks[0], "numerator")
-        w = _leading(total, factor.shape[1]).copy()
-        products = per_chunk(_products_chunk, [factor], (w, self.dtype), None)
-        return da.map_blocks(_ratios, numerator, products, dtype=np.float64)
-
-    def project(self, side: str, values: Any, index: Any = None) -> np.ndarray:
-        """``F^T values`` over every row, computed to NumPy (``index`` is not supported)."""
+    def project(self, side: str, values: Any, index: Any = None, *, log: bool = False) -> Lazy:
+        """``F^T values`` over every row, lazily (a sum that :meth:`fused_pass` takes as
+        ``w``; ``.result()[0]`` computes it); ``index`` is not supported."""
+        refuse_log(self, log)
         if index is not None:
             raise NotImplementedError(
                 "project(side, values, index) with an index is not available on Dask arrays"
             )
         factor = self._factor(side)
-        return self._project(factor, _align(values, factor.chunks[0], "values")).compute()
+        values = _align(values, factor.chunks[0], "values")
+        return PassGraph().sum_over_chunks(_project_chunk, [factor, values], (self.dtype,))
 
 
 # ---------------------------------------------------------------------------- exact
@@ -447,7 +647,7 @@ def _exact_slices(n_rows: int, m: int, dtype: Any) -> list[slice]:
     return list(row_slices(n_rows, block_rows(m, np.dtype(dtype).itemsize)))
 
 
-def _exact_pass_chunk(Xc, x_sq, numerator, Yc, y_sq, w, reg, dtype) -> np.ndarray:
+def _exact_pass_chunk(Xc, x_sq, numerator, Yc, y_sq, w, reg, dtype, exponent) -> np.ndarray:
     """``[K_chunk^T ratios, n_bad]`` (1, m + 1), streamed in row blocks of the chunk."""
     m = Yc.shape[0]
     result = blocked_fused_pass(
@@ -458,6 +658,7 @@ def _exact_pass_chunk(Xc, x_sq, numerator, Yc, y_sq, w, reg, dtype) -> np.ndarra
         w,
         numerator,
         np.dtype(dtype),
+        exponent,
     )
     return np.append(result.projection, result.n_bad)[None, :]
 
@@ -482,6 +683,45 @@ def _exact_rmatmat_chunk(Xc, x_sq, U, Yc, y_sq, reg, dtype) -> np.ndarray:
     return out.reshape(1, -1)
 
 
+def _residual_chunk(numerator, products, scaling, exponent) -> np.ndarray:
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        values = _residual_values(numerator, products, scaling, exponent)
+        return np.array([_scaled_norm_parts(values)])
+
+
+def _norm_of_rows(parts: np.ndarray) -> float:
+    return _norm_of_chunks(*parts.tolist())
+
+
+class ArrayPass(DeferredPass):
+    """A pass whose members are Dask collections (see :class:`DeferredPass`); what the next
+    pass reads is persisted, so with a distributed client the passes are queued on the
+    cluster and only :meth:`evaluate` waits."""
+
+    def __init__(self, products, ratios, projection, bad, n_bad, numerator, exponent) -> None:
+        self.products, self.ratios, self.projection = products, ratios, projection
+        self.bad, self.n_bad = bad, n_bad
+        self.numerator, self.exponent = numerator, exponent
+
+    def residual(self, scaling: Any) -> Any:
+        chunks = self.numerator.chunks[0]
+        scaling = _align(scaling, chunks, "scaling")
+        products = _align(self.products, chunks, "products")
+        parts = da.map_blocks(
+            _residual_chunk, self.numerator, products, scaling, self.exponent,
+            chunks=((1,) * self.numerator.numblocks[0], (2,)), new_axis=1, dtype=np.float64,
+        )  # fmt: skip
+        return dask.delayed(_norm_of_rows, pure=True)(parts)
+
+    def evaluate(self, *values: Any) -> list[Any]:
+        lazy = [i for i, value in enumerate(values) if dask.is_dask_collection(value)]
+        computed = dask.compute(*(values[i] for i in lazy))
+        out = list(values)
+        for i, value in zip(lazy, computed, strict=True):
+            out[i] = value
+        return out
+
+
 class DaskExactKernel(KernelOperator):
     """The exact Gibbs kernel on a cluster, never stored: every product streams row blocks.
 
@@ -489,7 +729,8 @@ class DaskExactKernel(KernelOperator):
     ``X`` and the whole of ``Y`` (``m x d``), computes ``K_chunk`` block by block
     (``O(block m)`` memory, blocks of about 16 MB), and returns ``K_chunk^T ratios``
     (``m``); a tree reduction adds them into an ``m``-sized projection that stays on the
-    cluster (persisted), with the count of bad entries in the same computation.
+    cluster (persisted), with the count of bad entries. Passes are deferred
+    (:class:`ArrayPass`).
 
     Notes
     -----
@@ -499,7 +740,7 @@ class DaskExactKernel(KernelOperator):
     """
 
     def __init__(self, geometry: DaskGibbsGeometry, *, dtype: Any = np.float64) -> None:
-        info = KernelInfo("exact", {}, capabilities=frozenset({"exact", "nonnegative"}))
+        info = KernelInfo("exact", {}, capabilities=frozenset({"exact", "nonnegative", "deferred"}))
         super().__init__(geometry, info, dtype)
         # The whole target side as one chunk: every row task needs all of it.
         self._Yc, self._y_sq = persist_now(geometry.Yc.rechunk({0: -1}), geometry.y_sq.rechunk(-1))
@@ -547,34 +788,42 @@ class DaskExactKernel(KernelOperator):
         block = neg_cost_over_reg(g.rows("x", index), Yc, g.reg, y_sq=y_sq)
         return np.exp(block, out=block)
 
-    def fused_pass(self, side: str, w: Any, numerator: Any) -> DaskFusedPass:
+    def fused_pass(
+        self, side: str, w: Any, numerator: Any, *, log: bool = False, exponent: float = 1.0
+    ) -> ArrayPass:
         """Rows: one streamed pass (projection ``K^T ratios`` persisted, ``m``-sized).
-        Cols: ``R = I``, elementwise on the ``m``-vector ``w``."""
+        Cols: ``R = I``, elementwise on the ``m``-vector ``w`` (the ratios persisted: they
+        are the next pass's input)."""
+        refuse_log(self, log)
         g = self.geometry
+        exponent = float(exponent)
         if side == "cols":
             numerator = _align(numerator, g.Yc.chunks[0], "numerator")
             products = _align(w, g.Yc.chunks[0], "w")
-            ratios = da.map_blocks(_ratios, numerator, products, dtype=np.float64)
+            ratios = da.map_blocks(_ratios, numerator, products, exponent, dtype=np.float64)
             bad = da.map_blocks(_bad, numerator, products, dtype=bool)
             ratios, count = dask.persist(ratios, bad.sum())
-            return DaskFusedPass(products, ratios, ratios, bad, int(count.compute()))
+            return ArrayPass(products, DaskVector(ratios), ratios, bad, count, numerator, exponent)
         numerator = _align(numerator, g.Xc.chunks[0], "numerator")
         w = _align(w, (self.shape[1],), "w")
         m = self.shape[1]
         partials = per_chunk(
             _exact_pass_chunk,
             [g.Xc, g.x_sq, numerator],
-            (*self._shared(), w, g.reg, self.dtype),
+            (*self._shared(), w, g.reg, self.dtype, exponent),
             m + 1,
             partial=True,
         )
         total = _tree_sum(partials)
         projection, count = dask.persist(total[:m], total[m])
         products = self._matmat_2d(w[:, None])[:, 0]
-        return _lazy_pass(numerator, products, projection, int(count.compute()))
+        ratios = da.map_blocks(_ratios, numerator, products, exponent, dtype=np.float64)
+        bad = da.map_blocks(_bad, numerator, products, dtype=bool)
+        return ArrayPass(products, DaskVector(ratios), projection, bad, count, numerator, exponent)
 
-    def project(self, side: str, values: Any, index: Any = None) -> Any:
+    def project(self, side: str, values: Any, index: Any = None, *, log: bool = False) -> Any:
         """``K^T values`` (rows; persisted) or ``values`` itself (cols)."""
+        refuse_log(self, log)
         if index is not None:
             raise NotImplementedError(
                 "project(side, values, index) with an index is not available on Dask arrays"

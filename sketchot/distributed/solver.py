@@ -1,18 +1,19 @@
-"""Sinkhorn on Dask arrays: the in-memory solver's iteration, driven from the client.
+"""Sinkhorn on Dask arrays: the solver's one iteration on deferred operators.
 
-Low-rank kernels: the iterates of :func:`sketchot.solver.sinkhorn._multiplicative`, with
-every fused pass (one pass over the row chunks and a tree reduction to a rank-sized sum
-and a count) of the iterations up to the next column-marginal check, and that check, in one
-graph: ONE scheduler call per ``check_every`` iterations (:func:`_chained_iterations`).
-The exact kernel runs ``_multiplicative`` itself (one call per half-step). The scalings
-``u``, ``v`` stay lazy during the loop (a chunk-local function of the last rank-sized
-vector); at the end they, the potentials and the marginals are persisted on the cluster and
-the scalars (cost, mass, errors) computed in one ``dask.compute``. No ``n``-sized array is
-ever gathered on the client.
+The solve validates the problem on the cluster (weights as Dask vectors, masses computed
+once), builds the kernel on the workers (:mod:`.builders`), and runs
+:func:`sketchot.solver.engine.iterate`, the iteration every in-memory solve runs: the Dask
+operators' passes are deferred, so the iterations between two convergence checks are built
+lazily and computed in ONE scheduler call for low-rank kernels (:class:`~.kernels.PassGraph`).
+The scalings stay lazy (a chunk-local function of the last rank-sized vector); at the end
+they, the potentials and the marginals are persisted on the cluster and the scalars (cost,
+mass, objective, errors) computed in one ``dask.compute``. No ``n``-sized array is ever
+gathered on the client.
 """
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -22,34 +23,28 @@ import dask
 import dask.array as da
 import numpy as np
 
-from .._validation import check_bool, check_int, check_rng
-from ..kernels import KernelOperator, build_kernel
+from .._validation import check_bool, check_int, check_rng, describe
+from ..kernels import KernelOperator
 from ..kernels.base import MIN_DENOMINATOR_RATIO
-from ..solver.errors import NonPositiveKernelError
-from ..solver.options import SolverOptions
-from ..solver.plans import TrueKernelCheck, check_from_masses, sample_indices
+from ..solver.engine import choose_strategy, iterate
+from ..solver.options import DEFAULT_ACCURACY, SolverOptions
+from ..solver.plans import TrueKernelCheck, check_from_masses, fixed_point_target, sample_indices
+from ..solver.problem import MASS_RTOL, Problem, check_reg_m
 from ..solver.result import SinkhornResult
+from ..solver.safeguard import Safeguard
 from ..solver.sinkhorn import (
     FLOAT32_RELATIVE_TOL,
-    MASS_RTOL,
     SAMPLED_CHECK_SIZE,
-    _log_scaling,
-    _multiplicative,
-    _Printer,
     check_backend_params,
     finish_solve,
-    iteration_fields,
 )
+from .builders import build_dask_kernel, choose_dask_kernel
 from .geometry import SPLIT_EVERY, check_reg_and_clouds
-from .kernels import DaskExactKernel, DaskLowRankKernel, PassGraph, per_chunk
+from .kernels import DaskExactKernel, per_chunk
 
 # The exact kernel's plain iteration stays within float64 range while max cost / reg is below
 # this (e^+-500); beyond, the in-memory solver's stabilised path is needed (not on Dask).
 LOG_DOMAIN_THRESHOLD = 500.0
-
-#: Most iterations in one graph when checks are rarer: a graph then holds about
-#: ``2 (chunks + 1)`` tasks per iteration times this; each cut costs one scheduler call.
-MAX_BLOCK_ITERATIONS = 50
 
 
 def sinkhorn_dask(
@@ -58,8 +53,9 @@ def sinkhorn_dask(
     X: Any,
     Y: Any,
     reg: float = 1.0,
-    backend: str = "polyts",
+    backend: str = "auto",
     *,
+    reg_m: Any = None,
     rng: Any = None,
     **kwargs: Any,
 ) -> DaskSinkhornResult:
@@ -71,49 +67,73 @@ def sinkhorn_dask(
         Weights (rechunked to the rows of ``X`` and ``Y``).
     X, Y : dask.array, shape (n, d) and (m, d)
         Clouds chunked by rows (a NumPy cloud is wrapped with the other's row chunks).
-    reg, backend, rng, **kwargs
-        As :func:`sketchot.sinkhorn`. ``safeguard`` must be ``'raise'`` or ``'none'`` for a
-        problem with non-positive approximate denominators (the repairs of ``'exact'`` and
-        ``'clip'`` are not distributed yet: such a solve raises and says so).
+    reg, backend, reg_m, rng, **kwargs
+        As :func:`sketchot.sinkhorn`. ``backend='auto'`` builds Nystrom at a doubling rank
+        checked against the true kernel on the cluster, else the exact kernel
+        (:func:`~.builders.choose_dask_kernel`). ``safeguard`` must be ``'raise'`` or
+        ``'none'`` for a problem with non-positive approximate denominators (the repairs of
+        ``'exact'`` and ``'clip'`` need the passes' values: such a solve raises and says so).
 
     Returns
     -------
     DaskSinkhornResult
         ``potentials``, ``marginals``, ``u``, ``v`` and barycentric maps are persisted Dask
-        arrays; ``value_linear``, ``mass``, ``marginal_errors``, ``n_iter``, ... are numbers.
+        arrays; ``value_linear``, ``value``, ``mass``, ``marginal_errors``, ``n_iter``, ... are
+        numbers.
 
     Notes
     -----
     Per iteration ``O((n + m) r)`` work over the workers, moving ``O(r)`` floats per chunk;
     one synchronisation per ``check_every`` iterations (at most
-    :data:`MAX_BLOCK_ITERATIONS`). The exact backend: ``O(n m d)`` work and ``O(m)`` floats
-    per chunk, two synchronisations per iteration.
+    :data:`~.kernels.MAX_CHAINED_PASSES` half-steps). The exact backend: ``O(n m d)`` work and
+    ``O(m)`` floats per chunk per pass.
     """
     options, backend_params = SolverOptions.split(kwargs)
     check_backend_params("sinkhorn", backend, backend_params)
     geometry = check_reg_and_clouds(X, Y, reg)
-    a, b, notes = check_dask_marginals(a, b, geometry)
-    kernel = build_kernel(geometry, backend, rng=rng, **backend_params)
+    problem = dask_problem(a, b, geometry, reg_m)
+    accuracy = options.accuracy if options.accuracy is not None else DEFAULT_ACCURACY
+    reason, attempts = "", []
+    if backend == "auto":
+        kernel, reason, attempts = choose_dask_kernel(
+            geometry, accuracy=accuracy, rng=rng, verbose=options.verbose, **backend_params
+        )
+    else:
+        kernel = build_dask_kernel(geometry, backend, rng=rng, accuracy=accuracy, **backend_params)
     if options.verbose:
         print(f"sketchot.sinkhorn: built {kernel!r} in {kernel.info.build_time:.3f} s")
-    return solve_dask(a, b, kernel, options, rng=rng, notes=notes)
+    result = solve_dask(problem, kernel, options, rng=rng, reason=reason)
+    result.attempts = list(attempts)
+    return result
 
 
-def sinkhorn_kernel_dask(a: Any, b: Any, kernel: KernelOperator, **kwargs: Any):
+def sinkhorn_kernel_dask(
+    a: Any, b: Any, kernel: KernelOperator, *, reg_m: Any = None, rng: Any = None, **kwargs: Any
+) -> DaskSinkhornResult:
     """:func:`sketchot.sinkhorn_kernel` on a Dask operator (from ``make_kernel`` on Dask
     arrays): several solves with one persisted kernel."""
-    if not getattr(kernel.geometry, "distributed", False):
+    if "deferred" not in getattr(getattr(kernel, "info", None), "capabilities", ()):
         raise TypeError(
-            f"kernel must be built on Dask arrays (make_kernel with Dask X, Y); got {kernel!r}"
+            f"kernel must be built on Dask arrays (make_kernel with Dask X, Y); got "
+            f"{describe(kernel) if not isinstance(kernel, KernelOperator) else repr(kernel)}"
         )
-    rng = kwargs.pop("rng", None)
+    unknown = sorted(set(kwargs) - set(SolverOptions.names()))
+    if unknown:
+        raise TypeError(
+            f"sinkhorn_kernel() got unexpected keyword argument(s) "
+            f"{', '.join(map(repr, unknown))}; the kernel already fixes reg and the backend's "
+            f"parameters; solver options: {', '.join(SolverOptions.names())}"
+        )
     options = SolverOptions(**kwargs)
-    a, b, notes = check_dask_marginals(a, b, kernel.geometry)
-    return solve_dask(a, b, kernel, options, rng=rng, notes=notes)
+    problem = dask_problem(a, b, kernel.geometry, reg_m)
+    return solve_dask(problem, kernel, options, rng=rng)
 
 
-def check_dask_marginals(a: Any, b: Any, geometry: Any) -> tuple[da.Array, da.Array, list[str]]:
-    """Weights as Dask vectors on the clouds' row chunks, validated in one computation."""
+def dask_problem(a: Any, b: Any, geometry: Any, reg_m: Any = None) -> Problem:
+    """The :class:`~sketchot.solver.problem.Problem` of Dask weights on the clouds' row
+    chunks, validated in one computation (as :func:`~sketchot.solver.problem.make_problem`:
+    balanced transport needs equal masses, ``b`` is then rescaled to ``a``'s)."""
+    pair = check_reg_m(reg_m, geometry.reg)
     chunks_x, chunks_y = geometry.row_chunks
     weights = []
     for value, name, chunks, points in ((a, "a", chunks_x, "X"), (b, "b", chunks_y, "Y")):
@@ -146,67 +166,17 @@ def check_dask_marginals(a: Any, b: Any, geometry: Any) -> tuple[da.Array, da.Ar
             raise ValueError(f"{name} must have a positive total mass; got {total:.3g}")
     mass_a, mass_b = float(facts[0][2]), float(facts[1][2])
     notes = []
-    if not np.isclose(mass_a, mass_b, rtol=MASS_RTOL, atol=0.0):
-        raise ValueError(
-            f"a and b must have the same total mass (balanced transport); got sum(a) = "
-            f"{mass_a:.8g} and sum(b) = {mass_b:.8g}"
-        )
-    if mass_a != mass_b:
-        b = (b * (mass_a / mass_b)).persist()
-        notes.append(f"b was rescaled by {mass_a / mass_b:.12g} to the mass of a")
-    return a, b, notes
-
-
-class DaskSafeguard:
-    """The safeguard policies that need no true-kernel rows: ``'none'`` keeps the zero
-    scalings of bad entries, ``'raise'`` raises; ``'exact'`` and ``'clip'`` are refused with
-    a clear error when a pass has bad entries (their repairs are not distributed)."""
-
-    def __init__(self, policy: str) -> None:
-        self.policy = policy
-        self.counts = {"rows_repaired": 0, "cols_repaired": 0, "clipped": 0, "zeroed": 0}
-        self.repaired = False
-
-    def apply(self, side: str, result: Any, numerator: Any, other: Any):
-        self.count(side, result.n_bad)
-        return result.ratios, result.projection
-
-    def count(self, side: str, count: int) -> None:
-        """Record ``count`` bad entries of a ``side`` pass (their scalings are already 0),
-        or raise as the policy says."""
-        if self.policy == "none":
-            self.counts["zeroed"] += count
-            return
-        if self.policy == "raise":
-            raise NonPositiveKernelError(
-                f"{count} non-positive or non-finite denominators in a {side} pass"
+    if math.isinf(pair[0]) and math.isinf(pair[1]):
+        if not np.isclose(mass_a, mass_b, rtol=MASS_RTOL, atol=0.0):
+            raise ValueError(
+                f"a and b must have the same total mass for balanced transport; got sum(a) = "
+                f"{mass_a:.8g} and sum(b) = {mass_b:.8g}. Pass reg_m (a KL penalty on the "
+                "marginals) for unbalanced transport."
             )
-        raise NonPositiveKernelError(
-            f"{count} non-positive or non-finite denominators in a {side} pass of a Dask "
-            f"solve: safeguard={self.policy!r} repairs are not available on Dask arrays. "
-            "Pass safeguard='none' (their scalings are set to 0) or 'raise', raise the rank "
-            "or reg, or use backend='exact'"
-        )
-
-    def warn(self, n_iter: int) -> None:
-        if self.counts["zeroed"]:
-            warnings.warn(
-                f"{self.counts['zeroed']} bad denominators had their scalings set to 0 "
-                f"over {n_iter} iterations (safeguard='none')",
-                UserWarning,
-                stacklevel=4,
-            )
-
-
-class _UnderflowGuard(DaskSafeguard):
-    """For the exact kernel, a bad denominator is an underflow: the stabilised iteration it
-    needs runs in memory only."""
-
-    def apply(self, side: str, result: Any, numerator: Any, other: Any):
-        raise NotImplementedError(
-            "the exact kernel underflowed and the log-stable iteration is not available on "
-            "Dask arrays; raise reg or solve in memory"
-        )
+        if mass_a != mass_b:
+            b = (b * (mass_a / mass_b)).persist()
+            notes.append(f"b was rescaled by {mass_a / mass_b:.12g} to the mass of a")
+    return Problem(a, b, geometry.reg, pair, notes=tuple(notes))
 
 
 def _l2(x: da.Array) -> da.Array:
@@ -220,16 +190,56 @@ def _masked_dot(weights: da.Array, logs: da.Array) -> da.Array:
     )
 
 
+def _kl_terms(p: da.Array, log_q: da.Array) -> da.Array:
+    """``sum p (log p - log q)`` over ``p > 0``: with ``- sum p + sum q``, the generalised KL
+    (``p`` vanishes where ``q`` does: the scalings of zero weights are 0)."""
+    return da.where(p > 0, p * (da.log(da.where(p > 0, p, 1.0)) - log_q), 0.0).sum(
+        split_every=SPLIT_EVERY
+    )
+
+
+class _Progress:
+    """Verbose output of a Dask solve: one line per check and the summary."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.started = time.perf_counter()
+        self.header_done = False
+
+    def log(self, text: str) -> None:
+        if self.enabled:
+            print(f"sketchot.sinkhorn: {text}")
+
+    def update(self, iteration: int, *, error: float, target: float | None = None) -> None:
+        del target
+        if not self.enabled:
+            return
+        if not self.header_done:
+            print(f"{'iter':>6} | {'marginal err (L2)':>18} | {'elapsed s':>9}")
+            self.header_done = True
+        print(f"{iteration:6d} | {error:18.6e} | {time.perf_counter() - self.started:9.3f}")
+
+    def summary(self, result: SinkhornResult) -> None:
+        err_a, err_b = result.marginal_errors
+        self.log(
+            f"{result.status} after {result.n_iter} iterations on Dask "
+            f"({result.timings['per_iteration'] * 1e3:.2f} ms each); <P, M> = "
+            f"{result.value_linear:.6g}; L1 marginal errors a {err_a:.2e}, b {err_b:.2e}"
+        )
+        if result.true_kernel is not None:
+            self.log(str(result.true_kernel))
+
+
 def solve_dask(
-    a: da.Array,
-    b: da.Array,
+    problem: Problem,
     kernel: KernelOperator,
     options: SolverOptions,
     *,
     rng: Any = None,
-    notes: list[str] | None = None,
+    reason: str = "",
 ) -> DaskSinkhornResult:
-    """The Dask solve on validated inputs: iterations, persisted results, scalar summary."""
+    """The Dask solve of a validated problem on a Dask operator: the engine's iteration,
+    persisted results, scalar summary, sampled true-kernel check."""
     exact = "exact" in kernel.info.capabilities
     geometry = kernel.geometry
     if options.log_domain is True or (
@@ -247,28 +257,55 @@ def solve_dask(
             f"anderson={options.anderson}: Anderson mixing needs the scalings in memory; a "
             "Dask solve runs the plain iteration (pass anderson=0 or 'auto')"
         )
+    if options.epsilon_scaling is True:
+        raise ValueError(
+            "epsilon_scaling=True needs the exact kernel at every intermediate reg in memory; "
+            "it is not available on Dask arrays"
+        )
     tol = options.tol
     if kernel.dtype == np.float32:
-        tol = max(tol, FLOAT32_RELATIVE_TOL * float((_l2(b) / b.sum()).compute()))
-    printer = _Printer(options.verbose)
-    guard = _UnderflowGuard(options.safeguard) if exact else DaskSafeguard(options.safeguard)
+        floor = FLOAT32_RELATIVE_TOL * float((_l2(problem.b) / problem.b.sum()).compute())
+        if tol < floor:
+            if options.warn:
+                warnings.warn(
+                    f"tol={tol:g} is below what float32 kernels resolve; using tol={floor:.3g} "
+                    "(1e-6 ||b||_2 / sum(b)). Pass dtype=numpy.float64 for tighter tolerances.",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            tol = floor
+    printer = _Progress(options.verbose)
+    guard = Safeguard(kernel, options.safeguard)
+    strategy = choose_strategy(kernel, False)
     start = time.perf_counter()
-    if isinstance(kernel, DaskLowRankKernel):
-        state = _chained_iterations(kernel, a, b, options, tol, guard, printer)
-    else:
-        state = _multiplicative(kernel, a, b, options, tol, guard, printer)
+    state = iterate(
+        kernel, problem, tol=tol, max_iter=options.max_iter, check_every=options.check_every,
+        strategy=strategy, guard=guard, progress=printer,
+    )  # fmt: skip
     elapsed = time.perf_counter() - start
-    summary = _summary(kernel, a, b, state[0], state[1])
-    state = (*summary["potentials"], *state[2:])  # persisted on the cluster
+    summary = _summary(kernel, problem, state.log_u, state.log_v)
     result = DaskSinkhornResult(
-        **iteration_fields(
-            kernel, a, b, options, guard, state, tol, elapsed, summary["final_error"]
-        ),
+        kernel=kernel,
+        problem=problem,
+        potentials=summary["potentials"],
+        n_iter=state.n_iter,
+        stop=state.status,
+        tol=tol,
         marginals=summary["marginals"],
         value_linear=summary["cost"],
         mass=summary["mass"],
         log_domain=False,
-        notes=list(notes or []),
+        safeguard={"policy": options.safeguard, **guard.counts, "faults": guard.faults},
+        timings={
+            "build": kernel.info.build_time,
+            "iterations": elapsed,
+            "per_iteration": elapsed / max(state.n_iter, 1),
+        },
+        error_history=state.history,
+        options=options.as_dict(),
+        reason=reason,
+        notes=list(problem.notes),
+        iteration_info={"strategy": state.strategy, **state.info},
         scalars=summary["scalars"],
     )
     if options.accuracy is not None:
@@ -276,86 +313,18 @@ def solve_dask(
         result.true_kernel = result.check_true_kernel(
             SAMPLED_CHECK_SIZE if samples == "auto" else samples, rng
         )
-    return finish_solve(result, options, guard, printer, summary["final_error"])
+    return finish_solve(result, options, guard, printer)
 
 
-def _check_block(done: int, max_iter: int, check_every: int) -> tuple[int, bool]:
-    """``(last, check)``: the next block runs iterations ``done + 1 .. last``; ``check`` when
-    it ends with the convergence check of iterate ``last``.
-
-    :func:`~sketchot.solver.sinkhorn._multiplicative` checks iterate ``j`` (at iteration
-    ``j + 1``) when ``(j - 1) % check_every == 0`` and ``j < max_iter``; a block also ends
-    after :data:`MAX_BLOCK_ITERATIONS` iterations.
-    """
-    next_check = done + 1 + (-done) % check_every
-    last = min(max_iter, done + MAX_BLOCK_ITERATIONS)
-    if next_check < max_iter and next_check <= last:
-        return next_check, True
-    return last, False
-
-
-def _chunk_sum(values: np.ndarray) -> np.ndarray:
-    return np.array([values.sum()])
-
-
-def _chained_iterations(kernel, a, b, options, tol, guard, printer):
-    """:func:`~sketchot.solver.sinkhorn._multiplicative` on a low-rank Dask kernel with ONE
-    scheduler call per block of iterations between two convergence checks.
-
-    Between half-steps the state is rank-sized (``z = A^T u``, ``y = B^T v``), so every pass
-    of a block, and the check that ends it, are tasks of one graph, each pass taking the
-    previous pass's partial sums by key. The client gets back the counts of bad entries (the
-    safeguard runs on them in order, after the block), the last projections, and the error.
-    Same iterates, checks, ``n_iter`` and history as the in-memory loop.
-    """
-    n, _ = kernel.shape
-    graph = PassGraph()
-    # (total, partial sums) of z = A^T u, then of the passes: keys until a block is computed
-    z = kernel.first_projection(graph, "rows", da.full_like(a, 1.0 / n))
-    # sum(b) comes back with the first block (raw keys: no clash with b.sum() elsewhere)
-    mass = graph.sum_over_chunks(_chunk_sum, [b], ())
-    history: list[tuple[int, float]] = []
-    converged = False
-    done = 0
-    y = z_before = None
-    while done < options.max_iter:
-        last, check = _check_block(done, options.max_iter, options.check_every)
-        sides = []
-        for _ in range(done + 1, last + 1):
-            y = kernel.chained_pass(graph, "cols", z[1], b)
-            z_before, z = z, kernel.chained_pass(graph, "rows", y[1], a)
-            sides += [("cols", y[0]), ("rows", z[0])]
-        keys = [key for _, key in sides] + [y[0], z_before[0], z[0], mass]
-        if check:
-            keys.append(kernel.marginal_error(graph, "cols", b, z_before[0], z[0]))
-        values = graph.compute(keys)
-        for (side, _), total in zip(sides, values, strict=False):
-            if total[0, -1]:
-                guard.count(side, int(total[0, -1]))
-        # the next block starts from the NumPy totals (each its own single partial sum)
-        y, z_before, z = ((total, [total]) for total in values[len(sides) : len(sides) + 3])
-        mass = float(np.sum(values[len(sides) + 3]))
-        done = last
-        graph = PassGraph()
-        if check:
-            error = values[-1] / mass
-            history.append((done, error))
-            printer.iteration(done, error)
-            if error < tol:
-                converged = True
-                break
-    u = kernel.scalings("rows", y[0], a)
-    v = kernel.scalings("cols", z_before[0], b)
-    return _log_scaling(u), _log_scaling(v), done, converged, history
-
-
-def _summary(kernel, a, b, log_u, log_v) -> dict[str, Any]:
+def _summary(kernel, problem, log_u, log_v) -> dict[str, Any]:
     """Persisted potentials and marginals, and every scalar in one ``dask.compute``.
 
     ``<P, M> = <row, ||x||^2> + <col, ||y||^2> - 2 sum_i u_i x_i . (K (v * Y))_i`` in centred
-    coordinates, from one ``matmat`` with ``d + 1`` columns and one ``rmatvec``.
+    coordinates, from one ``matmat`` with ``d + 1`` columns and one ``rmatvec``; the objective
+    and the dual as :class:`~sketchot.SinkhornResult` defines them.
     """
     g = kernel.geometry
+    a, b = problem.a, problem.b
     # Persisted step by step: later graphs then only reference finished keys (never two
     # different task specs for one key on the scheduler).
     log_u, log_v = dask.persist(log_u, log_v)
@@ -364,20 +333,25 @@ def _summary(kernel, a, b, log_u, log_v) -> dict[str, Any]:
     products, Ktu = dask.persist(kernel.matmat(stacked), kernel.rmatmat(u))
     row, col = dask.persist(u * products[:, 0], v * Ktu.rechunk((g.Yc.chunks[0],)))
     cross = (u[:, None] * g.Xc * products[:, 1:]).sum(split_every=SPLIT_EVERY)
+    log_a, log_b = da.log(da.where(a > 0, a, 1.0)), da.log(da.where(b > 0, b, 1.0))
     scalars = dask.compute(
         {
             "cost": (row * g.x_sq).sum(split_every=SPLIT_EVERY)
             + (col * g.y_sq).sum(split_every=SPLIT_EVERY)
             - 2.0 * cross,
             "mass": row.sum(split_every=SPLIT_EVERY),
+            "mass_col": col.sum(split_every=SPLIT_EVERY),
             "error_a": abs(row - a).sum(split_every=SPLIT_EVERY),
             "error_b": abs(col - b).sum(split_every=SPLIT_EVERY),
-            "final_error": _l2(col - b) / b.sum(split_every=SPLIT_EVERY),
-            "entropy_u": _masked_dot(row, log_u),
-            "entropy_v": _masked_dot(col, log_v),
+            "entropic_u": _masked_dot(row, log_u - log_a),
+            "entropic_v": _masked_dot(col, log_v - log_b),
+            "kl_a": _kl_terms(row, log_a),
+            "kl_b": _kl_terms(col, log_b),
             "dual_u": _masked_dot(a, log_u),
             "dual_v": _masked_dot(b, log_v),
+            "constant": _masked_dot(a, log_a) + _masked_dot(b, log_b),
             "mass_a": a.sum(split_every=SPLIT_EVERY),
+            "mass_b": b.sum(split_every=SPLIT_EVERY),
         }
     )[0]
     scalars = {key: float(value) for key, value in scalars.items()}
@@ -386,7 +360,6 @@ def _summary(kernel, a, b, log_u, log_v) -> dict[str, Any]:
         "marginals": (row, col),
         "cost": scalars["cost"],
         "mass": scalars["mass"],
-        "final_error": scalars["final_error"],
         "scalars": scalars,
     }
 
@@ -416,12 +389,20 @@ class DaskSinkhornResult(SinkhornResult):
 
     @property
     def value(self) -> float:
-        return self.reg * (self.scalars["entropy_u"] + self.scalars["entropy_v"])
+        s = self.scalars
+        entropic = s["entropic_u"] + s["entropic_v"]
+        value = self.reg * (entropic - self.mass + s["mass_a"] * s["mass_b"])
+        for penalty, side in zip(self.reg_m, "ab", strict=True):
+            if np.isfinite(penalty):
+                marginal = self.mass if side == "a" else s["mass_col"]
+                value += penalty * (s[f"kl_{side}"] - marginal + s[f"mass_{side}"])
+        return float(value)
 
     @property
     def value_dual(self) -> float:
-        dual = self.scalars["dual_u"] + self.scalars["dual_v"]
-        return self.reg * (dual - (self.mass - self.scalars["mass_a"]))
+        s = self.scalars
+        dual = s["dual_u"] + s["dual_v"]
+        return self.reg * (dual - s["constant"] - self.mass + s["mass_a"] * s["mass_b"])
 
     @property
     def lazy_plan(self):
@@ -511,9 +492,19 @@ def _true_kernel_check(result: DaskSinkhornResult, rows: np.ndarray, cols: np.nd
         result.a[rows], log_u[rows], result.b[cols], log_v[cols]
     )
     with np.errstate(over="ignore", invalid="ignore"):
-        row_mass = np.exp(u_rows + _log_matvec(g.rows("x", rows), g.Yc, log_v, g.reg))
-        col_mass = np.exp(v_cols + _log_matvec(g.rows("y", cols), g.Xc, log_u, g.reg))
-    return check_from_masses(row_mass, col_mass, a_rows, b_cols, (n, m), result.scalars["mass_a"])
+        log_kv = _log_matvec(g.rows("x", rows), g.Yc, log_v, g.reg)
+        log_ktu = _log_matvec(g.rows("y", cols), g.Xc, log_u, g.reg)
+        row_mass = np.exp(u_rows + log_kv)
+        col_mass = np.exp(v_cols + log_ktu)
+    rho_a, rho_b = result.problem.exponents
+    return check_from_masses(
+        row_mass,
+        col_mass,
+        fixed_point_target(a_rows, log_kv, rho_a),
+        fixed_point_target(b_cols, log_ktu, rho_b),
+        (n, m),
+        result.scalars["mass_a"],
+    )
 
 
 def _barycentric(kernel, points, log_w, values, *, transpose=False) -> tuple[da.Array, int]:

@@ -1,17 +1,16 @@
 """Gibbs-kernel operators: one contract, one backend per module, one record per backend."""
 
 from . import exact, nystrom, polyts, rff  # noqa: F401  (registration side effects)
-from .base import CAPABILITIES, FusedPass, KernelInfo, KernelOperator
+from .base import CAPABILITIES, DeferredPass, FusedPass, KernelInfo, KernelOperator
+from .build import build_kernel, make_kernel
 from .exact import ExactKernel
-from .lowrank import LowRankKernel
+from .lowrank import FactorMaps, LowRankKernel
 from .registry import (
     Backend,
     available_backends,
     backend_parameters,
-    build_kernel,
     comparable_parameters,
     get_backend,
-    make_kernel,
     register_backend,
     unregister_backend,
 )
@@ -19,7 +18,9 @@ from .registry import (
 __all__ = [
     "CAPABILITIES",
     "Backend",
+    "DeferredPass",
     "ExactKernel",
+    "FactorMaps",
     "FusedPass",
     "KernelInfo",
     "KernelOperator",

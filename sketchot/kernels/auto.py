@@ -12,6 +12,7 @@ marginal error of the solved scalings, which is what the user's accuracy means.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,7 @@ from .._memory import USABLE_FRACTION, available_bytes
 from .._validation import check_rng
 from ..gibbs import GibbsGeometry
 from .base import KernelOperator
-from .registry import build_kernel
+from .registry import build_backend
 
 #: The low-rank backend of the ladder, and its first rank (doubled at each rung).
 LOW_RANK_BACKEND = "nystrom"
@@ -104,6 +105,8 @@ def adaptive_rank(
     accuracy: float = DEFAULT_ACCURACY,
     rng: Any = None,
     dtype: Any = np.float64,
+    build: Callable[..., KernelOperator] = build_backend,
+    measure: Callable[[KernelOperator, Any], float] = kernel_error,
     **params: Any,
 ) -> KernelOperator:
     """A low-rank backend at the smallest doubling rank (64, 128, ...) whose sampled kernel
@@ -112,14 +115,17 @@ def adaptive_rank(
     ``info.reason`` saying which case it was. The reference is adaptive Nystrom with a
     doubling trick (Altschuler, Bach, Rudi, Niles-Weed 2019), whose rank comes from an
     effective-dimension bound; here it is measured.
+
+    ``build(geometry, backend, rng=, dtype=, rank=, **params)`` and ``measure(kernel, rng)``
+    default to the in-memory builder and check (a chunked geometry passes its own).
     """
     generator = check_rng(rng)
     n, m = geometry.shape
     previous = np.inf
     kernel = None
     for rank in low_rank_ladder(n, m):
-        kernel = build_kernel(geometry, backend, rng=generator, dtype=dtype, rank=rank, **params)
-        error = kernel_error(kernel, generator)
+        kernel = build(geometry, backend, rng=generator, dtype=dtype, rank=rank, **params)
+        error = measure(kernel, generator)
         if error <= accuracy:
             kernel.info.reason = f"rank {rank}: sampled kernel error {error:.2g} <= {accuracy:g}"
             return kernel
@@ -140,24 +146,30 @@ def choose_kernel(
     rng: Any = None,
     dtype: Any = np.float64,
     verbose: bool = False,
+    build: Callable[..., KernelOperator] = build_backend,
+    measure: Callable[[KernelOperator, Any], float] = kernel_error,
+    store: bool = True,
 ) -> tuple[KernelOperator, str, list[Attempt]]:
     """The cheapest kernel whose sampled product error meets ``accuracy``.
+
+    ``build`` and ``measure`` as in :func:`adaptive_rank`; ``store=False`` (a geometry whose
+    kernel is never stored, e.g. on a cluster) skips the stored exact kernel.
 
     Returns ``(kernel, reason, attempts)``.
     """
     n, m = geometry.shape
     attempts: list[Attempt] = []
     itemsize = np.dtype(dtype).itemsize
-    if n * m * itemsize <= dense_budget_bytes():
-        kernel = build_kernel(geometry, "exact", dtype=dtype)
+    if store and n * m * itemsize <= dense_budget_bytes():
+        kernel = build(geometry, "exact", dtype=dtype)
         reason = f"n x m = {n} x {m} fits the dense budget: the exact kernel, stored"
         return kernel, reason, attempts
     previous = np.inf
     generator = check_rng(rng)
     for rank in low_rank_ladder(n, m):
         start = time.perf_counter()
-        kernel = build_kernel(geometry, LOW_RANK_BACKEND, rng=generator, dtype=dtype, rank=rank)
-        error = kernel_error(kernel, generator)
+        kernel = build(geometry, LOW_RANK_BACKEND, rng=generator, dtype=dtype, rank=rank)
+        error = measure(kernel, generator)
         accepted = error <= accuracy
         attempts.append(
             Attempt(LOW_RANK_BACKEND, {"rank": rank}, error, time.perf_counter() - start, accepted)
@@ -170,6 +182,6 @@ def choose_kernel(
         if error > accuracy and previous / error < STALL_FACTOR:
             break
         previous = error
-    kernel = build_kernel(geometry, "exact", dtype=dtype, max_dense_bytes=0)
+    kernel = build(geometry, "exact", dtype=dtype, max_dense_bytes=0)
     reason = "no low rank met the target before costing more than the exact kernel: streamed"
     return kernel, reason, attempts

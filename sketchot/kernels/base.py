@@ -46,9 +46,11 @@ from ..gibbs import GibbsGeometry
 #: entries are never negative), ``'log_products'`` (``fused_pass`` and ``project`` also run on
 #: logarithms, ``log=True``, for scalings beyond float64's range), ``'absorb'`` (``absorbed(
 #: alpha, beta)`` returns the operator of ``diag(e^alpha) K diag(e^beta)`` computed entry by
-#: entry, so that scalings of any range can be moved into the kernel: Schmitzer 2019).
+#: entry, so that scalings of any range can be moved into the kernel: Schmitzer 2019),
+#: ``'deferred'`` (its passes are lazy: ``fused_pass`` returns a :class:`DeferredPass`, whose
+#: values are computed only when :meth:`DeferredPass.evaluate` is called, e.g. on a cluster).
 CAPABILITIES = frozenset(
-    {"exact", "factors", "out_of_sample", "nonnegative", "log_products", "absorb"}
+    {"exact", "factors", "out_of_sample", "nonnegative", "log_products", "absorb", "deferred"}
 )
 
 SIDES = ("rows", "cols")
@@ -123,6 +125,34 @@ class FusedPass:
     def n_bad(self) -> int:
         """Number of bad entries."""
         return int(np.count_nonzero(self.bad))
+
+
+class DeferredPass(ABC):
+    """What :meth:`KernelOperator.fused_pass` returns for an operator with the ``'deferred'``
+    capability: :class:`FusedPass`'s members as lazy values of that operator.
+
+    ``ratios`` and ``projection`` are what the operator's next ``fused_pass`` and
+    ``project`` take (so passes chain without being computed), ``n_bad`` is a lazy count;
+    ``products``, ``ratios`` and ``bad`` become arrays of the operator's own kind when read
+    as arrays. A solver computes a chain once per convergence check: :meth:`residual` gives
+    its stopping criterion, :meth:`evaluate` the values.
+    """
+
+    products: Any
+    ratios: Any
+    projection: Any
+    bad: Any
+    n_bad: Any
+
+    @abstractmethod
+    def residual(self, scaling: Any) -> Any:
+        """Lazy ``||products * (scaling - ratios)||_2`` over the entries with a positive
+        numerator (the Sinkhorn residual of a columns pass, ``scaling`` the previous ``v``)."""
+
+    @abstractmethod
+    def evaluate(self, *values: Any) -> list[Any]:
+        """The values of lazy values of this pass's chain (numbers pass through), computed
+        together with every pass of the chain not computed yet."""
 
 
 class KernelOperator(ABC):

@@ -302,8 +302,4 @@ def build_exact(
     """The exact kernel (``rng`` is unused: nothing is random)."""
     del rng
     max_dense_bytes = check_int(max_dense_bytes, "max_dense_bytes", minimum=0)
-    if getattr(geometry, "distributed", False):  # Dask clouds: streamed on the workers
-        from ..distributed.kernels import DaskExactKernel
-
-        return DaskExactKernel(geometry, dtype=dtype)
     return ExactKernel(geometry, dtype=dtype, max_dense_bytes=max_dense_bytes)

@@ -145,11 +145,6 @@ def build_local(
     max_features: int = 1000,
 ) -> LocalPolyKernel:
     """The block-local kernel on a geometry (``O((n + m) R)`` build; see the module notes)."""
-    if getattr(geometry, "distributed", False):
-        raise NotImplementedError(
-            "polyts variant='local' needs the clouds in memory; it is not available on Dask "
-            "arrays (use variant='improved' or backend='nystrom')"
-        )
     expansion = LocalGaussianExpansion(
         geometry.reg, tau=tau, rtol=rtol, max_features=max_features, rng=rng
     ).fit(geometry.Xc, geometry.Yc)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -129,26 +130,55 @@ class LowRankKernel(KernelOperator):
         return (values.astype(self.dtype) @ factor).astype(np.float64)
 
 
-def low_rank_from_maps(
-    geometry: Any,
-    info: KernelInfo,
-    left_factor: Callable[[np.ndarray], np.ndarray],
-    right_factor: Callable[[np.ndarray], np.ndarray],
-    **kwargs: Any,
-) -> KernelOperator:
-    """The low-rank operator with factors ``A = left_factor(X)`` and ``B = right_factor(Y)``.
+@dataclass(frozen=True)
+class FactorMaps:
+    """A fitted low-rank kernel before its factors are built: the row maps and the
+    out-of-sample maps, so that any geometry can apply them (to every row at once in
+    memory, chunk by chunk where the clouds are chunked).
 
-    ``left_factor`` and ``right_factor`` act row by row with the fitted state. In memory
-    they are applied to the whole clouds (:class:`LowRankKernel`); on a distributed geometry
-    (:class:`~sketchot.distributed.DaskGibbsGeometry`) chunk by chunk, by
-    :class:`~sketchot.distributed.DaskLowRankKernel` (imported only then: Dask is optional).
-    ``kwargs`` are :class:`LowRankKernel`'s keyword arguments.
+    Attributes
+    ----------
+    info : KernelInfo
+    left_factor, right_factor : callable
+        ``A = left_factor(X)`` and ``B = right_factor(Y)`` row by row, from uncentred
+        points, with the fitted state.
+    left_map, right_map, left_projection, right_projection
+        The out-of-sample maps (see :class:`LowRankKernel`).
+    dtype : numpy dtype
+    attributes : mapping
+        Set on the operator once built (e.g. ``sketch``, the fitted sketch).
     """
-    if getattr(geometry, "distributed", False):
-        from ..distributed.kernels import DaskLowRankKernel, dask_factors
 
-        left, right = dask_factors(geometry, left_factor, right_factor, kwargs["dtype"])
-        return DaskLowRankKernel(geometry, info, left, right, **kwargs)
-    return LowRankKernel(
-        geometry, info, left_factor(geometry.X), right_factor(geometry.Y), **kwargs
+    info: KernelInfo
+    left_factor: Callable[[np.ndarray], np.ndarray]
+    right_factor: Callable[[np.ndarray], np.ndarray]
+    left_map: Callable[[np.ndarray], np.ndarray]
+    right_map: Callable[[np.ndarray], np.ndarray]
+    dtype: Any
+    left_projection: np.ndarray | None = None
+    right_projection: np.ndarray | None = None
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+
+    def operator_arguments(self) -> dict[str, Any]:
+        """The keyword arguments of :class:`LowRankKernel` besides the factors."""
+        return {
+            "left_map": self.left_map,
+            "right_map": self.right_map,
+            "dtype": self.dtype,
+            "left_projection": self.left_projection,
+            "right_projection": self.right_projection,
+        }
+
+
+def low_rank_from_maps(geometry: GibbsGeometry, maps: FactorMaps) -> LowRankKernel:
+    """The in-memory operator of fitted maps: ``A = left_factor(X)``, ``B = right_factor(Y)``."""
+    operator = LowRankKernel(
+        geometry,
+        maps.info,
+        maps.left_factor(geometry.X),
+        maps.right_factor(geometry.Y),
+        **maps.operator_arguments(),
     )
+    for name, value in maps.attributes.items():
+        setattr(operator, name, value)
+    return operator

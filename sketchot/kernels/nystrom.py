@@ -17,7 +17,7 @@ from .._validation import check_choice, check_float, check_int, check_rng
 from ..gibbs import GibbsGeometry, block_rows, gibbs_block, row_slices
 from ..sketch import greedy_k_center
 from .base import KernelInfo
-from .lowrank import LowRankKernel, low_rank_from_maps
+from .lowrank import FactorMaps, LowRankKernel, low_rank_from_maps
 from .registry import (
     PAPER_DEGREE,
     PAPER_SKETCH_DIM,
@@ -35,54 +35,16 @@ DEFAULT_LANDMARKS = paper_nystrom_landmarks(PAPER_SKETCH_DIM, PAPER_DEGREE)
 KCENTER_POOL = 50_000
 
 
-@register_backend(
-    "nystrom",
-    rank_parameter="n_landmarks",
-    paper_cost=lambda sketch_dim, degree: {
-        "n_landmarks": paper_nystrom_landmarks(sketch_dim, degree)
-    },
-    signed=True,
-    test_params={"n_landmarks": 30},
-    memory=lambda n, m, d, params, itemsize: (
-        (n + m) * (params["n_landmarks"] or 0) * itemsize
-        + 4 * (params["n_landmarks"] or 0) ** 2 * 8
-        + min(n + m, KCENTER_POOL) * 8 * (d + 1)
-    ),
-    advice="raise n_landmarks (the error falls fast while landmarks still cover the data at "
-    "the kernel's width sqrt(reg)); below reg ~ 0.1 x the squared spread no rank suffices: "
-    "use backend='exact' or 'auto'",
-    summary="Nystrom, greedy k-center landmarks from both clouds",
-)
-def build_nystrom(
+def nystrom_maps(
     geometry: GibbsGeometry,
     *,
-    rng: Any = None,
-    dtype: Any = np.float64,
-    n_landmarks: int | None = None,
-    landmarks: str = "kcenter",
-    rcond: float = 1e-12,
-) -> LowRankKernel:
-    """Nystrom factors with ``s = n_landmarks`` landmarks (default ``ceil(max(sqrt(r m), r)) = 8``,
-    the paper's comparable cost to Poly-TensorSketch with ``m = 20``, ``r = 3``).
-
-    Parameters
-    ----------
-    n_landmarks : int, optional
-        ``1 <= s <= n + m``; default ``min(8, n + m)``.
-    landmarks : {'kcenter', 'uniform'}, default='kcenter'
-        ``'kcenter'``: greedy k-center on the union of both clouds (on a uniform pool of at
-        most 50,000 of their points), which spreads the landmarks so that no point is far
-        from every landmark; measured 4-6x lower true-kernel marginal error than uniform
-        landmarks on [0, 1]^3 at reg = 1 and 0.1 with 61 landmarks. ``'uniform'``: half of the
-        landmarks drawn without replacement from each cloud, as POT's ``kernel_nystroem`` and
-        the paper do.
-    rcond : float
-        Eigenvalues of ``K(Z, Z)`` below ``rcond * lambda_max`` are dropped (pseudo-inverse).
-
-    Notes
-    -----
-    ``O((n + m) s d + s^3)`` time, ``O((n + m) s)`` memory.
-    """
+    rng: Any,
+    dtype: Any,
+    n_landmarks: int | None,
+    landmarks: str,
+    rcond: float,
+) -> FactorMaps:
+    """The fitted maps of :func:`build_nystrom` (every parameter explicit)."""
     n, m = geometry.shape
     reg = geometry.reg
     if n_landmarks is None:
@@ -137,8 +99,7 @@ def build_nystrom(
     info = KernelInfo(
         "nystrom", {"n_landmarks": n_landmarks, "landmarks": landmarks, "rcond": rcond}
     )
-    return low_rank_from_maps(
-        geometry,
+    return FactorMaps(
         info,
         factor,
         factor,
@@ -149,3 +110,61 @@ def build_nystrom(
         right_projection=whitening,
         dtype=dtype,
     )
+
+
+@register_backend(
+    "nystrom",
+    rank_parameter="n_landmarks",
+    paper_cost=lambda sketch_dim, degree: {
+        "n_landmarks": paper_nystrom_landmarks(sketch_dim, degree)
+    },
+    signed=True,
+    test_params={"n_landmarks": 30},
+    memory=lambda n, m, d, params, itemsize: (
+        (n + m) * (params["n_landmarks"] or 0) * itemsize
+        + 4 * (params["n_landmarks"] or 0) ** 2 * 8
+        + min(n + m, KCENTER_POOL) * 8 * (d + 1)
+    ),
+    factor_maps=nystrom_maps,
+    advice="raise n_landmarks (the error falls fast while landmarks still cover the data at "
+    "the kernel's width sqrt(reg)); below reg ~ 0.1 x the squared spread no rank suffices: "
+    "use backend='exact' or 'auto'",
+    summary="Nystrom, greedy k-center landmarks from both clouds",
+)
+def build_nystrom(
+    geometry: GibbsGeometry,
+    *,
+    rng: Any = None,
+    dtype: Any = np.float64,
+    n_landmarks: int | None = None,
+    landmarks: str = "kcenter",
+    rcond: float = 1e-12,
+) -> LowRankKernel:
+    """Nystrom factors with ``s = n_landmarks`` landmarks (default ``ceil(max(sqrt(r m), r)) = 8``,
+    the paper's comparable cost to Poly-TensorSketch with ``m = 20``, ``r = 3``).
+
+    Parameters
+    ----------
+    n_landmarks : int, optional
+        ``1 <= s <= n + m``; default ``min(8, n + m)``.
+    landmarks : {'kcenter', 'uniform'}, default='kcenter'
+        ``'kcenter'``: greedy k-center on the union of both clouds (on a uniform pool of at
+        most 50,000 of their points), which spreads the landmarks so that no point is far
+        from every landmark; measured 4-6x lower true-kernel marginal error than uniform
+        landmarks on [0, 1]^3 at reg = 1 and 0.1 with 61 landmarks. ``'uniform'``: half of the
+        landmarks drawn without replacement from each cloud, as POT's ``kernel_nystroem`` and
+        the paper do.
+    rcond : float
+        Eigenvalues of ``K(Z, Z)`` below ``rcond * lambda_max`` are dropped (pseudo-inverse).
+
+    Notes
+    -----
+    ``O((n + m) s d + s^3)`` time, ``O((n + m) s)`` memory.
+    """
+    return low_rank_from_maps(
+        geometry,
+        nystrom_maps(
+            geometry, rng=rng, dtype=dtype, n_landmarks=n_landmarks, landmarks=landmarks,
+            rcond=rcond,
+        ),
+    )  # fmt: skip

@@ -28,7 +28,7 @@ from ..sketch import GaussianPolySketch, VanishingFunctionError
 from .auto import kernel_error
 from .base import KernelInfo, KernelOperator
 from .local import build_local
-from .lowrank import LowRankKernel, low_rank_from_maps
+from .lowrank import FactorMaps, low_rank_from_maps
 from .registry import PAPER_DEGREE, PAPER_SKETCH_DIM, register_backend
 
 #: The paper's coreset size (k = 10); clipped to the number of points when not given.
@@ -48,6 +48,43 @@ def _memory(n: int, m: int, d: int, params: dict[str, Any], itemsize: int) -> fl
     return (n + m) * rank * (8 + itemsize) * 2
 
 
+def polyts_maps(
+    geometry: GibbsGeometry,
+    *,
+    rng: Any,
+    dtype: Any,
+    sketch_dim: int | None,
+    degree: int | None,
+    coreset_size: int | None,
+    coefficients: str,
+    regularizer: str | None,
+    nonnegative: bool,
+    taylor_center: float | str,
+    center: Any,
+    variant: str,
+    rank: int | None,
+    accuracy: float,
+) -> FactorMaps:
+    """The fitted maps of a global variant of :func:`build_polyts` (every parameter explicit).
+
+    ``variant='auto'`` gives the improved sketch as it is: the sampled check against the true
+    kernel and the block-local fallback are :func:`build_polyts`'s. The block-local variant
+    has no factor maps.
+    """
+    del accuracy
+    check_choice(variant, "variant", VARIANTS)
+    if variant == "local":
+        raise NotImplementedError(
+            "polyts variant='local' is a block-local expansion, not factor maps: it needs the "
+            "clouds in memory (use variant='improved' or backend='nystrom')"
+        )
+    chosen = "improved" if variant == "auto" else variant
+    return _global_maps(
+        geometry, rng, dtype, sketch_dim, degree, coreset_size, coefficients, regularizer,
+        nonnegative, taylor_center, center, chosen, rank,
+    )  # fmt: skip
+
+
 @register_backend(
     "polyts",
     rank_parameter="rank",
@@ -60,6 +97,7 @@ def _memory(n: int, m: int, d: int, params: dict[str, Any], itemsize: int) -> fl
     signed=True,
     test_params={"sketch_dim": 8, "degree": 3, "variant": "improved"},
     memory=_memory,
+    factor_maps=polyts_maps,
     advice="its global variants only help at large reg (>= the squared spread of the data); "
     "below it variant='local' (d <= 4) is accurate at any reg",
     summary="polynomial expansions: the paper's Coreset-TS, an improved sketch, a block-local form",
@@ -121,17 +159,17 @@ def build_polyts(
     chosen = "improved" if variant == "auto" else variant
     local_possible = variant == "auto" and d <= LOCAL_MAX_DIMENSION
     try:
-        kernel = _build_global(
+        kernel = low_rank_from_maps(geometry, _global_maps(
             geometry, rng, dtype, sketch_dim, degree, coreset_size, coefficients, regularizer,
             nonnegative, taylor_center, center, chosen, rank,
-        )  # fmt: skip
+        ))  # fmt: skip
     except VanishingFunctionError as error:
-        if not local_possible or getattr(geometry, "distributed", False):
+        if not local_possible:
             raise
         local = build_local(geometry, rng=rng, dtype=dtype)
         local.info.reason = f"no global sketch ({error}): block-local expansion"
         return local
-    if variant != "auto" or getattr(geometry, "distributed", False):
+    if variant != "auto":
         return kernel
     accuracy = check_float(accuracy, "accuracy", positive=True)
     error = kernel_error(kernel, rng)
@@ -146,10 +184,10 @@ def build_polyts(
     return local
 
 
-def _build_global(
+def _global_maps(
     geometry, rng, dtype, sketch_dim, degree, coreset_size, coefficients, regularizer,
     nonnegative, taylor_center, center, variant, rank,
-) -> LowRankKernel:  # fmt: skip
+) -> FactorMaps:  # fmt: skip
     reg = geometry.reg
     n, m = geometry.shape
     if coreset_size is None:
@@ -194,14 +232,7 @@ def _build_global(
             "variant": variant,
         },
     )
-    operator = low_rank_from_maps(
-        geometry,
-        info,
-        left_map,
-        right_map,
-        left_map=left_map,
-        right_map=right_map,
-        dtype=dtype,
+    return FactorMaps(
+        info, left_map, right_map, left_map=left_map, right_map=right_map, dtype=dtype,
+        attributes={"sketch": sketch},
     )  # fmt: skip
-    operator.sketch = sketch
-    return operator

@@ -7,6 +7,7 @@ paper's "comparable cost", whether its kernel can go negative, small parameters 
 contract tests, and what to try when it is not accurate enough. The solver, the colour
 layer, the examples, the benchmarks and the tests read these records; adding a backend is
 one call to :func:`register_backend`, from a module of sketchot or from a user's own code.
+:func:`build_backend` builds one at given parameters (:mod:`.build` has the public entries).
 """
 
 from __future__ import annotations
@@ -21,10 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from .._dask import any_dask, require_dask
 from .._defaults import DEFAULT_ACCURACY
 from .._memory import check_fits
-from .._validation import check_dtype, check_float, check_int, check_matrix, describe
+from .._validation import check_dtype, check_int, describe
 from ..gibbs import GibbsGeometry
 
 #: The paper's Sinkhorn setting (Han et al. 2020, Section 4.3): sketch dimension and degree.
@@ -67,6 +67,12 @@ class Backend:
     memory : callable or None
         ``(n, m, d, params, itemsize) -> bytes``: the build's peak memory, estimated before
         it starts (refused above the budget, naming ``rank_parameter``).
+    factor_maps : callable or None
+        For a low-rank backend, ``factor_maps(geometry, *, rng, dtype, **params)`` (every
+        parameter given) returning the fitted
+        :class:`~sketchot.kernels.lowrank.FactorMaps` without applying them, for
+        geometries that apply row maps themselves (chunked clouds,
+        :mod:`sketchot.distributed`).
     advice : str
         What to try when its true-kernel check misses the target (shown in warnings).
     summary : str
@@ -84,6 +90,7 @@ class Backend:
     exact: bool = False
     test_params: Mapping[str, Any] = field(default_factory=dict)
     memory: Callable[[int, int, int, dict[str, Any], int], float] | None = None
+    factor_maps: Callable[..., Any] | None = None
     advice: str = ""
     summary: str = ""
 
@@ -103,6 +110,7 @@ def register_backend(
     exact: bool = False,
     test_params: Mapping[str, Any] | None = None,
     memory: Callable[[int, int, int, dict[str, Any], int], float] | None = None,
+    factor_maps: Callable[..., Any] | None = None,
     advice: str = "",
     summary: str = "",
 ) -> Any:
@@ -119,8 +127,8 @@ def register_backend(
     rank_parameter : str, optional
         The parameter that sets the number of features; with it, ``rank=`` works for this
         backend (``params_for_rank`` defaults to ``{rank_parameter: rank}``).
-    sizing_parameters, params_for_rank, paper_cost, signed, exact, test_params, memory, advice,
-    summary
+    sizing_parameters, params_for_rank, paper_cost, signed, exact, test_params, memory,
+    factor_maps, advice, summary
         See :class:`Backend`.
 
     Returns
@@ -176,6 +184,7 @@ def register_backend(
             exact=bool(exact),
             test_params=MappingProxyType(dict(test_params or {})),
             memory=memory,
+            factor_maps=factor_maps,
             advice=advice,
             summary=summary,
         )
@@ -239,95 +248,19 @@ def paper_nystrom_landmarks(sketch_dim: int, degree: int) -> int:
     return max(1, math.ceil(max(math.sqrt(degree * sketch_dim), degree)))
 
 
-def make_kernel(
-    X: Any,
-    Y: Any,
-    reg: float,
-    backend: str = "auto",
-    *,
-    rng: Any = None,
-    dtype: Any = np.float64,
-    rank: int | None = None,
-    **params: Any,
-):
-    """Build the Gibbs-kernel operator ``exp(-||x - y||^2 / reg)`` of a backend.
-
-    Parameters
-    ----------
-    X : array-like, shape (n, d)
-        Source points (integer arrays, e.g. pixels, are converted to float). A Dask array
-        (chunked by rows) builds the operator on the cluster
-        (:mod:`sketchot.distributed`; needs ``pip install "sketchot[dask]"``).
-    Y : array-like, shape (m, d)
-        Target points (a Dask array likewise).
-    reg : float
-        Entropic regularisation (> 0); ``K = exp(-M / reg)`` as in POT.
-    backend : str, default='auto'
-        One of :func:`available_backends`, or ``'auto'``: the cheapest representation whose
-        sampled product error meets ``accuracy`` (keyword, default 1e-3): the exact kernel
-        stored when ``n x m`` fits 1 GiB, else Nystrom with a doubling rank, else the exact
-        kernel streamed (:func:`sketchot.kernels.auto.choose_kernel`; ``info.reason`` says
-        which and why).
-    rng : None, int, Generator, ...
-        Randomness of the approximation (``numpy.random.default_rng`` semantics).
-    dtype : numpy.float64 or numpy.float32
-        Precision of the stored kernel or factors.
-    rank : int or 'auto', optional
-        Number of features, for every low-rank backend (it sets the backend's own rank
-        parameter: ``n_features``, ``n_landmarks``, ...); not with an explicit value of that
-        parameter. ``'auto'`` doubles it from 64 until a sampled relative error of ``K~ v``
-        against the true kernel meets ``accuracy`` (keyword, default 1e-3), or until an
-        iteration would cost more than the exact kernel's
-        (:func:`sketchot.kernels.auto.adaptive_rank`).
-    **params
-        Backend parameters (see ``sketchot.get_backend(name).defaults``).
-
-    Returns
-    -------
-    KernelOperator
-        With ``info.build_time`` set.
-    """
-    if any_dask(X, Y):
-        # Dask arrays: the geometry stays on the cluster (sketchot.distributed)
-        require_dask()
-        from ..distributed.geometry import check_reg_and_clouds
-
-        geometry = check_reg_and_clouds(X, Y, reg)
-    else:
-        X = check_matrix(X, "X")
-        Y = check_matrix(Y, "Y", n_features=X.shape[1], feature_name="X")
-        reg = check_float(reg, "reg", positive=True)
-        geometry = GibbsGeometry(X, Y, reg)
-    accuracy = check_float(params.pop("accuracy", DEFAULT_ACCURACY), "accuracy", positive=True)
-    if backend == "auto":
-        from .auto import choose_kernel  # the ladder builds through this module
-
-        if params or rank is not None:
-            raise TypeError(
-                "backend='auto' chooses its own parameters; it accepts only accuracy= "
-                f"(got {', '.join(sorted(params)) or 'rank'})"
-            )
-        kernel, reason, _ = choose_kernel(geometry, accuracy=accuracy, rng=rng, dtype=dtype)
-        kernel.info.reason = reason
-        return kernel
-    return build_kernel(
-        geometry, backend, rng=rng, dtype=dtype, rank=rank, accuracy=accuracy, **params
-    )
-
-
-def build_kernel(
-    geometry: GibbsGeometry,
+def resolve_parameters(
     backend: str,
+    params: dict[str, Any],
     *,
-    rng: Any = None,
-    dtype: Any = np.float64,
     rank: int | str | None = None,
     accuracy: float = DEFAULT_ACCURACY,
-    **params: Any,
-):
-    """:func:`make_kernel` on an already validated geometry (``accuracy`` is the target of
-    ``rank='auto'``)."""
-    dtype = check_dtype(dtype)
+) -> tuple[Backend, dict[str, Any]]:
+    """``(record, params)``: a backend's parameters checked against its record, with ``rank``
+    turned into the backend's own parameter and ``accuracy`` passed to builders that take it.
+
+    ``rank='auto'`` is checked (the backend must have a rank, not also given by name) and left
+    to the caller; the parameters are then returned as given.
+    """
     record = get_backend(backend)
     unknown = sorted(set(params) - set(record.defaults))
     if unknown:
@@ -336,23 +269,16 @@ def build_kernel(
             f"backend {backend!r} got unexpected parameter(s) {', '.join(map(repr, unknown))}; "
             f"it accepts: {accepted}" + (", rank" if record.rank_parameter else "")
         )
-    # the size parameter a refusal names: the one the caller passed (rank= or the backend's)
-    sized_by = record.rank_parameter or next(iter(record.defaults), "the problem size")
     if rank is not None:
-        sized_by = "rank"
         if record.params_for_rank is None:
             raise TypeError(f"backend {backend!r} has no rank; do not pass rank=")
         if isinstance(rank, str) and rank == "auto":
-            from .auto import adaptive_rank  # the ladder builds through this function
-
             if record.rank_parameter in params:
                 raise TypeError(
                     f"pass either rank= or {record.rank_parameter}= to backend {backend!r}, "
                     "not both"
                 )
-            return adaptive_rank(
-                geometry, backend, accuracy=accuracy, rng=rng, dtype=dtype, **params
-            )
+            return record, params
         rank = check_int(rank, "rank", minimum=1)
         clash = [name for name in record.sizing_parameters if name in params]
         if clash:
@@ -362,8 +288,30 @@ def build_kernel(
         params = {**record.params_for_rank(rank), **params}
     if "accuracy" in record.defaults and "accuracy" not in params:
         params = {**params, "accuracy": accuracy}  # the builder adapts itself to the target
-    # The budget is this machine's memory: a distributed geometry keeps its factors on workers.
-    if record.memory is not None and not getattr(geometry, "distributed", False):
+    return record, params
+
+
+def build_backend(
+    geometry: GibbsGeometry,
+    backend: str,
+    *,
+    rng: Any = None,
+    dtype: Any = np.float64,
+    rank: int | None = None,
+    accuracy: float = DEFAULT_ACCURACY,
+    **params: Any,
+):
+    """A backend's operator on an in-memory geometry at given parameters (an integer
+    ``rank`` or none), its memory checked first, with ``info.build_time`` set."""
+    dtype = check_dtype(dtype)
+    record, params = resolve_parameters(backend, params, rank=rank, accuracy=accuracy)
+    # the size parameter a refusal names: the one the caller passed (rank= or the backend's)
+    sized_by = (
+        "rank"
+        if rank is not None
+        else (record.rank_parameter or next(iter(record.defaults), "the problem size"))
+    )
+    if record.memory is not None:
         n, m = geometry.shape
         check_fits(
             record.memory(n, m, geometry.X.shape[1], {**record.defaults, **params}, dtype.itemsize),

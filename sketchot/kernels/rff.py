@@ -15,33 +15,12 @@ import numpy as np
 from .._validation import check_int, check_rng
 from ..gibbs import GibbsGeometry
 from .base import KernelInfo
-from .lowrank import LowRankKernel, low_rank_from_maps
+from .lowrank import FactorMaps, LowRankKernel, low_rank_from_maps
 from .registry import PAPER_DEGREE, PAPER_SKETCH_DIM, _paper_rank, register_backend
 
 
-@register_backend(
-    "rff",
-    rank_parameter="n_features",
-    paper_cost=lambda sketch_dim, degree: {"n_features": max(1, _paper_rank(sketch_dim, degree))},
-    signed=True,
-    test_params={"n_features": 40},
-    memory=lambda n, m, d, params, itemsize: (n + m) * params["n_features"] * (8 + itemsize),
-    advice="random features converge slowly (error ~ 1/sqrt(n_features)) and go negative at "
-    "small reg; prefer backend='nystrom' or 'auto'",
-    summary="random Fourier features (Rahimi and Recht 2007)",
-)
-def build_rff(
-    geometry: GibbsGeometry,
-    *,
-    rng: Any = None,
-    dtype: Any = np.float64,
-    n_features: int = PAPER_SKETCH_DIM * PAPER_DEGREE,
-) -> LowRankKernel:
-    """Random Fourier features with ``D = n_features`` (default ``m r = 60``, the paper's
-    comparable cost to Poly-TensorSketch with ``m = 20``, ``r = 3``).
-
-    ``O((n + m) d D)`` time and ``O((n + m) D)`` memory.
-    """
+def rff_maps(geometry: GibbsGeometry, *, rng: Any, dtype: Any, n_features: int) -> FactorMaps:
+    """The fitted feature map of :func:`build_rff` (every parameter explicit)."""
     n_features = check_int(n_features, "n_features", minimum=1)
     generator = check_rng(rng)
     d = geometry.X.shape[1]
@@ -58,12 +37,40 @@ def build_rff(
         features *= amplitude
         return features.astype(dtype, copy=False)
 
-    return low_rank_from_maps(
-        geometry,
+    return FactorMaps(
         KernelInfo("rff", {"n_features": n_features}),
         feature_map,
         feature_map,
         left_map=feature_map,
         right_map=feature_map,
         dtype=dtype,
+    )
+
+
+@register_backend(
+    "rff",
+    rank_parameter="n_features",
+    paper_cost=lambda sketch_dim, degree: {"n_features": max(1, _paper_rank(sketch_dim, degree))},
+    signed=True,
+    test_params={"n_features": 40},
+    memory=lambda n, m, d, params, itemsize: (n + m) * params["n_features"] * (8 + itemsize),
+    factor_maps=rff_maps,
+    advice="random features converge slowly (error ~ 1/sqrt(n_features)) and go negative at "
+    "small reg; prefer backend='nystrom' or 'auto'",
+    summary="random Fourier features (Rahimi and Recht 2007)",
+)
+def build_rff(
+    geometry: GibbsGeometry,
+    *,
+    rng: Any = None,
+    dtype: Any = np.float64,
+    n_features: int = PAPER_SKETCH_DIM * PAPER_DEGREE,
+) -> LowRankKernel:
+    """Random Fourier features with ``D = n_features`` (default ``m r = 60``, the paper's
+    comparable cost to Poly-TensorSketch with ``m = 20``, ``r = 3``).
+
+    ``O((n + m) d D)`` time and ``O((n + m) D)`` memory.
+    """
+    return low_rank_from_maps(
+        geometry, rff_maps(geometry, rng=rng, dtype=dtype, n_features=n_features)
     )

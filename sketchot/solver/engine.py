@@ -39,6 +39,15 @@ residual of the columns, ``||K^T u * (v - v_next)||_2 / sum(b)``; for balanced t
 is POT's column-marginal error ``||v * K^T u - b||_2 / sum(b)``. A run whose best error has not
 improved by :data:`STALL_IMPROVEMENT` over :data:`STALL_CHECKS` checks stops as stalled.
 
+Deferred operators (the ``'deferred'`` capability, e.g. on a cluster): their passes are lazy
+(:class:`~sketchot.kernels.base.DeferredPass`) and the loop never forces one between checks.
+At a check, the pass's own :meth:`~sketchot.kernels.base.DeferredPass.residual` and the bad
+entries of every pass since the last check are computed in ONE evaluation; the counts then go
+to the safeguard, which cannot repair entries it never sees
+(:meth:`~sketchot.solver.safeguard.Safeguard.count_deferred`). Per-iteration tests (finite
+scalings, absorption bounds) and Anderson mixing need the values, so such operators run the
+plain multiplicative strategy and a breakdown shows up as a non-finite residual.
+
 References
 ----------
 M. Cuturi, "Sinkhorn distances", NeurIPS 2013.
@@ -107,7 +116,8 @@ class Iterate:
         ``iteration_times`` (only with ``timed=True``).
     scalings : tuple of ndarray or None
         ``(u, v)`` themselves for the multiplicative strategy (no ``exp(log u)`` rounding;
-        negative or non-finite entries kept as the ``'propagate'`` safeguard left them).
+        negative or non-finite entries kept as the ``'propagate'`` safeguard left them); the
+        operator's lazy values for a deferred one.
     """
 
     log_u: np.ndarray
@@ -266,6 +276,15 @@ class _Run:
     """One stage of the iteration on one kernel (see :func:`iterate`)."""
 
     def __init__(self, kernel, problem, strategy, anderson, guard, progress, order):
+        self.deferred = "deferred" in kernel.info.capabilities
+        if self.deferred and (strategy != "multiplicative" or anderson):
+            raise ValueError(
+                f"backend {kernel.info.backend!r} computes its passes lazily ('deferred'): it "
+                f"runs the plain multiplicative iteration (got strategy={strategy!r}, "
+                f"anderson={anderson})"
+            )
+        # passes whose bad entries are not counted yet (deferred operators)
+        self.pending: list[tuple[str, Any]] = []
         self.kernel, self.problem, self.strategy = kernel, problem, strategy
         self.guard, self.progress, self.order = guard, progress, order
         self.log = strategy == "log"
@@ -276,9 +295,8 @@ class _Run:
         self.mixer = AndersonMixer(anderson, self.active["cols"]) if anderson else None
         self.mass = float(problem.b.sum())
         self.counts = {"absorptions": 0, "resets": 0}
-        n, m = kernel.shape
-        # absorbed log-scalings (alpha, beta); zero for non-absorbing strategies
-        self.offset = {"rows": np.zeros(n), "cols": np.zeros(m)}
+        # absorbed log-scalings (alpha, beta); a scalar zero until the first absorption
+        self.offset = {"rows": 0.0, "cols": 0.0}
         self.op = kernel
         self.tau = ABSORB_THRESHOLD.get(kernel.dtype, 20.0)
 
@@ -312,6 +330,9 @@ class _Run:
         handles bad entries of the multiplicative strategy."""
         numerator = self.numerator(side)
         result = self.op.fused_pass(side, w, numerator, log=self.log, exponent=self.exponent[side])
+        if self.deferred:
+            self.pending.append((side, result))
+            return result.ratios, result.projection, result
         if not result.n_bad or self.log or self.guard is None:
             return result.ratios, result.projection, result
         if self.strategy == "absorb":
@@ -337,7 +358,7 @@ class _Run:
         if p.log_v0 is not None:
             log_v = np.where(self.active["cols"], p.log_v0, -np.inf)
         elif self.order == "paper":
-            log_v = np.zeros(m)
+            log_v = np.zeros_like(self.log_weights["cols"])
         else:
             log_v = np.where(self.active["cols"], -math.log(m), -np.inf)
         if self.strategy == "absorb":
@@ -417,7 +438,10 @@ class _Run:
                     and iteration > 1
                     and ((iteration - 2) % check_every == 0 or final)
                 ):
-                    error = self.residual(scaling["cols"], result)
+                    if self.deferred:
+                        error = self.settle(result.residual(scaling["cols"]))[0] / self.mass
+                    else:
+                        error = self.residual(scaling["cols"], result)
                     if not math.isfinite(error):
                         status = "breakdown"
                     else:
@@ -450,7 +474,7 @@ class _Run:
                 if timed:
                     times.append(time.perf_counter() - begin)
                 iteration += 1
-                if self.log or self.order == "paper":
+                if self.log or self.order == "paper" or self.deferred:
                     continue
                 u, v = scaling["rows"], scaling["cols"]
                 if not (math.isfinite(u.sum()) and math.isfinite(v.sum())):
@@ -472,6 +496,8 @@ class _Run:
                 last_finite = (scaling["rows"], scaling["cols"])
             if self.order == "paper":
                 status = "fixed"
+        if self.pending:
+            self.settle()
         log_u, log_v = self.log_scalings(scaling["rows"], scaling["cols"])
         info = dict(self.counts)
         info["anderson_restarts"] = 0 if self.mixer is None else self.mixer.restarts
@@ -482,6 +508,18 @@ class _Run:
             log_u, log_v, n_iter, status == "converged", history, status, self.strategy, info,
             plain,
         )  # fmt: skip
+
+    def settle(self, *values) -> list:
+        """Values of a deferred operator's lazy ``values`` and the bad-entry counts of the
+        passes since the last settle, in one evaluation; the counts go to the safeguard in
+        pass order (without one, bad entries keep their zero ratios)."""
+        pending, self.pending = self.pending, []
+        computed = pending[-1][1].evaluate(*values, *(result.n_bad for _, result in pending))
+        if self.guard is not None:
+            for (side, _), count in zip(pending, computed[len(values) :], strict=True):
+                if count:
+                    self.guard.count_deferred(side, int(count))
+        return computed[: len(values)]
 
     def residual(self, v: np.ndarray, result) -> float:
         """``||K^T u * (v - v_next)||_2 / sum(b)`` from the columns pass (module notes)."""

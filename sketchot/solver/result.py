@@ -160,7 +160,7 @@ class SinkhornResult:
         # reg KL(P | a b^T) = reg (<P 1, log u - log a> + <P^T 1, log v - log b>) - <P, M>
         #                     - reg (1^T P 1 - sum a sum b)
         row, col = self.marginals
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore"):  # -inf - -inf at zero weights
             log_a, log_b = np.log(self.a), np.log(self.b)
             entropic = _masked_dot(row, self.potentials[0] - log_a) + _masked_dot(
                 col, self.potentials[1] - log_b

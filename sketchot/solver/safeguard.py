@@ -109,6 +109,27 @@ class Safeguard:
         projection = result.projection + self.kernel.project(side, ratios[positions], positions)
         return ratios, projection
 
+    def count_deferred(self, side: str, count: int) -> None:
+        """``count`` bad entries of a pass of a ``'deferred'`` operator, seen only after the
+        pass was computed (their ratios are already 0, as ``'none'`` leaves them). The other
+        policies rewrite entries in the pass's values, which the solver never holds: they
+        raise, ``'raise'`` as usual and the repairing ones saying what to pass instead."""
+        self.faults += count
+        if self.policy == "none":
+            return
+        what = "K~ v" if side == "rows" else "K~^T u"
+        reason = (
+            ""
+            if self.policy == "raise"
+            else f"; safeguard={self.policy!r} needs the pass's values, which backend "
+            f"{self.kernel.info.backend!r} computes lazily (e.g. on a Dask cluster): pass "
+            "safeguard='none' (their scalings are set to 0) or 'raise'"
+        )
+        raise NonPositiveKernelError(
+            f"backend {self.kernel.info.backend!r}: {count} entries of {what} are not "
+            f"positive (reg={self.kernel.geometry.reg:g}){reason}; {_advice(self.kernel)}"
+        )
+
     def warn(self, n_iter: int) -> None:
         """One warning summarising the repairs, if any were made."""
         rows, cols = self.counts["rows_repaired"], self.counts["cols_repaired"]

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from .._dask import any_dask, require_dask
 from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_float, check_matrix, describe
 from ..gibbs import GibbsGeometry, dual_lower_bound
@@ -127,12 +126,6 @@ def sinkhorn(
     >>> bool(res.mass < 1.0), bool(res.accuracy_met)
     (True, True)
     """
-    if any_dask(a, b, X, Y):
-        # --- Dask inputs: the same solve on a cluster (sketchot.distributed) ---
-        require_dask()
-        from ..distributed.solver import sinkhorn_dask
-
-        return sinkhorn_dask(a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, **kwargs)
     options, backend_params = SolverOptions.split(kwargs)
     check_backend_params("sinkhorn", backend, backend_params)
     geometry = check_problem(X, Y, reg)
@@ -312,12 +305,6 @@ def sinkhorn_kernel(
             f"{', '.join(map(repr, unknown))}; the kernel already fixes reg and the backend's "
             f"parameters; solver options: {', '.join(SolverOptions.names())}"
         )
-    if getattr(kernel.geometry, "distributed", False) or any_dask(a, b):
-        # a kernel built on Dask arrays (or Dask weights): the solve runs with Dask too
-        require_dask()
-        from ..distributed.solver import sinkhorn_kernel_dask
-
-        return sinkhorn_kernel_dask(a, b, kernel, reg_m=reg_m, rng=rng, **kwargs)
     options = SolverOptions(**kwargs)
     problem = make_problem(a, b, kernel.shape, kernel.geometry.reg, reg_m)
     return solve(problem, kernel, options, rng=rng)
@@ -398,7 +385,7 @@ def solve(
         value_linear=summary.cost,
         mass=summary.mass,
         log_domain=strategy != "multiplicative",
-        safeguard={"policy": options.safeguard, **guard.counts},
+        safeguard={"policy": options.safeguard, **guard.counts, "faults": guard.faults},
         timings={
             "build": kernel.info.build_time,
             "iterations": elapsed,

@@ -123,5 +123,5 @@ def test_a_low_rank_attempt_with_a_non_positive_denominator_is_dropped_at_once()
     # the accepted attempt ran without repairs (its policy was 'raise'); the options are the
     # caller's
     assert res.safeguard == {"policy": "raise", "rows_repaired": 0, "cols_repaired": 0,
-                             "clipped": 0}  # fmt: skip
+                             "clipped": 0, "faults": 0}  # fmt: skip
     assert res.options["safeguard"] == "exact"

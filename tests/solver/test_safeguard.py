@@ -32,7 +32,8 @@ def test_exact_repair_finishes_without_nan_and_warns(hard_problem, backend, para
     # three separate, explicit warnings: the repairs, the true-kernel check, non-convergence
     assert any(f"backend '{backend}' gave" in m and "recomputed" in m for m in messages)
     assert any("against the exact kernel" in m for m in messages)
-    assert any("did not converge in 50 iterations" in m for m in messages)
+    # stopped or stalled
+    assert any(m.startswith("Sinkhorn s") and "iterations" in m for m in messages)
     counts = result.safeguard
     assert counts["policy"] == "exact"
     assert counts["rows_repaired"] + counts["cols_repaired"] > 0

@@ -1,0 +1,188 @@
+"""Building operators on Dask clouds: the backends that run on a cluster, and ``'auto'``.
+
+The exact backend is :class:`~sketchot.distributed.kernels.DaskExactKernel`; every backend
+whose registry record has ``factor_maps`` (the low-rank ones: ``nystrom``, ``rff``, the global
+``polyts`` variants) is fitted on the client exactly as in memory and its factors built chunk
+by chunk (:meth:`~sketchot.distributed.kernels.DaskLowRankKernel.from_maps`). Parameters are
+checked against the same records as in memory (:func:`~sketchot.kernels.registry.
+resolve_parameters`). ``'auto'`` runs :mod:`sketchot.kernels.auto`'s ladder with these
+builders and a sampled kernel check on the cluster (:func:`dask_kernel_error`): Nystrom at a
+doubling rank while its error falls, else the exact kernel (nothing is ever stored whole).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+
+from .._defaults import DEFAULT_ACCURACY
+from .._validation import check_dtype, check_float, check_rng
+from ..gibbs import gibbs_matmat
+from ..kernels import KernelOperator, available_backends, get_backend
+from ..kernels.auto import KERNEL_CHECK_ROWS, Attempt, adaptive_rank, choose_kernel
+from ..kernels.registry import resolve_parameters
+from .geometry import DaskGibbsGeometry, check_reg_and_clouds
+from .kernels import DaskExactKernel, DaskLowRankKernel, _tree_sum, per_chunk
+
+
+def _exact(geometry: DaskGibbsGeometry, *, dtype: Any, **params: Any) -> KernelOperator:
+    """The exact kernel streamed on the workers (``max_dense_bytes``: nothing is stored)."""
+    del params
+    return DaskExactKernel(geometry, dtype=dtype)
+
+
+#: Backends with a builder of their own on Dask (the others need ``factor_maps``).
+DASK_BUILDERS = {"exact": _exact}
+
+
+def dask_backends() -> tuple[str, ...]:
+    """The registered backends that run on Dask arrays."""
+    return tuple(
+        name
+        for name in available_backends()
+        if name in DASK_BUILDERS or get_backend(name).factor_maps is not None
+    )
+
+
+def build_dask_backend(
+    geometry: DaskGibbsGeometry,
+    backend: str,
+    *,
+    rng: Any = None,
+    dtype: Any = np.float64,
+    rank: int | None = None,
+    accuracy: float = DEFAULT_ACCURACY,
+    **params: Any,
+) -> KernelOperator:
+    """A backend's operator on Dask clouds at given parameters (an integer ``rank`` or none),
+    with ``info.build_time`` set."""
+    dtype = check_dtype(dtype)
+    record, params = resolve_parameters(backend, params, rank=rank, accuracy=accuracy)
+    params = {**record.defaults, **params}
+    start = time.perf_counter()
+    if backend in DASK_BUILDERS:
+        operator = DASK_BUILDERS[backend](geometry, dtype=dtype, **params)
+    elif record.factor_maps is not None:
+        maps = record.factor_maps(geometry, rng=rng, dtype=dtype, **params)
+        operator = DaskLowRankKernel.from_maps(geometry, maps)
+    else:
+        raise NotImplementedError(
+            f"backend {backend!r} does not run on Dask arrays (its record has no factor_maps); "
+            f"on Dask: 'auto', {', '.join(map(repr, dask_backends()))}"
+        )
+    operator.info.build_time = time.perf_counter() - start
+    return operator
+
+
+def build_dask_kernel(
+    geometry: DaskGibbsGeometry,
+    backend: str,
+    *,
+    rng: Any = None,
+    dtype: Any = np.float64,
+    rank: int | str | None = None,
+    accuracy: float = DEFAULT_ACCURACY,
+    **params: Any,
+) -> KernelOperator:
+    """:func:`build_dask_backend`, or with ``rank='auto'`` the doubling-rank ladder of
+    :func:`~sketchot.kernels.auto.adaptive_rank` checked on the cluster."""
+    if isinstance(rank, str) and rank == "auto":
+        dtype = check_dtype(dtype)
+        resolve_parameters(backend, params, rank=rank)
+        return adaptive_rank(
+            geometry, backend, accuracy=accuracy, rng=rng, dtype=dtype,
+            build=build_dask_backend, measure=dask_kernel_error, **params,
+        )  # fmt: skip
+    return build_dask_backend(
+        geometry, backend, rng=rng, dtype=dtype, rank=rank, accuracy=accuracy, **params
+    )
+
+
+def choose_dask_kernel(
+    geometry: DaskGibbsGeometry,
+    *,
+    accuracy: float = DEFAULT_ACCURACY,
+    rng: Any = None,
+    dtype: Any = np.float64,
+    verbose: bool = False,
+) -> tuple[KernelOperator, str, list[Attempt]]:
+    """``backend='auto'`` on Dask: :func:`~sketchot.kernels.auto.choose_kernel` without the
+    stored exact kernel. Returns ``(kernel, reason, attempts)``."""
+    return choose_kernel(
+        geometry, accuracy=accuracy, rng=rng, dtype=check_dtype(dtype), verbose=verbose,
+        build=build_dask_backend, measure=dask_kernel_error, store=False,
+    )  # fmt: skip
+
+
+def make_kernel_dask(
+    X: Any,
+    Y: Any,
+    reg: float,
+    backend: str = "auto",
+    *,
+    rng: Any = None,
+    dtype: Any = np.float64,
+    rank: int | str | None = None,
+    **params: Any,
+) -> KernelOperator:
+    """:func:`sketchot.make_kernel` on Dask clouds (same parameters; it dispatches here)."""
+    geometry = check_reg_and_clouds(X, Y, reg)
+    accuracy = check_float(params.pop("accuracy", DEFAULT_ACCURACY), "accuracy", positive=True)
+    if backend == "auto":
+        if params or rank is not None:
+            raise TypeError(
+                "backend='auto' chooses its own parameters; it accepts only accuracy= "
+                f"(got {', '.join(sorted(params)) or 'rank'})"
+            )
+        kernel, reason, _ = choose_dask_kernel(geometry, accuracy=accuracy, rng=rng, dtype=dtype)
+        kernel.info.reason = reason
+        return kernel
+    return build_dask_kernel(
+        geometry, backend, rng=rng, dtype=dtype, rank=rank, accuracy=accuracy, **params
+    )
+
+
+def _true_products_chunk(other: np.ndarray, V: np.ndarray, own: np.ndarray, reg: float):
+    """``K(own, other_chunk) V_chunk`` flattened to (1, 2 k): a chunk's part of the true
+    products of the ``k`` sampled rows ``own``."""
+    return gibbs_matmat(own, other, reg, V).reshape(1, -1)
+
+
+def dask_kernel_error(
+    kernel: KernelOperator, rng: Any = None, n_rows: int = KERNEL_CHECK_ROWS
+) -> float:
+    """:func:`sketchot.kernels.auto.kernel_error` on Dask: the largest relative error of
+    ``K~ v`` and ``K~^T u`` against the true kernel on ``n_rows`` sampled rows and columns,
+    for an all-ones and a random positive vector (drawn on the workers from a seed of
+    ``rng``); ``O(n_rows (n + m) d)`` work on the workers, one computation per side."""
+    generator = check_rng(rng)
+    g = kernel.geometry
+    n, m = kernel.shape
+    worst = 0.0
+    for transpose, size, other in ((False, n, m), (True, m, n)):
+        index = np.sort(generator.choice(size, size=min(n_rows, size), replace=False))
+        cloud = g.Xc if transpose else g.Yc
+        draws = da.random.default_rng(int(generator.integers(2**63))).random(
+            other, chunks=(cloud.chunks[0],)
+        )
+        probes = da.stack([da.ones_like(draws), draws + 0.1], axis=1).rechunk({1: -1})
+        own = g.rows("y" if transpose else "x", index)
+        truth = _tree_sum(
+            per_chunk(_true_products_chunk, [cloud, probes], (own, g.reg), 2 * index.size,
+                      partial=True)
+        )  # fmt: skip
+        approx = kernel.rmatmat(probes) if transpose else kernel.matmat(probes)
+        truth, approx = dask.compute(truth, _as_array(approx)[index])
+        truth = truth.reshape(index.size, 2)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            error = np.abs(approx - truth) / truth
+        worst = max(worst, float(np.nanmax(np.where(np.isfinite(error), error, np.inf))))
+    return worst
+
+
+def _as_array(value: Any) -> Any:
+    return value if hasattr(value, "chunks") else da.from_array(np.asarray(value))

@@ -1,0 +1,103 @@
+"""Building operators: :func:`make_kernel` from point clouds, :func:`build_kernel` from a
+validated geometry; ``backend='auto'`` and ``rank='auto'`` go to :mod:`.auto`'s ladders,
+fixed parameters to :func:`~sketchot.kernels.registry.build_backend`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._defaults import DEFAULT_ACCURACY
+from .._validation import check_dtype, check_float, check_matrix
+from ..gibbs import GibbsGeometry
+from .auto import adaptive_rank, choose_kernel
+from .registry import build_backend, resolve_parameters
+
+
+def make_kernel(
+    X: Any,
+    Y: Any,
+    reg: float,
+    backend: str = "auto",
+    *,
+    rng: Any = None,
+    dtype: Any = np.float64,
+    rank: int | None = None,
+    **params: Any,
+):
+    """Build the Gibbs-kernel operator ``exp(-||x - y||^2 / reg)`` of a backend.
+
+    Parameters
+    ----------
+    X : array-like, shape (n, d)
+        Source points (integer arrays, e.g. pixels, are converted to float). A Dask array
+        (chunked by rows) builds the operator on the cluster
+        (:mod:`sketchot.distributed`; needs ``pip install "sketchot[dask]"``).
+    Y : array-like, shape (m, d)
+        Target points (a Dask array likewise).
+    reg : float
+        Entropic regularisation (> 0); ``K = exp(-M / reg)`` as in POT.
+    backend : str, default='auto'
+        One of :func:`available_backends`, or ``'auto'``: the cheapest representation whose
+        sampled product error meets ``accuracy`` (keyword, default 1e-3): the exact kernel
+        stored when ``n x m`` fits 1 GiB, else Nystrom with a doubling rank, else the exact
+        kernel streamed (:func:`sketchot.kernels.auto.choose_kernel`; ``info.reason`` says
+        which and why).
+    rng : None, int, Generator, ...
+        Randomness of the approximation (``numpy.random.default_rng`` semantics).
+    dtype : numpy.float64 or numpy.float32
+        Precision of the stored kernel or factors.
+    rank : int or 'auto', optional
+        Number of features, for every low-rank backend (it sets the backend's own rank
+        parameter: ``n_features``, ``n_landmarks``, ...); not with an explicit value of that
+        parameter. ``'auto'`` doubles it from 64 until a sampled relative error of ``K~ v``
+        against the true kernel meets ``accuracy`` (keyword, default 1e-3), or until an
+        iteration would cost more than the exact kernel's
+        (:func:`sketchot.kernels.auto.adaptive_rank`).
+    **params
+        Backend parameters (see ``sketchot.get_backend(name).defaults``).
+
+    Returns
+    -------
+    KernelOperator
+        With ``info.build_time`` set.
+    """
+    X = check_matrix(X, "X")
+    Y = check_matrix(Y, "Y", n_features=X.shape[1], feature_name="X")
+    reg = check_float(reg, "reg", positive=True)
+    geometry = GibbsGeometry(X, Y, reg)
+    accuracy = check_float(params.pop("accuracy", DEFAULT_ACCURACY), "accuracy", positive=True)
+    if backend == "auto":
+        if params or rank is not None:
+            raise TypeError(
+                "backend='auto' chooses its own parameters; it accepts only accuracy= "
+                f"(got {', '.join(sorted(params)) or 'rank'})"
+            )
+        kernel, reason, _ = choose_kernel(geometry, accuracy=accuracy, rng=rng, dtype=dtype)
+        kernel.info.reason = reason
+        return kernel
+    return build_kernel(
+        geometry, backend, rng=rng, dtype=dtype, rank=rank, accuracy=accuracy, **params
+    )
+
+
+def build_kernel(
+    geometry: GibbsGeometry,
+    backend: str,
+    *,
+    rng: Any = None,
+    dtype: Any = np.float64,
+    rank: int | str | None = None,
+    accuracy: float = DEFAULT_ACCURACY,
+    **params: Any,
+):
+    """:func:`make_kernel` on an already validated geometry (``accuracy`` is the target of
+    ``rank='auto'``)."""
+    if isinstance(rank, str) and rank == "auto":
+        dtype = check_dtype(dtype)
+        resolve_parameters(backend, params, rank=rank)
+        return adaptive_rank(geometry, backend, accuracy=accuracy, rng=rng, dtype=dtype, **params)
+    return build_backend(
+        geometry, backend, rng=rng, dtype=dtype, rank=rank, accuracy=accuracy, **params
+    )
