@@ -214,3 +214,14 @@ def check_bool(value: Any, name: str) -> bool:
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     raise TypeError(f"{name} must be True or False; got {describe(value)}")
+
+
+def unknown_names(names: Any, accepted: Any) -> str:
+    """The unknown keyword names, quoted, each with a did-you-mean among ``accepted``."""
+    import difflib
+
+    parts = []
+    for name in sorted(names):
+        close = difflib.get_close_matches(name, sorted(accepted), n=1, cutoff=0.6)
+        parts.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+    return ", ".join(parts)

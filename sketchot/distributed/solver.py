@@ -23,7 +23,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from .._validation import check_bool, check_int, check_rng, describe
+from .._validation import check_bool, check_int, check_rng, describe, unknown_names
 from ..kernels import KernelOperator
 from ..kernels.base import MIN_DENOMINATOR_RATIO
 from ..solver.engine import choose_strategy, iterate
@@ -121,8 +121,8 @@ def sinkhorn_kernel_dask(
     if unknown:
         raise TypeError(
             f"sinkhorn_kernel() got unexpected keyword argument(s) "
-            f"{', '.join(map(repr, unknown))}; the kernel already fixes reg and the backend's "
-            f"parameters; solver options: {', '.join(SolverOptions.names())}"
+            f"{unknown_names(unknown, SolverOptions.names())}; the kernel already fixes reg "
+            f"and the backend's parameters; solver options: {', '.join(SolverOptions.names())}"
         )
     options = SolverOptions(**kwargs)
     problem = dask_problem(a, b, kernel.geometry, reg_m)

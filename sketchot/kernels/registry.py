@@ -24,7 +24,7 @@ import numpy as np
 
 from .._defaults import DEFAULT_ACCURACY
 from .._memory import check_fits
-from .._validation import check_dtype, check_int, describe
+from .._validation import check_dtype, check_int, describe, unknown_names
 from ..gibbs import GibbsGeometry
 
 #: The paper's Sinkhorn setting (Han et al. 2020, Section 4.3): sketch dimension and degree.
@@ -266,7 +266,8 @@ def resolve_parameters(
     if unknown:
         accepted = ", ".join(record.defaults) or "no parameters"
         raise TypeError(
-            f"backend {backend!r} got unexpected parameter(s) {', '.join(map(repr, unknown))}; "
+            f"backend {backend!r} got unexpected parameter(s) "
+            f"{unknown_names(unknown, [*record.defaults, 'rank'])}; "
             f"it accepts: {accepted}" + (", rank" if record.rank_parameter else "")
         )
     if rank is not None:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._defaults import DEFAULT_ACCURACY
-from .._validation import check_float, check_matrix, describe
+from .._validation import check_float, check_matrix, describe, unknown_names
 from ..gibbs import GibbsGeometry, dual_lower_bound
 from ..kernels import KernelOperator, build_kernel, get_backend
 from .advice import advise
@@ -241,7 +241,8 @@ def check_backend_params(caller: str, backend: str, params: dict[str, Any]) -> N
         unknown = sorted(set(params) - {"dtype"})
         if unknown:
             raise TypeError(
-                f"{caller}() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}"
+                f"{caller}() got unexpected keyword argument(s) "
+                f"{unknown_names(unknown, [*SolverOptions.names(), 'dtype'])}"
                 f"; backend='auto' chooses its own parameters (it accepts dtype); solver "
                 f"options: {', '.join(SolverOptions.names())}"
             )
@@ -251,8 +252,9 @@ def check_backend_params(caller: str, backend: str, params: dict[str, Any]) -> N
     unknown = sorted(set(params) - accepted)
     if unknown:
         raise TypeError(
-            f"{caller}() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
-            f"solver options: {', '.join(SolverOptions.names())}; backend {backend!r} "
+            f"{caller}() got unexpected keyword argument(s) "
+            f"{unknown_names(unknown, [*SolverOptions.names(), *accepted])}; solver options: "
+            f"{', '.join(SolverOptions.names())}; backend {backend!r} "
             f"parameters: {', '.join(sorted(accepted))}"
         )
 
@@ -302,8 +304,8 @@ def sinkhorn_kernel(
     if unknown:
         raise TypeError(
             f"sinkhorn_kernel() got unexpected keyword argument(s) "
-            f"{', '.join(map(repr, unknown))}; the kernel already fixes reg and the backend's "
-            f"parameters; solver options: {', '.join(SolverOptions.names())}"
+            f"{unknown_names(unknown, SolverOptions.names())}; the kernel already fixes reg "
+            f"and the backend's parameters; solver options: {', '.join(SolverOptions.names())}"
         )
     options = SolverOptions(**kwargs)
     problem = make_problem(a, b, kernel.shape, kernel.geometry.reg, reg_m)
