@@ -14,13 +14,10 @@ followed (``tests/solver/test_advice.py``).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ..kernels import get_backend
 from ..kernels.auto import dense_budget_bytes
-
-if TYPE_CHECKING:
-    from .result import SinkhornResult
 
 #: Largest cost / reg at which an exact solve (with its epsilon schedule) met the default
 #: accuracy in the default 1000 iterations on every cloud measured (colour-like and Gaussian,
@@ -53,7 +50,7 @@ def iterations_needed(history: list[tuple[int, float]], tol: float) -> int | Non
     return math.ceil(last[0] + math.log(tol / last[1]) / rate)
 
 
-def _reg_advice(result: SinkhornResult) -> str:
+def _reg_advice(result: Any) -> str:
     """A stalled exact solve: its progress per iteration shrinks like ``reg / cost``, so the
     fix is a larger reg, at most :data:`RESOLVED_SPREAD` below the largest cost."""
     spread = result.kernel.geometry.max_cost()
@@ -70,8 +67,11 @@ def _reg_advice(result: SinkhornResult) -> str:
     )
 
 
-def advise(result: SinkhornResult) -> str:
-    """One or two sentences: what to change, from the measured errors and iterations."""
+def advise(result: Any) -> str:
+    """One or two sentences: what to change, from the measured errors and iterations.
+
+    ``result`` is a :class:`~sketchot.SinkhornResult` (whose module calls this one: no
+    import back)."""
     backend = result.backend
     check = result.true_kernel
     n, m = result.kernel.shape
