@@ -1,4 +1,5 @@
-"""The Dask path against the in-memory path, on a real LocalCluster (no mocks)."""
+"""The Dask path against the in-memory path, on a real LocalCluster (no mocks; the ``client``
+fixture is in ``conftest.py``)."""
 
 import os
 import signal
@@ -25,27 +26,6 @@ REPO = Path(__file__).resolve().parents[2]
 RTOL = 1e-12
 
 LOW_RANK = ("nystrom", "rff", "polyts")
-
-
-@pytest.fixture(scope="module")
-def client():
-    """Two single-threaded worker processes; they import sketchot from this checkout."""
-    path = os.environ.get("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), path) if p)
-    cluster = distributed.LocalCluster(
-        n_workers=2,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=None,
-        memory_limit="1GiB",
-    )
-    with distributed.Client(cluster) as the_client:
-        yield the_client
-    cluster.close()
-    if path:
-        os.environ["PYTHONPATH"] = path
-    else:
-        os.environ.pop("PYTHONPATH")
 
 
 @pytest.fixture(scope="module")
