@@ -23,17 +23,20 @@ def problem():
 
 
 def test_paper_order_is_the_papers_update(problem):
+    """Algorithm 1 of Han et al. from v = 1: u = a / K v, then v = b / K^T u. One iteration in
+    closed form, and any later one as its two half-steps from the iterate before it (the
+    same rounding: 1e-13)."""
     X, Y, a, b = problem
     kernel = sketchot.make_kernel(X, Y, 0.5, "exact")
     K = kernel.to_dense()
-    v = np.ones(50)
-    for _ in range(7):
-        u = a / (K @ v)
-        v = b / (K.T @ u)
-    run = plain_sinkhorn(kernel, a, b, n_iter=7, order="paper")
-    np.testing.assert_allclose(run.u, u, rtol=1e-13)
-    np.testing.assert_allclose(run.v, v, rtol=1e-13)
-    assert len(run.iteration_times) == 7 and run.faults == 0 and run.valid
+    first = plain_sinkhorn(kernel, a, b, n_iter=1, order="paper")
+    u1 = a / (K @ np.ones(50))
+    np.testing.assert_allclose(first.u, u1, rtol=1e-13)
+    np.testing.assert_allclose(first.v, b / (K.T @ u1), rtol=1e-13)
+    six, seven = (plain_sinkhorn(kernel, a, b, n_iter=k, order="paper") for k in (6, 7))
+    np.testing.assert_allclose(seven.u, a / (K @ six.v), rtol=1e-13)
+    np.testing.assert_allclose(seven.v, b / (K.T @ seven.u), rtol=1e-13)
+    assert len(seven.iteration_times) == 7 and seven.faults == 0 and seven.valid
 
 
 def test_pot_order_matches_the_library_without_safeguard_needs(problem):
