@@ -23,13 +23,15 @@ import dask
 import dask.array as da
 import numpy as np
 
+from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_bool, check_int, check_rng, describe, unknown_names
 from ..kernels import KernelOperator
 from ..kernels.base import MIN_DENOMINATOR_RATIO
 from ..solver.engine import choose_strategy, iterate
-from ..solver.options import DEFAULT_ACCURACY, SolverOptions
+from ..solver.options import SolverOptions
 from ..solver.plans import TrueKernelCheck, check_from_masses, fixed_point_target, sample_indices
 from ..solver.problem import MASS_RTOL, Problem, check_reg_m
+from ..solver.progress import IterationTable
 from ..solver.result import SinkhornResult
 from ..solver.safeguard import Safeguard
 from ..solver.sinkhorn import (
@@ -198,38 +200,6 @@ def _kl_terms(p: da.Array, log_q: da.Array) -> da.Array:
     )
 
 
-class _Progress:
-    """Verbose output of a Dask solve: one line per check and the summary."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.started = time.perf_counter()
-        self.header_done = False
-
-    def log(self, text: str) -> None:
-        if self.enabled:
-            print(f"sketchot.sinkhorn: {text}")
-
-    def update(self, iteration: int, *, error: float, target: float | None = None) -> None:
-        del target
-        if not self.enabled:
-            return
-        if not self.header_done:
-            print(f"{'iter':>6} | {'marginal err (L2)':>18} | {'elapsed s':>9}")
-            self.header_done = True
-        print(f"{iteration:6d} | {error:18.6e} | {time.perf_counter() - self.started:9.3f}")
-
-    def summary(self, result: SinkhornResult) -> None:
-        err_a, err_b = result.marginal_errors
-        self.log(
-            f"{result.status} after {result.n_iter} iterations on Dask "
-            f"({result.timings['per_iteration'] * 1e3:.2f} ms each); <P, M> = "
-            f"{result.value_linear:.6g}; L1 marginal errors a {err_a:.2e}, b {err_b:.2e}"
-        )
-        if result.true_kernel is not None:
-            self.log(str(result.true_kernel))
-
-
 def solve_dask(
     problem: Problem,
     kernel: KernelOperator,
@@ -274,7 +244,7 @@ def solve_dask(
                     stacklevel=3,
                 )
             tol = floor
-    printer = _Progress(options.verbose)
+    printer = IterationTable(options.verbose, " on Dask")
     guard = Safeguard(kernel, options.safeguard)
     strategy = choose_strategy(kernel, False)
     start = time.perf_counter()

@@ -461,3 +461,40 @@ class _Ticker:
 
 
 _TICKER = _Ticker()
+
+
+class IterationTable:
+    """The detailed log of a solve (``verbose=True``): a header, one row per check
+    (iteration, residual, elapsed seconds) and a summary with the true-kernel check; prints
+    nothing when disabled. ``where`` names the place the solve ran (e.g. ``' on Dask'``)."""
+
+    def __init__(self, enabled: bool, where: str = "") -> None:
+        self.enabled = enabled
+        self.where = where
+        self.started = time.perf_counter()
+        self.header_done = False
+
+    def log(self, text: str) -> None:
+        if self.enabled:
+            print(f"sketchot.sinkhorn: {text}")
+
+    def update(self, iteration: int, *, error: float, target: float | None = None) -> None:
+        del target  # the live line shows it; the table keeps its three columns
+        if not self.enabled:
+            return
+        if not self.header_done:
+            print(f"{'iter':>6} | {'marginal err (L2)':>18} | {'elapsed s':>9}")
+            self.header_done = True
+        print(f"{iteration:6d} | {error:18.6e} | {time.perf_counter() - self.started:9.3f}")
+
+    def summary(self, result: Any) -> None:
+        """The solve's last lines: its stop, timings, cost, errors and true-kernel check."""
+        err_a, err_b = result.marginal_errors
+        self.log(
+            f"{result.status} after {result.n_iter} iterations{self.where} "
+            f"({result.timings['per_iteration'] * 1e3:.2f} ms each, build "
+            f"{result.timings['build']:.3f} s); <P, M> = {result.value_linear:.6g}; "
+            f"L1 marginal errors a {err_a:.2e}, b {err_b:.2e}"
+        )
+        if result.true_kernel is not None:
+            self.log(str(result.true_kernel))

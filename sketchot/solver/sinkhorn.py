@@ -26,7 +26,7 @@ from .errors import AccuracyWarning, InvalidResultError, InvalidResultWarning
 from .options import SolverOptions
 from .plans import check_from_masses, fixed_point_target, plan_summary
 from .problem import Problem, make_problem
-from .progress import Progress
+from .progress import IterationTable, Progress
 from .result import SinkhornResult
 from .safeguard import Safeguard
 
@@ -336,7 +336,7 @@ def solve(
                     stacklevel=3,
                 )
             tol = floor
-    printer = _Printer(options.verbose)
+    printer = IterationTable(options.verbose)
     _announce_long_run(kernel, options, printer)
     guard = Safeguard(kernel, options.safeguard)
     g = kernel.geometry
@@ -546,13 +546,15 @@ def _warn_accuracy(result: SinkhornResult, options: SolverOptions) -> bool:
 LONG_RUN_SECONDS = 600.0
 
 
-def _announce_long_run(kernel: KernelOperator, options: SolverOptions, printer: _Printer) -> None:
+def _announce_long_run(
+    kernel: KernelOperator, options: SolverOptions, printer: IterationTable
+) -> None:
     """Say how long an iteration will take when the builder estimated a slow pass."""
     per_pass = kernel.info.seconds_per_pass
     if per_pass is None:
         return
     per_iteration = 2.0 * per_pass
-    printer.say(
+    printer.log(
         f"estimated {per_iteration:.3g} s per iteration, up to "
         f"{per_iteration * options.max_iter / 60:.3g} min for max_iter={options.max_iter}"
     )
@@ -579,7 +581,7 @@ def _relative(value: float) -> str:
 class _Monitor:
     """What the iteration reports to: the live progress line and the verbose table."""
 
-    def __init__(self, printer: _Printer, live: Progress, check_every: int) -> None:
+    def __init__(self, printer: IterationTable, live: Progress, check_every: int) -> None:
         self.printer, self.live, self.check_every = printer, live, check_every
 
     def update(self, iteration: int, *, error: float, target: float | None = None) -> None:
@@ -590,39 +592,3 @@ class _Monitor:
 
     def log(self, text: str) -> None:
         self.printer.log(text)
-
-
-class _Printer:
-    """Verbose output: a header, one line per check, a summary with the true-kernel check."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.started = time.perf_counter()
-        self.header_done = False
-
-    def say(self, text: str) -> None:
-        if self.enabled:
-            print(f"sketchot.sinkhorn: {text}")
-
-    def log(self, text: str) -> None:
-        self.say(text)
-
-    def update(self, iteration: int, *, error: float, target: float | None = None) -> None:
-        if not self.enabled:
-            return
-        if not self.header_done:
-            print(f"{'iter':>6} | {'marginal err (L2)':>18} | {'elapsed s':>9}")
-            self.header_done = True
-        print(f"{iteration:6d} | {error:18.6e} | {time.perf_counter() - self.started:9.3f}")
-        del target
-
-    def summary(self, result: SinkhornResult) -> None:
-        err_a, err_b = result.marginal_errors
-        print(
-            f"sketchot.sinkhorn: {result.status} after {result.n_iter} iterations "
-            f"({result.timings['per_iteration'] * 1e3:.2f} ms each, build "
-            f"{result.timings['build']:.3f} s); <P, M> = {result.value_linear:.6g}; "
-            f"L1 marginal errors a {err_a:.2e}, b {err_b:.2e}"
-        )
-        if result.true_kernel is not None:
-            print(f"sketchot.sinkhorn: {result.true_kernel}")
