@@ -46,6 +46,7 @@ from .registry import (
     Backend,
     auto_backends,
     build_backend,
+    get_backend,
 )
 
 #: The first rank of the low-rank rungs (doubled at each rung).
@@ -283,6 +284,46 @@ def _low_rank(
             break
         previous = progress
     return kernel, verdict, None
+
+
+def escalate(
+    candidates: list[tuple[str, Callable[[], KernelOperator]]],
+    judge: Judge,
+    *,
+    skip: tuple[type[Exception], ...] = (),
+) -> Choice:
+    """The first candidate the judge accepts, in order, else the first one built: the ladder
+    of a backend's own ``'auto'`` (``polyts``'s ``variant='auto'``).
+
+    ``candidates`` are ``(backend, build)`` pairs, ``build()`` returning a kernel of that
+    registered backend (the judge is told its record's kind); a build that raises one of
+    ``skip`` (e.g. nothing to fit) is recorded and skipped, and raised again when no
+    candidate could be built.
+    """
+    attempts: list[Attempt] = []
+    first, failure = None, None
+    for name, build in candidates:
+        start = time.perf_counter()
+        try:
+            kernel = build()
+        except skip as error:
+            failure = failure or error
+            attempts.append(Attempt(name, {}, np.nan, time.perf_counter() - start, False,
+                                    f"not built: {error}"))  # fmt: skip
+            continue
+        verdict = judge(kernel, get_backend(name).kind, np.nan)
+        attempts.append(Attempt(name, {}, verdict.error, time.perf_counter() - start,
+                                verdict.accepted, verdict.note))  # fmt: skip
+        if verdict.accepted:
+            reason = f"{name}: {verdict.note} {verdict.error:.2g}, accepted"
+            return Choice(verdict.outcome, kernel, reason, tuple(attempts))
+        first = first or (kernel, verdict)
+    if first is None:
+        raise failure
+    kernel, verdict = first
+    tried = "; ".join(str(attempt) for attempt in attempts)
+    reason = f"{kernel.info.backend}: no candidate accepted ({tried}), the first one built"
+    return Choice(verdict.outcome, kernel, reason, tuple(attempts))
 
 
 def choose(

@@ -12,9 +12,10 @@
   entry to a relative ``~1e-9`` at any reg, in dimension ``d <= 4``; its own parameters
   (``tau``, ``rtol``, ``max_features``) are reachable as ``backend='polyts_local'``;
 * ``'auto'`` (default): ``'improved'`` when its sampled product error meets ``accuracy``,
-  otherwise ``'polyts_local'`` where its record's dimension bound allows it, otherwise
-  ``'improved'`` (the solver's true-kernel check then reports the miss). The check and the
-  bound are those of ``backend='auto'`` (:mod:`sketchot.kernels.auto`).
+  otherwise ``'polyts_local'`` where its record's dimension bound allows it and it meets
+  ``accuracy``, otherwise ``'improved'`` (the solver's true-kernel check then reports the
+  miss): :func:`sketchot.kernels.auto.escalate` with the sampled check of
+  ``backend='auto'``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_choice, check_float, check_int, check_rng
 from ..gibbs import GibbsGeometry
 from ..sketch import GaussianPolySketch, VanishingFunctionError
-from .auto import kernel_error
+from .auto import escalate, kernel_judge
 from .base import KernelInfo, KernelOperator
 from .local import build_local
 from .lowrank import FactorMaps, low_rank_from_maps
@@ -163,33 +164,22 @@ def build_polyts(
     if variant == "local":
         return build_local(geometry, rng=rng, dtype=dtype)
     chosen = "improved" if variant == "auto" else variant
-    local_possible = variant == "auto" and get_backend(LOCAL_BACKEND).applies_to(
-        geometry.X.shape[1]
-    )
-    try:
-        kernel = low_rank_from_maps(geometry, _global_maps(
+
+    def build_global() -> KernelOperator:
+        return low_rank_from_maps(geometry, _global_maps(
             geometry, rng, dtype, sketch_dim, degree, coreset_size, coefficients, regularizer,
             nonnegative, taylor_center, center, chosen, rank,
         ))  # fmt: skip
-    except VanishingFunctionError as error:
-        if not local_possible:
-            raise
-        local = build_local(geometry, rng=rng, dtype=dtype)
-        local.info.reason = f"no global sketch ({error}): block-local expansion"
-        return local
+
     if variant != "auto":
-        return kernel
+        return build_global()
     accuracy = check_float(accuracy, "accuracy", positive=True)
-    error = kernel_error(kernel, rng)
-    if error <= accuracy or not local_possible:
-        kernel.info.reason = f"global improved sketch: sampled product error {error:.2g}"
-        return kernel
-    local = build_local(geometry, rng=rng, dtype=dtype)
-    local.info.reason = (
-        f"the global sketch's sampled product error {error:.2g} misses {accuracy:g}: "
-        "block-local expansion"
-    )
-    return local
+    candidates = [("polyts", build_global)]
+    if get_backend(LOCAL_BACKEND).applies_to(geometry.X.shape[1]):
+        candidates.append((LOCAL_BACKEND, lambda: build_local(geometry, rng=rng, dtype=dtype)))
+    choice = escalate(candidates, kernel_judge(accuracy, rng), skip=(VanishingFunctionError,))
+    choice.kernel.info.reason = choice.reason
+    return choice.kernel
 
 
 def _global_maps(

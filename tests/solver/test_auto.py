@@ -163,3 +163,16 @@ def test_auto_tries_what_the_records_declare(clouds, monkeypatch):
             sketchot.unregister_backend("landmark_rows")
         assert kernel.info.backend == expected and res.backend == expected
         assert res.attempts[0].backend == expected and res.attempts[-1].accepted
+
+
+def test_polyts_auto_escalates_to_the_block_local_record_within_its_dimension():
+    """At reg = 0.01 on the unit cube no global sketch is accurate: in 3-D polyts' 'auto'
+    takes polyts_local (d <= its record's max_dimension), in 6-D it keeps the global sketch
+    and says that nothing met the target (the solver's check then reports the miss)."""
+    rng = np.random.default_rng(0)
+    X, Y = rng.random((300, 3)), rng.random((200, 3))
+    kernel = sketchot.make_kernel(X, Y, 0.01, "polyts", rng=0)
+    assert kernel.info.backend == "polyts_local" and "accepted" in kernel.info.reason
+    X, Y = rng.random((300, 6)), rng.random((200, 6))
+    kernel = sketchot.make_kernel(X, Y, 0.01, "polyts", rng=0)
+    assert kernel.info.backend == "polyts" and "no candidate accepted" in kernel.info.reason
