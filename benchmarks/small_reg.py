@@ -5,8 +5,8 @@ per side; reg relative to colours in ``[0, 1]``. Every cell solves to ``tol = 1e
 ``accuracy = 1e-6`` and reports: time (build + solve), iterations, the certified true-kernel
 error (upper bound of the relative L1 marginal error, 256 sampled rows and columns, or all of
 them), peak resident memory of the cell (each cell runs in a fresh process), and for the
-local kernel its clusters and features per point. Methods: ``polyts`` with
-``variant='local'`` and ``exact`` (absorption-stabilised, stored when ``n x m`` fits 1 GiB,
+local kernel its clusters and features per point. Methods: ``polyts_local``
+and ``exact`` (absorption-stabilised, stored when ``n x m`` fits 1 GiB,
 streamed otherwise), each with and without Anderson acceleration (``anderson=0``); exact
 with epsilon-scaling; ``nystrom`` with ``rank='auto'``; POT's
 ``ot.sinkhorn(method='sinkhorn_stabilized')`` where the dense cost fits.
@@ -36,8 +36,8 @@ from sketchot.color import load_image, sample_pixels
 ROOT = Path(__file__).resolve().parents[1]
 REGS = (0.1, 0.03, 0.01, 0.003)
 METHODS = {
-    "local": {"backend": "polyts", "variant": "local"},
-    "local, no Anderson": {"backend": "polyts", "variant": "local", "anderson": 0},
+    "local": {"backend": "polyts_local"},
+    "local, no Anderson": {"backend": "polyts_local", "anderson": 0},
     "exact": {"backend": "exact"},
     "exact, no Anderson": {"backend": "exact", "anderson": 0},
     "exact stored 4 GiB": {"backend": "exact", "max_dense_bytes": 4 << 30},

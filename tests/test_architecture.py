@@ -190,3 +190,53 @@ def test_dask_inputs_part_in_one_place():
             attribute = isinstance(node, ast.Attribute) and node.attr == "distributed"
             lookup = isinstance(node, ast.Constant) and node.value == "distributed"
             assert not (attribute or lookup), f"{name} asks for 'distributed'"
+
+
+def _backend_literals(path: Path, names: set[str]) -> list[str]:
+    """Where a string literal naming a backend selects or tests one in ``path``: an argument
+    of a call (directly, or inside a literal container that is one), a comparison with an
+    expression that mentions ``backend``, or the value of a name that mentions ``backend``.
+    Docstrings and other uses of the same words (the ``'exact'`` capability and safeguard
+    policy) are not selections."""
+    tree = ast.parse(path.read_text())
+    parent = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Constant) and node.value in names):
+            continue
+        holder = parent.get(id(node))
+        while isinstance(holder, ast.Tuple | ast.List | ast.Set | ast.Dict):
+            holder = parent.get(id(holder))
+        if isinstance(holder, ast.keyword):
+            holder = parent.get(id(holder))
+        selects = isinstance(holder, ast.Call) or (
+            isinstance(holder, ast.Compare | ast.Assign | ast.AnnAssign)
+            and "backend" in ast.unparse(holder).lower()
+        )
+        if selects:
+            found.append((node.lineno, f"{path.name}:{node.lineno}: {node.value!r}"))
+    return [hit for _, hit in sorted(found)]
+
+
+def test_the_solver_and_the_auto_strategy_name_no_backend():
+    """``'auto'`` reads the backends' records (:mod:`sketchot.kernels.auto`); the solver and
+    the strategy never pick a backend by name."""
+    import sketchot
+
+    names = set(sketchot.available_backends())
+    paths = [*sorted((PACKAGE / "solver").glob("*.py")), PACKAGE / "kernels" / "auto.py"]
+    assert [hit for path in paths for hit in _backend_literals(path, names)] == []
+
+
+def test_the_backend_literal_check_sees_a_selection(tmp_path):
+    source = tmp_path / "example.py"
+    source.write_text(
+        'build_kernel(geometry, "nystrom")\n'
+        'Attempt("polyts", {"variant": "local"})\n'
+        'if kernel.info.backend == "exact": pass\n'
+        'LOW_RANK_BACKEND = "nystrom"\n'
+        'if "exact" in kernel.info.capabilities: pass\n'
+        'POLICIES = ("exact", "clip")\n'
+    )
+    hits = _backend_literals(source, {"exact", "nystrom", "polyts"})
+    assert [hit.split(":")[1] for hit in hits] == ["1", "2", "3", "4"]

@@ -5,9 +5,10 @@ whose registry record has ``factor_maps`` (the low-rank ones: ``nystrom``, ``rff
 ``polyts`` variants) is fitted on the client exactly as in memory and its factors built chunk
 by chunk (:meth:`~sketchot.distributed.kernels.DaskLowRankKernel.from_maps`). Parameters are
 checked against the same records as in memory (:func:`~sketchot.kernels.registry.
-resolve_parameters`). ``'auto'`` runs :mod:`sketchot.kernels.auto`'s ladder with these
-builders and a sampled kernel check on the cluster (:func:`dask_kernel_error`): Nystrom at a
-doubling rank while its error falls, else the exact kernel (nothing is ever stored whole).
+resolve_parameters`). ``'auto'`` runs :mod:`sketchot.kernels.auto`'s one strategy with these
+builders, a sampled kernel check on the cluster (:func:`dask_kernel_error`) and only the
+records that run on Dask (:func:`dask_backends`): the low-rank ones at a doubling rank while
+their error falls, else the exact kernel (nothing is ever stored whole).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_dtype, check_float, check_rng
 from ..gibbs import gibbs_matmat
 from ..kernels import KernelOperator, available_backends, get_backend
-from ..kernels.auto import KERNEL_CHECK_ROWS, Attempt, adaptive_rank, choose_kernel
+from ..kernels.auto import KERNEL_CHECK_ROWS, Attempt, adaptive_rank, choose, kernel_judge
 from ..kernels.registry import resolve_parameters
 from .geometry import DaskGibbsGeometry, check_reg_and_clouds
 from .kernels import DaskExactKernel, DaskLowRankKernel, _tree_sum, per_chunk
@@ -110,12 +111,16 @@ def choose_dask_kernel(
     dtype: Any = np.float64,
     verbose: bool = False,
 ) -> tuple[KernelOperator, str, list[Attempt]]:
-    """``backend='auto'`` on Dask: :func:`~sketchot.kernels.auto.choose_kernel` without the
-    stored exact kernel. Returns ``(kernel, reason, attempts)``."""
-    return choose_kernel(
-        geometry, accuracy=accuracy, rng=rng, dtype=check_dtype(dtype), verbose=verbose,
-        build=build_dask_backend, measure=dask_kernel_error, store=False,
+    """``backend='auto'`` on Dask: :func:`~sketchot.kernels.auto.choose` over the backends that
+    run on Dask, without the stored exact kernel, each candidate judged by its sampled kernel
+    error on the cluster. Returns ``(kernel, reason, attempts)``."""
+    generator = check_rng(rng)
+    choice = choose(
+        geometry, kernel_judge(accuracy, generator, dask_kernel_error), accuracy=accuracy,
+        rng=generator, dtype=check_dtype(dtype), build=build_dask_backend,
+        measure=dask_kernel_error, store=False, among=dask_backends(), verbose=verbose,
     )  # fmt: skip
+    return choice.kernel, choice.reason, list(choice.attempts)
 
 
 def make_kernel_dask(

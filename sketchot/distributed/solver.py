@@ -104,9 +104,7 @@ def sinkhorn_dask(
         kernel = build_dask_kernel(geometry, backend, rng=rng, accuracy=accuracy, **backend_params)
     if options.verbose:
         print(f"sketchot.sinkhorn: built {kernel!r} in {kernel.info.build_time:.3f} s")
-    result = solve_dask(problem, kernel, options, rng=rng, reason=reason)
-    result.attempts = list(attempts)
-    return result
+    return solve_dask(problem, kernel, options, rng=rng, reason=reason, attempts=attempts)
 
 
 def sinkhorn_kernel_dask(
@@ -207,6 +205,7 @@ def solve_dask(
     *,
     rng: Any = None,
     reason: str = "",
+    attempts: Any = (),
 ) -> DaskSinkhornResult:
     """The Dask solve of a validated problem on a Dask operator: the engine's iteration,
     persisted results, scalar summary, sampled true-kernel check."""
@@ -274,6 +273,7 @@ def solve_dask(
         error_history=state.history,
         options=options.as_dict(),
         reason=reason,
+        attempts=list(attempts),
         notes=list(problem.notes),
         iteration_info={"strategy": state.strategy, **state.info},
         scalars=summary["scalars"],

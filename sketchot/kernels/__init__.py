@@ -1,6 +1,6 @@
 """Gibbs-kernel operators: one contract, one backend per module, one record per backend."""
 
-from . import exact, nystrom, polyts, rff  # noqa: F401  (registration side effects)
+from . import exact, local, nystrom, polyts, rff  # noqa: F401  (registration side effects)
 from .base import CAPABILITIES, DeferredPass, FusedPass, KernelInfo, KernelOperator
 from .build import build_kernel, make_kernel
 from .exact import ExactKernel

@@ -1,19 +1,35 @@
-"""Choosing a kernel representation from the problem: the kernel-level half of ``'auto'``.
+"""``'auto'``: the one strategy that chooses a kernel, reading what each backend's record
+declares (:class:`~sketchot.kernels.registry.Backend`) and measuring the rest.
 
-:func:`choose_kernel` (what ``make_kernel(..., backend='auto')`` does) tries the cheapest
-representation first and measures it: the exact kernel stored densely when ``n x m`` fits the
-dense budget; otherwise Nystrom with a rank that doubles until a sampled relative error of
-``K~ v`` against the true ``K v`` meets the target, while an iteration stays cheaper than an
-exact one; otherwise the exact kernel streamed in row blocks. The solver's ``'auto'``
-(:mod:`sketchot.solver.auto`) uses the same ladder but judges each rung by the TRUE-kernel
-marginal error of the solved scalings, which is what the user's accuracy means.
+Every ``'auto'`` of sketchot runs :func:`choose`: ``make_kernel(..., backend='auto')``,
+``sinkhorn(..., backend='auto')`` (:mod:`sketchot.solver.auto` passes a judge that solves),
+and both on Dask (:mod:`sketchot.distributed.builders`, limited to the records that run
+there); :func:`adaptive_rank` (``rank='auto'``) is its low-rank rung for one backend. The
+ladder, cheapest first, over the records ``'auto'`` may try (``auto_order`` set, the
+dimension within ``min_dimension``/``max_dimension``):
+
+1. the ``'exact'`` kind stored, when ``n x m`` is small (:data:`DIRECT_DENSE_ENTRIES`) and
+   fits the dense budget: a 2000-point problem is simply solved exactly;
+2. the ``'low_rank'`` kinds at ranks 64, 128, ... while an iteration stays cheaper than an
+   exact one (:func:`low_rank_ladder`); at each rank every such record is built and the one
+   with the smallest sampled kernel error (:func:`kernel_error`) is judged; the ladder stops
+   as soon as the measured rate of the error per doubling cannot reach the target
+   (:func:`worth_doubling`);
+3. the ``'local'`` kinds, when one of their iterations (the record's ``iteration_seconds``)
+   is cheaper than one of the exact kernel (timed on a few rows);
+4. the ``'exact'`` kind, stored when ``n x m`` fits the dense budget, streamed (its record's
+   ``streamed_params``) otherwise.
+
+A candidate is judged by the caller: the sampled kernel error for a kernel
+(:func:`kernel_judge`), the true-kernel check of the solve for a solve. The outcome carries
+what was chosen, why (``reason``) and every rung tried (``attempts``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,10 +39,17 @@ from .._memory import USABLE_FRACTION, available_bytes
 from .._validation import check_rng
 from ..gibbs import GibbsGeometry
 from .base import KernelOperator
-from .registry import build_backend
+from .registry import (
+    EXACT_KIND,
+    LOCAL_KIND,
+    LOW_RANK_KIND,
+    Backend,
+    auto_backends,
+    build_backend,
+    get_backend,
+)
 
-#: The low-rank backend of the ladder, and its first rank (doubled at each rung).
-LOW_RANK_BACKEND = "nystrom"
+#: The first rank of the low-rank rungs (doubled at each rung).
 FIRST_RANK = 64
 
 #: Rows and columns on which a kernel's products are compared with the true kernel.
@@ -36,6 +59,20 @@ KERNEL_CHECK_ROWS = 64
 #: considered stalled: the kernel is beyond low rank at this reg (the error of a global
 #: approximation is absolute, and Sinkhorn's scalings amplify it on the small entries).
 STALL_FACTOR = 2.0
+
+#: Up to this many kernel entries (5000 x 5000) the exact kernel is stored and used directly:
+#: its build and iterations then cost about what POT's dense solver costs.
+DIRECT_DENSE_ENTRIES = 25_000_000
+
+#: Rows timed to estimate one iteration of the exact kernel.
+TIMED_ROWS = 256
+
+#: Iterations over which the build of a stored exact kernel is counted in the comparison.
+BUILD_AMORTISED = 100
+
+#: A low-rank kernel whose sampled error exceeds the target by more than this factor is not
+#: judged (not solved): its scalings could not meet the target.
+HOPELESS_FACTOR = 10.0
 
 
 @dataclass(frozen=True)
@@ -56,6 +93,35 @@ class Attempt:
             f"{self.backend}({params}): error {self.error:.2g}, {self.seconds:.2f} s, {verdict}"
             + (f" ({self.note})" if self.note else "")
         )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A judge's answer on one candidate: the measured error, whether it is accepted, what
+    was measured (``note``), and the outcome (the kernel, or the solve's result; ``None``
+    when nothing came out)."""
+
+    error: float
+    accepted: bool
+    note: str
+    outcome: Any = None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What :func:`choose` chose: the outcome of the accepted (or final) candidate, its
+    kernel, why, and every rung tried."""
+
+    outcome: Any
+    kernel: KernelOperator
+    reason: str
+    attempts: tuple[Attempt, ...] = field(default_factory=tuple)
+
+
+#: ``judge(kernel, kind, error) -> Verdict``: ``kind`` is the record's kind, ``error`` the
+#: sampled kernel error (``nan`` when not measured); ``kind=None`` is the final exact kernel,
+#: used whatever it measures.
+Judge = Callable[[KernelOperator, "str | None", float], Verdict]
 
 
 def dense_budget_bytes() -> float:
@@ -98,6 +164,50 @@ def low_rank_ladder(n: int, m: int) -> list[int]:
     return ranks
 
 
+def worth_doubling(previous: float, error: float, target: float, rank: int, cap: int) -> bool:
+    """Whether doubling the rank can reach ``target`` before ``cap``, at the rate of the last
+    doubling (``previous`` -> ``error``)."""
+    gain = previous / error
+    if not gain >= STALL_FACTOR:
+        return False
+    if not np.isfinite(previous):
+        return True
+    doublings = np.log(error / target) / np.log(gain)
+    return rank * 2.0 ** np.ceil(doublings) <= cap
+
+
+def exact_iteration_seconds(geometry: GibbsGeometry, *, stored: bool) -> float:
+    """Seconds of one exact iteration, extrapolated from ``TIMED_ROWS`` rows: computing the
+    block's exponentials (streamed) or one product with it (stored), both sides."""
+    n = geometry.shape[0]
+    rows = slice(0, min(n, TIMED_ROWS))
+    start = time.perf_counter()
+    block = np.exp(geometry.log_block(rows))
+    computed = time.perf_counter() - start
+    start = time.perf_counter()
+    block @ np.ones(block.shape[1])
+    block.T @ np.ones(block.shape[0])
+    product = time.perf_counter() - start
+    # stored: one product per iteration plus the build, amortised over BUILD_AMORTISED
+    per_row = product + computed / BUILD_AMORTISED if stored else computed + product
+    return per_row / block.shape[0] * n
+
+
+def kernel_judge(accuracy: float, rng: Any = None, measure: Callable = kernel_error) -> Judge:
+    """The judge of a kernel alone: its sampled product error (``measure(kernel, rng)``, unless
+    the ladder measured it already) against ``accuracy``."""
+    generator = check_rng(rng)
+
+    def judge(kernel: KernelOperator, kind: str | None, error: float) -> Verdict:
+        if kind is None:
+            return Verdict(np.nan, True, "the exact kernel", kernel)
+        if np.isnan(error):
+            error = measure(kernel, generator)
+        return Verdict(error, bool(error <= accuracy), "sampled kernel error", kernel)
+
+    return judge
+
+
 def adaptive_rank(
     geometry: GibbsGeometry,
     backend: str,
@@ -110,78 +220,224 @@ def adaptive_rank(
     **params: Any,
 ) -> KernelOperator:
     """A low-rank backend at the smallest doubling rank (64, 128, ...) whose sampled kernel
-    error (:func:`kernel_error`) meets ``accuracy``; stops at :func:`max_useful_rank` or when
-    doubling no longer halves the error, and returns the last kernel built, with
-    ``info.reason`` saying which case it was. The reference is adaptive Nystrom with a
-    doubling trick (Altschuler, Bach, Rudi, Niles-Weed 2019), whose rank comes from an
-    effective-dimension bound; here it is measured.
+    error (:func:`kernel_error`) meets ``accuracy``: the low-rank rung of :func:`choose` for
+    one backend. It stops at :func:`max_useful_rank` or when doubling cannot reach the target
+    (:func:`worth_doubling`), and returns the last kernel built, with ``info.reason`` saying
+    which case it was. The reference is adaptive Nystrom with a doubling trick (Altschuler,
+    Bach, Rudi, Niles-Weed 2019), whose rank comes from an effective-dimension bound; here
+    it is measured.
 
     ``build(geometry, backend, rng=, dtype=, rank=, **params)`` and ``measure(kernel, rng)``
     default to the in-memory builder and check (a chunked geometry passes its own).
     """
     generator = check_rng(rng)
-    n, m = geometry.shape
-    previous = np.inf
-    kernel = None
-    for rank in low_rank_ladder(n, m):
-        kernel = build(geometry, backend, rng=generator, dtype=dtype, rank=rank, **params)
-        error = measure(kernel, generator)
-        if error <= accuracy:
-            kernel.info.reason = f"rank {rank}: sampled kernel error {error:.2g} <= {accuracy:g}"
-            return kernel
-        if previous / error < STALL_FACTOR:
-            break
-        previous = error
-    kernel.info.reason = (
-        f"rank {kernel.info.rank}: sampled kernel error {error:.2g} > {accuracy:g}, and a larger "
-        "rank would not pay (stalled, or costlier than the exact kernel)"
-    )
+    kernel, verdict, _ = _low_rank(
+        geometry, [(backend, params)], kernel_judge(accuracy, generator, measure), accuracy,
+        generator, dtype, build, measure, hopeless=np.inf, say=None,
+    )  # fmt: skip
+    if verdict.accepted:
+        kernel.info.reason = (
+            f"rank {kernel.info.rank}: sampled kernel error {verdict.error:.2g} <= {accuracy:g}"
+        )
+    else:
+        kernel.info.reason = (
+            f"rank {kernel.info.rank}: sampled kernel error {verdict.error:.2g} > {accuracy:g}, "
+            "and a larger rank would not pay (stalled, or costlier than the exact kernel)"
+        )
     return kernel
 
 
-def choose_kernel(
+def _low_rank(
+    geometry, candidates, judge, target, generator, dtype, build, measure, *, hopeless, say,
+    attempts=None,
+):  # fmt: skip
+    """The low-rank rungs: ``(kernel, verdict, rank)`` of the accepted rung, or of the last
+    one tried (``verdict.accepted`` False)."""
+    n, m = geometry.shape
+    ladder = low_rank_ladder(n, m)
+    previous = np.inf
+    kernel, verdict = None, Verdict(np.inf, False, "")
+    for rank in ladder:
+        start = time.perf_counter()
+        kernel, error = None, np.inf
+        for name, params in candidates:
+            built = build(geometry, name, rng=generator, dtype=dtype, rank=rank, **params)
+            built_error = measure(built, generator)
+            if kernel is None or built_error < error:
+                kernel, error = built, built_error
+        if error > hopeless * target:
+            verdict = Verdict(error, False, "sampled kernel error too large to solve")
+            progress, goal = error, hopeless * target
+        else:
+            verdict = judge(kernel, LOW_RANK_KIND, error)
+            progress = max(verdict.error, error) if np.isfinite(verdict.error) else error
+            goal = target
+        if attempts is not None:
+            attempts.append(
+                Attempt(kernel.info.backend, {"rank": rank}, verdict.error,
+                        time.perf_counter() - start, verdict.accepted, verdict.note)
+            )  # fmt: skip
+            say(str(attempts[-1]))
+        if verdict.accepted:
+            return kernel, verdict, rank
+        if not worth_doubling(previous, progress, goal, rank, ladder[-1]):
+            break
+        previous = progress
+    return kernel, verdict, None
+
+
+def escalate(
+    candidates: list[tuple[str, Callable[[], KernelOperator]]],
+    judge: Judge,
+    *,
+    skip: tuple[type[Exception], ...] = (),
+) -> Choice:
+    """The first candidate the judge accepts, in order, else the first one built: the ladder
+    of a backend's own ``'auto'`` (``polyts``'s ``variant='auto'``).
+
+    ``candidates`` are ``(backend, build)`` pairs, ``build()`` returning a kernel of that
+    registered backend (the judge is told its record's kind); a build that raises one of
+    ``skip`` (e.g. nothing to fit) is recorded and skipped, and raised again when no
+    candidate could be built.
+    """
+    attempts: list[Attempt] = []
+    first, failure = None, None
+    for name, build in candidates:
+        start = time.perf_counter()
+        try:
+            kernel = build()
+        except skip as error:
+            failure = failure or error
+            attempts.append(Attempt(name, {}, np.nan, time.perf_counter() - start, False,
+                                    f"not built: {error}"))  # fmt: skip
+            continue
+        verdict = judge(kernel, get_backend(name).kind, np.nan)
+        attempts.append(Attempt(name, {}, verdict.error, time.perf_counter() - start,
+                                verdict.accepted, verdict.note))  # fmt: skip
+        if verdict.accepted:
+            reason = f"{name}: {verdict.note} {verdict.error:.2g}, accepted"
+            return Choice(verdict.outcome, kernel, reason, tuple(attempts))
+        first = first or (kernel, verdict)
+    if first is None:
+        raise failure
+    kernel, verdict = first
+    tried = "; ".join(str(attempt) for attempt in attempts)
+    reason = f"{kernel.info.backend}: no candidate accepted ({tried}), the first one built"
+    return Choice(verdict.outcome, kernel, reason, tuple(attempts))
+
+
+def choose(
     geometry: GibbsGeometry,
+    judge: Judge,
     *,
     accuracy: float = DEFAULT_ACCURACY,
     rng: Any = None,
     dtype: Any = np.float64,
-    verbose: bool = False,
     build: Callable[..., KernelOperator] = build_backend,
     measure: Callable[[KernelOperator, Any], float] = kernel_error,
     store: bool = True,
-) -> tuple[KernelOperator, str, list[Attempt]]:
-    """The cheapest kernel whose sampled product error meets ``accuracy``.
+    among: Any = None,
+    verbose: bool = False,
+) -> Choice:
+    """Run the ladder (module notes) over the records ``'auto'`` may try.
 
-    ``build`` and ``measure`` as in :func:`adaptive_rank`; ``store=False`` (a geometry whose
-    kernel is never stored, e.g. on a cluster) skips the stored exact kernel.
-
-    Returns ``(kernel, reason, attempts)``.
+    Parameters
+    ----------
+    geometry : GibbsGeometry
+    judge : callable
+        ``judge(kernel, kind, sampled_error) -> Verdict`` (:data:`Judge`;
+        :func:`kernel_judge` for a kernel alone).
+    accuracy : float
+        The target of the judge (sets when a low-rank rung is hopeless).
+    build, measure
+        The builder and the sampled kernel check (a chunked geometry passes its own).
+    store : bool
+        Whether the exact kernel may be stored (``False`` on a cluster).
+    among : collection of str, optional
+        Only these backends (e.g. those that run on Dask).
+    verbose : bool
+        Print each rung as it is tried.
     """
     n, m = geometry.shape
-    attempts: list[Attempt] = []
+    d = geometry.X.shape[1]
     itemsize = np.dtype(dtype).itemsize
-    if store and n * m * itemsize <= dense_budget_bytes():
-        kernel = build(geometry, "exact", dtype=dtype)
-        reason = f"n x m = {n} x {m} fits the dense budget: the exact kernel, stored"
-        return kernel, reason, attempts
-    previous = np.inf
     generator = check_rng(rng)
-    for rank in low_rank_ladder(n, m):
-        start = time.perf_counter()
-        kernel = build(geometry, LOW_RANK_BACKEND, rng=generator, dtype=dtype, rank=rank)
-        error = measure(kernel, generator)
-        accepted = error <= accuracy
-        attempts.append(
-            Attempt(LOW_RANK_BACKEND, {"rank": rank}, error, time.perf_counter() - start, accepted)
-        )
+    attempts: list[Attempt] = []
+
+    def say(text: str) -> None:
         if verbose:
-            print(f"sketchot auto: {attempts[-1]}")
-        if accepted:
-            reason = f"{LOW_RANK_BACKEND} at rank {rank}: sampled kernel error {error:.2g}"
-            return kernel, reason, attempts
-        if error > accuracy and previous / error < STALL_FACTOR:
-            break
-        previous = error
-    kernel = build(geometry, "exact", dtype=dtype, max_dense_bytes=0)
-    reason = "no low rank met the target before costing more than the exact kernel: streamed"
-    return kernel, reason, attempts
+            print(f"sketchot auto: {text}")
+
+    def final(record: Backend, kernel: KernelOperator, reason: str) -> Choice:
+        kernel.info.reason = reason  # the solve knows auto chose it
+        say(f"chose {record.name}: {reason}")
+        outcome = judge(kernel, None, np.nan).outcome
+        return Choice(outcome, kernel, reason, tuple(attempts))
+
+    exact = auto_backends(EXACT_KIND, d, among)[0]
+    size = f"n x m = {n} x {m} ({n * m * itemsize / 2**20:.0f} MiB)"
+    dense_fits = store and n * m * itemsize <= dense_budget_bytes()
+    if dense_fits and n * m <= DIRECT_DENSE_ENTRIES:
+        kernel = build(geometry, exact.name, dtype=dtype)
+        return final(exact, kernel, f"{size} is small: the exact kernel, stored")
+
+    candidates = [(r.name, dict(r.auto_params)) for r in auto_backends(LOW_RANK_KIND, d, among)]
+    if candidates:
+        kernel, verdict, rank = _low_rank(
+            geometry, candidates, judge, accuracy, generator, dtype, build, measure,
+            hopeless=HOPELESS_FACTOR, say=say, attempts=attempts,
+        )  # fmt: skip
+        if verdict.accepted:
+            reason = (
+                f"{size} is above the direct exact size; {kernel.info.backend} at rank {rank} "
+                f"meets accuracy={accuracy:g} ({verdict.note} {verdict.error:.2g})"
+            )
+            say(f"chose {kernel.info.backend}: {reason}")
+            return Choice(verdict.outcome, kernel, reason, tuple(attempts))
+
+    local = auto_backends(LOCAL_KIND, d, among)
+    exact_seconds = exact_iteration_seconds(geometry, stored=dense_fits) if local else np.inf
+    for record in local:
+        start = time.perf_counter()
+        kernel = build(geometry, record.name, rng=generator, dtype=dtype, **record.auto_params)
+        seconds = record.iteration_seconds(kernel) if record.iteration_seconds is not None else 0.0
+        if seconds < exact_seconds:
+            say(f"{record.name}: about {seconds:.2g} s per iteration")
+            verdict = judge(kernel, record.kind, np.nan)
+        else:
+            verdict = Verdict(
+                np.nan, False,
+                f"not solved: an iteration would take {seconds:.2g} s against "
+                f"{exact_seconds:.2g} s for the exact kernel",
+            )  # fmt: skip
+        attempts.append(
+            Attempt(record.name, dict(record.auto_params), verdict.error,
+                    time.perf_counter() - start, verdict.accepted, verdict.note)
+        )  # fmt: skip
+        say(str(attempts[-1]))
+        if verdict.accepted:
+            reason = (
+                f"no global low rank meets the accuracy at this reg; {record.name} "
+                f"({record.summary}; an iteration {seconds:.2g} s against "
+                f"{exact_seconds:.2g} s exact) does ({verdict.note} {verdict.error:.2g})"
+            )
+            say(f"chose {record.name}: {reason}")
+            return Choice(verdict.outcome, kernel, reason, tuple(attempts))
+
+    if dense_fits:
+        kernel = build(geometry, exact.name, dtype=dtype)
+        reason = (
+            f"no cheaper kernel meets the accuracy; {size} fits the dense budget: the exact "
+            "kernel, stored"
+        )
+        return final(exact, kernel, reason)
+    kernel = build(geometry, exact.name, dtype=dtype, **exact.streamed_params)
+    # one estimate everywhere: a pass each way (as the solve's own announcement says)
+    if kernel.info.seconds_per_pass is not None:
+        say(f"the exact kernel streamed: about {2 * kernel.info.seconds_per_pass:.2g} s per "
+            "iteration")  # fmt: skip
+    reason = (
+        f"{size} too large to store and no low rank met the target while cheaper than the "
+        "exact kernel: the exact kernel, streamed"
+    )
+    return final(exact, kernel, reason)

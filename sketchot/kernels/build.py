@@ -1,5 +1,5 @@
 """Building operators: :func:`make_kernel` from point clouds, :func:`build_kernel` from a
-validated geometry; ``backend='auto'`` and ``rank='auto'`` go to :mod:`.auto`'s ladders,
+validated geometry; ``backend='auto'`` and ``rank='auto'`` go to :mod:`.auto`'s strategy,
 fixed parameters to :func:`~sketchot.kernels.registry.build_backend`."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from .._defaults import DEFAULT_ACCURACY
-from .._validation import check_dtype, check_float, check_matrix
+from .._validation import check_dtype, check_float, check_matrix, check_rng
 from ..gibbs import GibbsGeometry
-from .auto import adaptive_rank, choose_kernel
+from .auto import adaptive_rank, choose, kernel_judge
 from .registry import build_backend, resolve_parameters
 
 
@@ -41,9 +41,10 @@ def make_kernel(
     backend : str, default='auto'
         One of :func:`available_backends`, or ``'auto'``: the cheapest representation whose
         sampled product error meets ``accuracy`` (keyword, default 1e-3): the exact kernel
-        stored when ``n x m`` fits 1 GiB, else Nystrom with a doubling rank, else the exact
-        kernel streamed (:func:`sketchot.kernels.auto.choose_kernel`; ``info.reason`` says
-        which and why).
+        stored when ``n x m`` is small, else the low-rank backends at a doubling rank, else
+        the block-local kernel when an iteration of it is cheaper than an exact one, else
+        the exact kernel, stored when it fits 1 GiB, streamed otherwise
+        (:func:`sketchot.kernels.auto.choose`; ``info.reason`` says which and why).
     rng : None, int, Generator, ...
         Randomness of the approximation (``numpy.random.default_rng`` semantics).
     dtype : numpy.float64 or numpy.float32
@@ -74,9 +75,13 @@ def make_kernel(
                 "backend='auto' chooses its own parameters; it accepts only accuracy= "
                 f"(got {', '.join(sorted(params)) or 'rank'})"
             )
-        kernel, reason, _ = choose_kernel(geometry, accuracy=accuracy, rng=rng, dtype=dtype)
-        kernel.info.reason = reason
-        return kernel
+        generator = check_rng(rng)
+        choice = choose(
+            geometry, kernel_judge(accuracy, generator), accuracy=accuracy, rng=generator,
+            dtype=check_dtype(dtype),
+        )  # fmt: skip
+        choice.kernel.info.reason = choice.reason
+        return choice.kernel
     return build_kernel(
         geometry, backend, rng=rng, dtype=dtype, rank=rank, accuracy=accuracy, **params
     )

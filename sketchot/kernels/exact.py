@@ -287,6 +287,8 @@ class AbsorbedExactKernel(ExactKernel):
     "exact",
     signed=False,
     exact=True,
+    auto_order=0,
+    streamed_params={"max_dense_bytes": 0},
     memory=lambda n, m, d, params, itemsize: (
         min(n * m * itemsize, params["max_dense_bytes"]) + (n + m) * d * 8 * 3
     ),

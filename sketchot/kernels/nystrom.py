@@ -130,6 +130,7 @@ def nystrom_maps(
     "the kernel's width sqrt(reg)); below reg ~ 0.1 x the squared spread no rank suffices: "
     "use backend='exact' or 'auto'",
     summary="Nystrom, greedy k-center landmarks from both clouds",
+    auto_order=0,
 )
 def build_nystrom(
     geometry: GibbsGeometry,

@@ -7,12 +7,15 @@
   TensorSketches with calibrated per-degree sizes for the rest, coefficients fitted for
   relative error (:class:`~sketchot.sketch.GaussianPolySketch`): thin factors of rank
   ``rank``;
-* ``'local'``: the block-local expansion around cluster centres
-  (:class:`~sketchot.kernels.local.LocalPolyKernel`): every entry to a relative ``~1e-9`` at
-  any reg, in dimension ``d <= 4``;
+* ``'local'``: an alias of the backend ``'polyts_local'`` at its defaults, the block-local
+  expansion around cluster centres (:class:`~sketchot.kernels.local.LocalPolyKernel`): every
+  entry to a relative ``~1e-9`` at any reg, in dimension ``d <= 4``; its own parameters
+  (``tau``, ``rtol``, ``max_features``) are reachable as ``backend='polyts_local'``;
 * ``'auto'`` (default): ``'improved'`` when its sampled product error meets ``accuracy``,
-  otherwise ``'local'`` where the dimension allows it, otherwise ``'improved'`` (the
-  solver's true-kernel check then reports the miss).
+  otherwise ``'polyts_local'`` where its record's dimension bound allows it and it meets
+  ``accuracy``, otherwise ``'improved'`` (the solver's true-kernel check then reports the
+  miss): :func:`sketchot.kernels.auto.escalate` with the sampled check of
+  ``backend='auto'``.
 """
 
 from __future__ import annotations
@@ -25,19 +28,19 @@ from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_choice, check_float, check_int, check_rng
 from ..gibbs import GibbsGeometry
 from ..sketch import GaussianPolySketch, VanishingFunctionError
-from .auto import kernel_error
+from .auto import escalate, kernel_judge
 from .base import KernelInfo, KernelOperator
 from .local import build_local
 from .lowrank import FactorMaps, low_rank_from_maps
-from .registry import PAPER_DEGREE, PAPER_SKETCH_DIM, register_backend
+from .registry import PAPER_DEGREE, PAPER_SKETCH_DIM, get_backend, register_backend
 
 #: The paper's coreset size (k = 10); clipped to the number of points when not given.
 DEFAULT_CORESET_SIZE = 10
 
 VARIANTS = ("auto", "improved", "paper", "local")
 
-#: Largest dimension of the block-local variant at its default degree (C(9 + d, d) <= 1000).
-LOCAL_MAX_DIMENSION = 4
+#: The backend ``variant='local'`` stands for, and ``variant='auto'`` falls back to.
+LOCAL_BACKEND = "polyts_local"
 
 
 def _memory(n: int, m: int, d: int, params: dict[str, Any], itemsize: int) -> float:
@@ -98,9 +101,14 @@ def polyts_maps(
     test_params={"sketch_dim": 8, "degree": 3, "variant": "improved"},
     memory=_memory,
     factor_maps=polyts_maps,
-    advice="its global variants only help at large reg (>= the squared spread of the data); "
-    "below it variant='local' (d <= 4) is accurate at any reg",
-    summary="polynomial expansions: the paper's Coreset-TS, an improved sketch, a block-local form",
+    advice="it only helps at large reg (>= the squared spread of the data); below it "
+    "backend='polyts_local' (d <= 4) is accurate at any reg",
+    summary="polynomial sketches: the paper's Coreset-TS, an improved sketch",
+    auto_order=1,
+    auto_params={"variant": "improved"},
+    # it beat Nystrom at equal rank on isotropic data from d = 20 on
+    # (benchmarks/results/kernel_approx.md); below, Nystrom won every case measured
+    min_dimension=20,
 )
 def build_polyts(
     geometry: GibbsGeometry,
@@ -153,35 +161,25 @@ def build_polyts(
     ``O((n + m) rank)``. Local: see :class:`~sketchot.kernels.local.LocalPolyKernel`.
     """
     check_choice(variant, "variant", VARIANTS)
-    d = geometry.X.shape[1]
     if variant == "local":
         return build_local(geometry, rng=rng, dtype=dtype)
     chosen = "improved" if variant == "auto" else variant
-    local_possible = variant == "auto" and d <= LOCAL_MAX_DIMENSION
-    try:
-        kernel = low_rank_from_maps(geometry, _global_maps(
+
+    def build_global() -> KernelOperator:
+        return low_rank_from_maps(geometry, _global_maps(
             geometry, rng, dtype, sketch_dim, degree, coreset_size, coefficients, regularizer,
             nonnegative, taylor_center, center, chosen, rank,
         ))  # fmt: skip
-    except VanishingFunctionError as error:
-        if not local_possible:
-            raise
-        local = build_local(geometry, rng=rng, dtype=dtype)
-        local.info.reason = f"no global sketch ({error}): block-local expansion"
-        return local
+
     if variant != "auto":
-        return kernel
+        return build_global()
     accuracy = check_float(accuracy, "accuracy", positive=True)
-    error = kernel_error(kernel, rng)
-    if error <= accuracy or not local_possible:
-        kernel.info.reason = f"global improved sketch: sampled product error {error:.2g}"
-        return kernel
-    local = build_local(geometry, rng=rng, dtype=dtype)
-    local.info.reason = (
-        f"the global sketch's sampled product error {error:.2g} misses {accuracy:g}: "
-        "block-local expansion"
-    )
-    return local
+    candidates = [("polyts", build_global)]
+    if get_backend(LOCAL_BACKEND).applies_to(geometry.X.shape[1]):
+        candidates.append((LOCAL_BACKEND, lambda: build_local(geometry, rng=rng, dtype=dtype)))
+    choice = escalate(candidates, kernel_judge(accuracy, rng), skip=(VanishingFunctionError,))
+    choice.kernel.info.reason = choice.reason
+    return choice.kernel
 
 
 def _global_maps(

@@ -77,6 +77,24 @@ class Backend:
         What to try when its true-kernel check misses the target (shown in warnings).
     summary : str
         One line for tables and ``--help``.
+    kind : {'exact', 'low_rank', 'local'}
+        What ``'auto'`` (:mod:`sketchot.kernels.auto`) does with it: the true kernel (tried
+        first on small problems and last otherwise), a global low rank (tried at a doubling
+        rank while it pays), or an accurate kernel of its own cost (tried when a timed
+        iteration beats the exact kernel's). Default: ``'exact'`` when ``exact``,
+        ``'low_rank'`` with a ``rank_parameter``, ``'local'`` otherwise.
+    auto_order : float or None
+        Its place in ``'auto'``'s ladder among records of the same kind (smaller first);
+        ``None``: ``'auto'`` never tries it.
+    auto_params : mapping
+        Parameters ``'auto'`` builds it with (besides the rank).
+    streamed_params : mapping
+        For the exact kind: parameters that stream the kernel instead of storing it.
+    min_dimension, max_dimension : int or None
+        Dimensions ``d`` where ``'auto'`` tries it (``None``: no bound).
+    iteration_seconds : callable or None
+        ``kernel -> seconds`` of one timed iteration; ``'auto'`` tries a ``'local'`` record
+        only when it beats the exact kernel's estimate.
     """
 
     name: str
@@ -93,7 +111,23 @@ class Backend:
     factor_maps: Callable[..., Any] | None = None
     advice: str = ""
     summary: str = ""
+    kind: str = "low_rank"
+    auto_order: float | None = None
+    auto_params: Mapping[str, Any] = field(default_factory=dict)
+    streamed_params: Mapping[str, Any] = field(default_factory=dict)
+    min_dimension: int | None = None
+    max_dimension: int | None = None
+    iteration_seconds: Callable[[Any], float] | None = None
 
+    def applies_to(self, dimension: int) -> bool:
+        """Whether ``'auto'`` tries it in dimension ``dimension``."""
+        return (self.min_dimension is None or dimension >= self.min_dimension) and (
+            self.max_dimension is None or dimension <= self.max_dimension
+        )
+
+
+#: The kinds of backend ``'auto'`` knows (:attr:`Backend.kind`).
+EXACT_KIND, LOW_RANK_KIND, LOCAL_KIND = KINDS = ("exact", "low_rank", "local")
 
 _REGISTRY: dict[str, Backend] = {}
 
@@ -113,6 +147,13 @@ def register_backend(
     factor_maps: Callable[..., Any] | None = None,
     advice: str = "",
     summary: str = "",
+    kind: str | None = None,
+    auto_order: float | None = None,
+    auto_params: Mapping[str, Any] | None = None,
+    streamed_params: Mapping[str, Any] | None = None,
+    min_dimension: int | None = None,
+    max_dimension: int | None = None,
+    iteration_seconds: Callable[[Any], float] | None = None,
 ) -> Any:
     """Register a backend by name (usable as a decorator when ``builder`` is omitted).
 
@@ -128,7 +169,8 @@ def register_backend(
         The parameter that sets the number of features; with it, ``rank=`` works for this
         backend (``params_for_rank`` defaults to ``{rank_parameter: rank}``).
     sizing_parameters, params_for_rank, paper_cost, signed, exact, test_params, memory,
-    factor_maps, advice, summary
+    factor_maps, advice, summary, kind, auto_order, auto_params, streamed_params,
+    min_dimension, max_dimension, iteration_seconds
         See :class:`Backend`.
 
     Returns
@@ -164,6 +206,13 @@ def register_backend(
                 f"rank_parameter must be one of the builder's parameters {sorted(defaults)}; "
                 f"got {rank_parameter!r}"
             )
+        chosen_kind = kind or (
+            EXACT_KIND if exact else LOW_RANK_KIND if rank_parameter is not None else LOCAL_KIND
+        )
+        if chosen_kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}; got {describe(kind)}")
+        if chosen_kind == LOW_RANK_KIND and rank_parameter is None:
+            raise ValueError("a backend of kind 'low_rank' needs a rank_parameter")
         for_rank = params_for_rank
         if for_rank is None and rank_parameter is not None:
 
@@ -187,6 +236,13 @@ def register_backend(
             factor_maps=factor_maps,
             advice=advice,
             summary=summary,
+            kind=chosen_kind,
+            auto_order=auto_order,
+            auto_params=MappingProxyType(dict(auto_params or {})),
+            streamed_params=MappingProxyType(dict(streamed_params or {})),
+            min_dimension=min_dimension,
+            max_dimension=max_dimension,
+            iteration_seconds=iteration_seconds,
         )
         return function
 
@@ -218,6 +274,24 @@ def get_backend(name: Any) -> Backend:
             f"got {describe(name)}"
         )
     return _REGISTRY[name]
+
+
+def auto_backends(kind: str, dimension: int, among: Any = None) -> tuple[Backend, ...]:
+    """The records of a kind that ``'auto'`` tries in dimension ``dimension``, in their
+    declared order (``among``: only these names, e.g. the backends that run on Dask)."""
+    return tuple(
+        sorted(
+            (
+                record
+                for record in _REGISTRY.values()
+                if record.kind == kind
+                and record.auto_order is not None
+                and record.applies_to(dimension)
+                and (among is None or record.name in among)
+            ),
+            key=lambda record: (record.auto_order, record.name),
+        )
+    )
 
 
 def backend_parameters(backend: str) -> tuple[str, ...]:

@@ -236,7 +236,7 @@ def test_comparable_parameters_are_the_papers():
             "sinkhorn",
             {},
             ValueError,
-            "backend must be 'auto' or one of 'exact', 'nystrom', 'polyts', 'rff'",
+            "backend must be 'auto' or one of 'exact', 'nystrom', 'polyts', 'polyts_local', 'rff'",
         ),
         ("rff", {"sketch_dim": 3}, TypeError, "unexpected parameter.*'sketch_dim'.*n_features"),
         ("rff", {"n_features": 0}, ValueError, "n_features must be >= 1"),

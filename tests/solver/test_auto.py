@@ -11,7 +11,6 @@ import sketchot
 from sketchot.color import load_image, sample_pixels
 from sketchot.kernels import available_backends, get_backend
 
-solver_auto = importlib.import_module("sketchot.solver.auto")
 kernels_auto = importlib.import_module("sketchot.kernels.auto")
 
 
@@ -30,7 +29,7 @@ def test_a_problem_that_fits_is_solved_exactly(clouds):
 
 def test_large_reg_takes_a_low_rank_kernel(clouds, monkeypatch, capsys):
     X, Y = clouds
-    monkeypatch.setattr(solver_auto, "dense_budget_bytes", lambda: 0)  # as if n x m were huge
+    monkeypatch.setattr(kernels_auto, "dense_budget_bytes", lambda: 0)  # as if n x m were huge
     res = sketchot.sinkhorn(None, None, X, Y, reg=1.0, rng=0, verbose=True)
     assert res.backend == "nystrom" and res.accuracy_met
     assert res.attempts and res.attempts[-1].accepted
@@ -45,15 +44,15 @@ def test_small_reg_takes_the_block_local_kernel(monkeypatch):
     rng = np.random.default_rng(4)
     X = sample_pixels(load_image("images/default_source.png"), 1500, rng=rng).colors
     Y = sample_pixels(load_image("images/default_target.png"), 1500, rng=rng).colors
-    monkeypatch.setattr(solver_auto, "dense_budget_bytes", lambda: 0)  # as if n x m were huge
-    monkeypatch.setattr(solver_auto, "DIRECT_DENSE_ENTRIES", 0)
+    monkeypatch.setattr(kernels_auto, "dense_budget_bytes", lambda: 0)  # as if n x m were huge
+    monkeypatch.setattr(kernels_auto, "DIRECT_DENSE_ENTRIES", 0)
     res = sketchot.sinkhorn(None, None, X, Y, reg=0.01, rng=0)
     low_rank = [a for a in res.attempts if a.backend == "nystrom"]
     assert low_rank and not any(a.accepted for a in low_rank)
-    local = [a for a in res.attempts if a.backend == "polyts"]
+    local = [a for a in res.attempts if a.backend == "polyts_local"]
     assert local, "the block-local kernel must be tried in 3-D"
     if local[0].accepted:  # it was timed cheaper than the exact kernel, and met the target
-        assert res.backend == "polyts" and "block-local" in res.reason
+        assert res.backend == "polyts_local" and "block-local" in res.reason
     else:  # timed costlier: the note says so and the exact kernel is used
         assert res.backend == "exact" and "not solved" in local[0].note
     assert res.accuracy_met
@@ -62,8 +61,8 @@ def test_small_reg_takes_the_block_local_kernel(monkeypatch):
 def test_above_the_local_dimension_limit_it_streams_the_exact_kernel(monkeypatch):
     rng = np.random.default_rng(12)
     X, Y = rng.random((300, 5)), rng.random((250, 5))
-    monkeypatch.setattr(solver_auto, "dense_budget_bytes", lambda: 0)
-    monkeypatch.setattr(solver_auto, "DIRECT_DENSE_ENTRIES", 0)
+    monkeypatch.setattr(kernels_auto, "dense_budget_bytes", lambda: 0)
+    monkeypatch.setattr(kernels_auto, "DIRECT_DENSE_ENTRIES", 0)
     res = sketchot.sinkhorn(None, None, X, Y, reg=0.005, rng=0)
     assert res.backend == "exact" and "streamed" in res.reason and res.accuracy_met
     assert all(a.backend == "nystrom" for a in res.attempts)
@@ -125,3 +124,55 @@ def test_a_low_rank_attempt_with_a_non_positive_denominator_is_dropped_at_once()
     assert res.safeguard == {"policy": "raise", "rows_repaired": 0, "cols_repaired": 0,
                              "clipped": 0, "faults": 0}  # fmt: skip
     assert res.options["safeguard"] == "exact"
+
+
+def test_the_block_local_kernel_is_its_own_record_and_the_polyts_variant_an_alias(clouds):
+    X, Y = clouds
+    record = get_backend("polyts_local")
+    assert record.kind == "local" and record.max_dimension == 4
+    assert {"tau", "rtol", "max_features"} <= set(record.defaults)
+    kernel = sketchot.make_kernel(X, Y, 0.05, "polyts_local", tau=2.0, rtol=1e-6, rng=0)
+    assert kernel.info.backend == "polyts_local"
+    assert kernel.info.params["tau"] == 2.0 and kernel.info.params["rtol"] == 1e-6
+    alias = sketchot.make_kernel(X, Y, 0.05, "polyts", variant="local", rng=0)
+    assert alias.info.backend == "polyts_local" and alias.info.params["rtol"] == 1e-9
+
+
+def test_auto_tries_what_the_records_declare(clouds, monkeypatch):
+    """A registered low-rank backend with an ``auto_order`` before Nystrom's is kept (at equal
+    sampled error the earlier record wins); without one, ``auto`` never tries it: the strategy
+    reads the records, not names."""
+    from sketchot.kernels.registry import build_backend
+
+    X, Y = clouds
+
+    def landmark_rows(geometry, *, rng=None, dtype=np.float64, n_rows=10):
+        kernel = build_backend(geometry, "nystrom", rng=rng, dtype=dtype, n_landmarks=n_rows)
+        kernel.info.backend = "landmark_rows"
+        return kernel
+
+    monkeypatch.setattr(kernels_auto, "dense_budget_bytes", lambda: 0)  # as if n x m were huge
+    for order, expected in ((-1, "landmark_rows"), (None, "nystrom")):
+        sketchot.register_backend(
+            "landmark_rows", landmark_rows, rank_parameter="n_rows", auto_order=order
+        )
+        try:
+            kernel = sketchot.make_kernel(X, Y, 1.0, rng=0)
+            res = sketchot.sinkhorn(None, None, X, Y, reg=1.0, rng=0)
+        finally:
+            sketchot.unregister_backend("landmark_rows")
+        assert kernel.info.backend == expected and res.backend == expected
+        assert res.attempts[0].backend == expected and res.attempts[-1].accepted
+
+
+def test_polyts_auto_escalates_to_the_block_local_record_within_its_dimension():
+    """At reg = 0.01 on the unit cube no global sketch is accurate: in 3-D polyts' 'auto'
+    takes polyts_local (d <= its record's max_dimension), in 6-D it keeps the global sketch
+    and says that nothing met the target (the solver's check then reports the miss)."""
+    rng = np.random.default_rng(0)
+    X, Y = rng.random((300, 3)), rng.random((200, 3))
+    kernel = sketchot.make_kernel(X, Y, 0.01, "polyts", rng=0)
+    assert kernel.info.backend == "polyts_local" and "accepted" in kernel.info.reason
+    X, Y = rng.random((300, 6)), rng.random((200, 6))
+    kernel = sketchot.make_kernel(X, Y, 0.01, "polyts", rng=0)
+    assert kernel.info.backend == "polyts" and "no candidate accepted" in kernel.info.reason
