@@ -25,7 +25,7 @@ import numpy as np
 from .._defaults import DEFAULT_ACCURACY
 from .._memory import check_fits
 from .._validation import check_dtype, check_int, describe, unknown_names
-from ..gibbs import GibbsGeometry
+from ..gibbs import Cost, GibbsGeometry
 
 #: The paper's Sinkhorn setting (Han et al. 2020, Section 4.3): sketch dimension and degree.
 PAPER_SKETCH_DIM = 20
@@ -77,6 +77,10 @@ class Backend:
         What to try when its true-kernel check misses the target (shown in warnings).
     summary : str
         One line for tables and ``--help``.
+    metrics : tuple of str or 'any'
+        The costs its kernel represents, by name (:data:`~sketchot.gibbs.METRICS`;
+        ``'callable'`` for a callable cost), or ``'any'``: it builds the Gibbs kernel of
+        whatever cost the geometry carries. Building it on another cost is refused.
     """
 
     name: str
@@ -93,6 +97,11 @@ class Backend:
     factor_maps: Callable[..., Any] | None = None
     advice: str = ""
     summary: str = ""
+    metrics: tuple[str, ...] | str = ("sqeuclidean",)
+
+    def supports(self, cost: Cost) -> bool:
+        """Whether its kernel represents ``cost``."""
+        return self.metrics == "any" or cost.name in self.metrics
 
 
 _REGISTRY: dict[str, Backend] = {}
@@ -113,6 +122,7 @@ def register_backend(
     factor_maps: Callable[..., Any] | None = None,
     advice: str = "",
     summary: str = "",
+    metrics: tuple[str, ...] | str = ("sqeuclidean",),
 ) -> Any:
     """Register a backend by name (usable as a decorator when ``builder`` is omitted).
 
@@ -128,7 +138,7 @@ def register_backend(
         The parameter that sets the number of features; with it, ``rank=`` works for this
         backend (``params_for_rank`` defaults to ``{rank_parameter: rank}``).
     sizing_parameters, params_for_rank, paper_cost, signed, exact, test_params, memory,
-    factor_maps, advice, summary
+    factor_maps, advice, summary, metrics
         See :class:`Backend`.
 
     Returns
@@ -159,6 +169,12 @@ def register_backend(
             for key, p in inspect.signature(function).parameters.items()
             if p.kind is inspect.Parameter.KEYWORD_ONLY and key not in ("rng", "dtype")
         }
+        if metrics != "any" and (
+            isinstance(metrics, str) or not all(isinstance(m, str) for m in metrics)
+        ):
+            raise ValueError(
+                f"metrics must be 'any' or a tuple of metric names; got {describe(metrics)}"
+            )
         if rank_parameter is not None and rank_parameter not in defaults:
             raise ValueError(
                 f"rank_parameter must be one of the builder's parameters {sorted(defaults)}; "
@@ -187,6 +203,7 @@ def register_backend(
             factor_maps=factor_maps,
             advice=advice,
             summary=summary,
+            metrics=metrics if metrics == "any" else tuple(metrics),
         )
         return function
 
@@ -292,6 +309,20 @@ def resolve_parameters(
     return record, params
 
 
+def check_metric(record: Backend, cost: Cost) -> None:
+    """Refuse a backend whose record does not declare the problem's cost, naming those that
+    do."""
+    if record.supports(cost):
+        return
+    able = [name for name, other in sorted(_REGISTRY.items()) if other.supports(cost)]
+    declared = record.metrics if isinstance(record.metrics, tuple) else ()
+    supported = " or ".join(f"metric={name!r}" for name in declared) or "no metric"
+    raise ValueError(
+        f"backend {record.name!r} supports {supported} only; got {cost}; use "
+        f"backend={' or '.join(map(repr, able))}"
+    )
+
+
 def build_backend(
     geometry: GibbsGeometry,
     backend: str,
@@ -306,6 +337,7 @@ def build_backend(
     ``rank`` or none), its memory checked first, with ``info.build_time`` set."""
     dtype = check_dtype(dtype)
     record, params = resolve_parameters(backend, params, rank=rank, accuracy=accuracy)
+    check_metric(record, geometry.cost)
     # the size parameter a refusal names: the one the caller passed (rank= or the backend's)
     sized_by = (
         "rank"

@@ -32,7 +32,7 @@ import numpy as np
 from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_rng
 from ..gibbs import GibbsGeometry
-from ..kernels import build_kernel
+from ..kernels import build_kernel, get_backend
 from ..kernels.auto import (
     LOW_RANK_BACKEND,
     STALL_FACTOR,
@@ -112,6 +112,8 @@ def solve_auto(
         return finish(solve(problem, kernel, options, rng=rng), reason)
 
     generator = check_rng(rng)
+    # only backends whose record declares the problem's cost (exact and Nystrom take any)
+    polynomial = get_backend("polyts").supports(geometry.cost)
     quiet = dataclasses.replace(options, warn=False, errors="warn", verbose=False)
     # Low-rank attempts: a kernel whose denominators go non-positive is rejected at once
     # (repairs cost exact rows, and such a kernel was not accurate on the measured cases),
@@ -124,7 +126,7 @@ def solve_auto(
         start = time.perf_counter()
         kernel = build_kernel(geometry, LOW_RANK_BACKEND, rng=generator, dtype=dtype, rank=rank)
         error = kernel_error(kernel, generator)
-        if geometry.X.shape[1] >= SKETCH_MIN_DIMENSION:
+        if geometry.X.shape[1] >= SKETCH_MIN_DIMENSION and polynomial:
             # in higher dimension the improved polynomial sketch can beat Nystrom at equal
             # rank (isotropic data): measure both, keep the more accurate
             sketch = build_kernel(
@@ -166,7 +168,7 @@ def solve_auto(
         previous = max(measured, error)
 
     exact_seconds = exact_iteration_seconds(geometry, stored=dense_fits)
-    if geometry.X.shape[1] <= LOCAL_MAX_DIMENSION:
+    if geometry.X.shape[1] <= LOCAL_MAX_DIMENSION and polynomial:
         start = time.perf_counter()
         kernel = build_kernel(geometry, "polyts", rng=generator, dtype=dtype, variant="local")
         local_seconds = local_iteration_seconds(kernel)
