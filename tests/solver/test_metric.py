@@ -106,6 +106,26 @@ def test_every_entry_point_and_make_kernel_take_the_metric(clouds):
     assert unbalanced.value_linear == pytest.approx(float(np.sum(ref * M)), abs=1e-8)
 
 
+def test_streamed_annealed_and_mapped_exact_paths_use_the_metric(clouds):
+    """The streamed exact kernel with an epsilon schedule at a small reg (cost / reg up to
+    ~500: the absorbed, log-form path) solves POT's log-domain problem: <P, M> to 1e-8 (both
+    converged to 1e-12); the barycentric map is the plan's (P Y) / (P 1) to 1e-10."""
+    a, b, X, Y = clouds
+    M = ot.dist(X, Y, metric="cityblock")
+    reg = 0.005
+    P = ot.sinkhorn(a, b, M, reg, method="sinkhorn_log", stopThr=1e-13, numItermax=100_000)
+    res = sketchot.sinkhorn(
+        a, b, X, Y, reg, "exact", metric="cityblock", max_dense_bytes=0,
+        epsilon_scaling=True, tol=1e-12, max_iter=20_000,
+    )  # fmt: skip
+    assert res.converged
+    assert res.value_linear == pytest.approx(float(np.sum(P * M)), abs=1e-8)
+    plan = res.plan
+    np.testing.assert_allclose(
+        res.barycentric_map(), (plan @ Y) / plan.sum(1)[:, None], rtol=1e-10, atol=1e-12
+    )
+
+
 @pytest.mark.parametrize("backend", ["rff", "polyts"])
 def test_polynomial_and_fourier_backends_refuse_other_metrics_by_name(clouds, backend):
     a, b, X, Y = clouds
