@@ -328,10 +328,11 @@ class GibbsGeometry:
                 return  # a callable's largest cost is computed when first asked for
             cost = self.max_cost()
         if not np.isfinite(cost):  # each cloud squares finely, but not their distances
+            power = "s**2" if self.cost.sqeuclidean else "s"  # the named costs' homogeneity
             raise ValueError(
                 f"the costs ({self.cost}) between X and Y overflow float64 (largest |value| "
                 f"{max(np.abs(X).max(), np.abs(Y).max()):.3g}): rescale the points, e.g. "
-                "divide X, Y by s and reg by s**2 (the same squared-Euclidean kernel)"
+                f"divide X, Y by s and reg by {power} (the same kernel)"
             )
         with np.errstate(over="ignore", divide="ignore"):
             scale = cost / self.reg
