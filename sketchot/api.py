@@ -32,6 +32,17 @@ def _distributed():
     return distributed
 
 
+def _refuse_metric(metric: Any, p: Any) -> None:
+    """Dask solves and kernels use the squared-Euclidean cost only."""
+    if not (isinstance(metric, str) and metric == "sqeuclidean"):
+        name = metric if isinstance(metric, str) else "a callable"
+        raise NotImplementedError(
+            f"metric={name!r} is not implemented on Dask arrays (squared Euclidean only); "
+            "compute the clouds (numpy arrays) to solve with another metric"
+        )
+    del p
+
+
 def _on_dask(kernel: Any, *weights: Any) -> bool:
     """Whether a solve on ``kernel`` runs with Dask: a kernel built on Dask clouds, or Dask
     weights."""
@@ -50,13 +61,18 @@ def sinkhorn(
     *,
     reg_m: Any = None,
     rng: Any = None,
+    metric: Any = "sqeuclidean",
+    p: float = 2.0,
     **kwargs: Any,
 ):
     if any_dask(a, b, X, Y):
+        _refuse_metric(metric, p)
         return _distributed().sinkhorn_dask(
             a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, **kwargs
         )
-    return sinkhorn_in_memory(a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, **kwargs)
+    return sinkhorn_in_memory(
+        a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, metric=metric, p=p, **kwargs
+    )
 
 
 @wraps(sinkhorn2_in_memory)
@@ -70,9 +86,13 @@ def sinkhorn2(
     *,
     reg_m: Any = None,
     rng: Any = None,
+    metric: Any = "sqeuclidean",
+    p: float = 2.0,
     **kwargs: Any,
 ) -> float:
-    return sinkhorn(a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, **kwargs).value_linear
+    return sinkhorn(
+        a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, metric=metric, p=p, **kwargs
+    ).value_linear
 
 
 @wraps(sinkhorn_unbalanced_in_memory)
@@ -86,9 +106,11 @@ def sinkhorn_unbalanced(
     backend: str = "auto",
     *,
     rng: Any = None,
+    metric: Any = "sqeuclidean",
+    p: float = 2.0,
     **kwargs: Any,
 ):
-    return sinkhorn(a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, **kwargs)
+    return sinkhorn(a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, metric=metric, p=p, **kwargs)
 
 
 @wraps(solve_sample_in_memory)
@@ -104,13 +126,17 @@ def solve_sample(
     max_iter: int | None = None,
     tol: float | None = None,
     rng: Any = None,
+    metric: Any = "sqeuclidean",
+    p: float = 2.0,
     **kwargs: Any,
 ):
     if max_iter is not None:
         kwargs["max_iter"] = max_iter
     if tol is not None:
         kwargs["tol"] = tol
-    return sinkhorn(a, b, X_a, X_b, reg, backend, reg_m=unbalanced, rng=rng, **kwargs)
+    return sinkhorn(
+        a, b, X_a, X_b, reg, backend, reg_m=unbalanced, rng=rng, metric=metric, p=p, **kwargs
+    )
 
 
 @wraps(sinkhorn_kernel_in_memory)
@@ -118,6 +144,8 @@ def sinkhorn_kernel(
     a: Any, b: Any, kernel: Any, *, reg_m: Any = None, rng: Any = None, **kwargs: Any
 ):
     if _on_dask(kernel, a, b):
+        metric, p = kwargs.pop("metric", None), kwargs.pop("p", None)
+        _refuse_metric("sqeuclidean" if metric is None else metric, p)
         return _distributed().sinkhorn_kernel_dask(a, b, kernel, reg_m=reg_m, rng=rng, **kwargs)
     return sinkhorn_kernel_in_memory(a, b, kernel, reg_m=reg_m, rng=rng, **kwargs)
 
@@ -132,7 +160,15 @@ def make_kernel(
     rng: Any = None,
     dtype: Any = np.float64,
     rank: Any = None,
+    metric: Any = "sqeuclidean",
+    p: float = 2.0,
     **params: Any,
 ):
-    build = _distributed().make_kernel_dask if any_dask(X, Y) else make_kernel_in_memory
-    return build(X, Y, reg, backend, rng=rng, dtype=dtype, rank=rank, **params)
+    if any_dask(X, Y):
+        _refuse_metric(metric, p)
+        return _distributed().make_kernel_dask(
+            X, Y, reg, backend, rng=rng, dtype=dtype, rank=rank, **params
+        )
+    return make_kernel_in_memory(
+        X, Y, reg, backend, rng=rng, dtype=dtype, rank=rank, metric=metric, p=p, **params
+    )

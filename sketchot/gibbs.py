@@ -1,5 +1,7 @@
-"""The exact Gibbs kernel ``K(x, y) = exp(-||x - y||^2 / reg)`` block by block: the one helper
-every layer uses for true-kernel values (products, log-sum-exp, softmax averages).
+"""The exact Gibbs kernel ``K(x, y) = exp(-c(x, y) / reg)`` block by block: the one helper
+every layer uses for true-kernel values (products, log-sum-exp, softmax averages), and the
+one place that owns the cost ``c`` (:class:`Cost`: squared Euclidean by default, or POT's
+``'euclidean'``, ``'cityblock'``, ``'minkowski'`` with ``p``, or a callable).
 
 These helpers never hold more than a block of rows times the other side at once; callers
 choose the block so that it stays within a few tens of megabytes. Points should be centred
@@ -9,16 +11,121 @@ choose the block so that it stays within a few tens of megabytes. Points should 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy.spatial.distance import cdist
 
 # Target size of one block of kernel entries (bytes). Large enough for BLAS efficiency,
 # small enough to stay in the last-level cache region and to keep memory flat.
 BLOCK_BYTES = 1 << 24
 
 FLOAT64 = np.dtype(np.float64)
+
+
+#: The costs by name (POT's ``ot.dist`` names); a callable is accepted too.
+METRICS = ("sqeuclidean", "euclidean", "cityblock", "minkowski")
+
+
+@dataclass(frozen=True)
+class Cost:
+    """The ground cost ``c(x, y)`` of the problem (POT's ``ot.dist(x1, x2, metric, p)``).
+
+    Parameters
+    ----------
+    metric : str or callable, default='sqeuclidean'
+        ``'sqeuclidean'`` ``||x - y||_2^2``, ``'euclidean'`` ``||x - y||_2``, ``'cityblock'``
+        ``||x - y||_1``, ``'minkowski'`` ``||x - y||_p``; or a callable ``metric(A, B)`` on
+        two point sets of shapes ``(k, d)`` and ``(l, d)`` returning the non-negative cost
+        block of shape ``(k, l)``.
+    p : float, default=2
+        The order of ``'minkowski'`` (``>= 1``, a norm); ignored by the other metrics.
+
+    Notes
+    -----
+    A named metric is translation invariant, so it is evaluated on centred points; a callable
+    is evaluated on the points as given (:attr:`translation_invariant` is False). A block
+    costs ``O(k l d)``: one BLAS product for ``'sqeuclidean'``, ``scipy.spatial.distance.cdist``
+    for the others.
+    """
+
+    metric: str | Callable[[np.ndarray, np.ndarray], np.ndarray] = "sqeuclidean"
+    p: float = 2.0
+
+    @property
+    def name(self) -> str:
+        """The metric's name (``'callable'`` for a callable)."""
+        return self.metric if isinstance(self.metric, str) else "callable"
+
+    @property
+    def sqeuclidean(self) -> bool:
+        """Whether the cost is ``||x - y||^2`` (the fast centred-expansion path)."""
+        return self.metric == "sqeuclidean"
+
+    @property
+    def translation_invariant(self) -> bool:
+        """Whether ``c(x + t, y + t) = c(x, y)`` is known (every named metric)."""
+        return isinstance(self.metric, str)
+
+    def __str__(self) -> str:
+        if self.metric == "minkowski":
+            return f"metric='minkowski', p={self.p:g}"
+        return f"metric={self.name!r}"
+
+    def transposed(self) -> Cost:
+        """The cost ``c'(y, x) = c(x, y)`` (itself for a named metric, all symmetric)."""
+        if isinstance(self.metric, str):
+            return self
+        metric = self.metric
+        return Cost(lambda A, B: np.asarray(metric(B, A)).T, self.p)
+
+    def block(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
+        """The cost block ``c(a_i, b_j)``, shape ``(len(A), len(B))``, float64 (a new array)."""
+        if self.sqeuclidean:
+            return -neg_cost_over_reg(A, B, 1.0)
+        if self.metric == "minkowski":
+            return cdist(A, B, "minkowski", p=self.p)
+        if isinstance(self.metric, str):
+            return cdist(A, B, self.metric)
+        out = np.array(self.metric(A, B), dtype=np.float64)
+        if out.shape != (A.shape[0], B.shape[0]):
+            raise ValueError(
+                f"the metric callable must return the cost block of shape (len(A), len(B)) = "
+                f"{(A.shape[0], B.shape[0])}; got shape {out.shape}"
+            )
+        return out
+
+    def norms(self, points: np.ndarray) -> np.ndarray:
+        """``||x||`` in the metric's norm, for the triangle-inequality bound of
+        :meth:`GibbsGeometry.max_cost` (named metrics only)."""
+        order = {"sqeuclidean": 2.0, "euclidean": 2.0, "cityblock": 1.0}.get(self.metric, self.p)
+        return np.linalg.norm(points, ord=order, axis=1)
+
+
+#: The default cost.
+SQEUCLIDEAN = Cost()
+
+
+def make_cost(metric: Any = "sqeuclidean", p: Any = 2.0) -> Cost:
+    """Validate ``metric`` and ``p`` (POT's ``ot.dist`` names) into a :class:`Cost`."""
+    if isinstance(metric, Cost):
+        return metric
+    if callable(metric):
+        return Cost(metric, 2.0)
+    if not isinstance(metric, str) or metric not in METRICS:
+        raise ValueError(
+            f"metric must be one of {', '.join(map(repr, METRICS))} or a callable "
+            f"metric(A, B) -> cost block (len(A), len(B)); got {metric!r}"
+        )
+    try:
+        p = float(p)
+    except (TypeError, ValueError):
+        raise TypeError(f"p must be a number >= 1; got {p!r}") from None
+    if metric == "minkowski" and not (p >= 1 and np.isfinite(p)):
+        raise ValueError(f"metric='minkowski' needs a finite p >= 1 (a norm); got p={p!r}")
+    return Cost(metric, p if metric == "minkowski" else 2.0)
 
 
 def block_rows(n_cols: int, itemsize: int = 8, target_bytes: int = BLOCK_BYTES) -> int:
@@ -44,8 +151,14 @@ def neg_cost_over_reg(
     x_sq: np.ndarray | None = None,
     y_sq: np.ndarray | None = None,
     dtype: np.dtype = FLOAT64,
+    cost: Cost | None = None,
 ) -> np.ndarray:
-    """``-||x_i - y_j||^2 / reg`` for a block, shape ``(len(X), len(Y))``, in ``dtype``."""
+    """``-c(x_i, y_j) / reg`` for a block, shape ``(len(X), len(Y))``, in ``dtype``; the cost
+    is ``||x_i - y_j||^2`` (from the norms) unless a non-default ``cost`` is given."""
+    if cost is not None and not cost.sqeuclidean:
+        out = cost.block(X, Y).astype(dtype, copy=False)
+        out *= -1.0 / reg
+        return out
     x_sq = sq_norms(X) if x_sq is None else x_sq
     y_sq = sq_norms(Y) if y_sq is None else y_sq
     out = (X @ Y.T).astype(dtype, copy=False)
@@ -65,19 +178,26 @@ def gibbs_block(X: np.ndarray, Y: np.ndarray, reg: float, *args: Any, **kwargs: 
     return out
 
 
-def gibbs_matmat(X: np.ndarray, Y: np.ndarray, reg: float, V: np.ndarray) -> np.ndarray:
+def gibbs_matmat(
+    X: np.ndarray, Y: np.ndarray, reg: float, V: np.ndarray, cost: Cost | None = None
+) -> np.ndarray:
     """``K(X, Y) @ V`` streamed over row blocks of ``X``; ``V`` of shape (m,) or (m, k)."""
     out = np.empty((X.shape[0], *V.shape[1:]))
     y_sq = sq_norms(Y)
     for rows in row_slices(X.shape[0], block_rows(Y.shape[0])):
-        out[rows] = gibbs_block(X[rows], Y, reg, y_sq=y_sq) @ V
+        out[rows] = gibbs_block(X[rows], Y, reg, y_sq=y_sq, cost=cost) @ V
     return out
 
 
 def gibbs_softmax_average(
-    X: np.ndarray, Y: np.ndarray, reg: float, log_weights: np.ndarray, values: np.ndarray
+    X: np.ndarray,
+    Y: np.ndarray,
+    reg: float,
+    log_weights: np.ndarray,
+    values: np.ndarray,
+    cost: Cost | None = None,
 ) -> np.ndarray:
-    """``sum_j p_ij values_j`` with ``p_ij ~ exp(log_w_j - ||x_i - y_j||^2 / reg)``.
+    """``sum_j p_ij values_j`` with ``p_ij ~ exp(log_w_j - c(x_i, y_j) / reg)``.
 
     Computed with a per-row maximum shift, so it is finite for any ``reg`` (no underflow of
     the whole row). Columns with ``log_w_j = -inf`` get no weight.
@@ -85,7 +205,7 @@ def gibbs_softmax_average(
     out = np.empty((X.shape[0], *values.shape[1:]))
     y_sq = sq_norms(Y)
     for rows in row_slices(X.shape[0], block_rows(Y.shape[0])):
-        logits = neg_cost_over_reg(X[rows], Y, reg, y_sq=y_sq)
+        logits = neg_cost_over_reg(X[rows], Y, reg, y_sq=y_sq, cost=cost)
         logits += log_weights[None, :]
         logits -= logits.max(axis=1, keepdims=True)
         np.exp(logits, out=logits)
@@ -94,15 +214,17 @@ def gibbs_softmax_average(
     return out
 
 
-def gibbs_log_matvec(X: np.ndarray, Y: np.ndarray, reg: float, log_v: np.ndarray) -> np.ndarray:
-    """``log sum_j exp(log_v_j - ||x_i - y_j||^2 / reg)`` for each row ``x_i`` (log-sum-exp).
+def gibbs_log_matvec(
+    X: np.ndarray, Y: np.ndarray, reg: float, log_v: np.ndarray, cost: Cost | None = None
+) -> np.ndarray:
+    """``log sum_j exp(log_v_j - c(x_i, y_j) / reg)`` for each row ``x_i`` (log-sum-exp).
 
     Finite whenever some ``log_v_j`` is finite, for any ``reg``.
     """
     out = np.empty(X.shape[0])
     y_sq = sq_norms(Y)
     for rows in row_slices(X.shape[0], block_rows(Y.shape[0])):
-        logits = neg_cost_over_reg(X[rows], Y, reg, y_sq=y_sq)
+        logits = neg_cost_over_reg(X[rows], Y, reg, y_sq=y_sq, cost=cost)
         logits += log_v[None, :]
         top = logits.max(axis=1)
         logits -= top[:, None]
@@ -127,10 +249,16 @@ def check_finite_norms(name: str, points: np.ndarray) -> None:
 
 
 def dual_lower_bound(
-    Xc: np.ndarray, Yc: np.ndarray, f: np.ndarray, a: np.ndarray, b: np.ndarray
+    Xc: np.ndarray,
+    Yc: np.ndarray,
+    f: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    cost: Cost | None = None,
 ) -> float:
     """A lower bound of the unregularised OT cost between ``(a, X)`` and ``(b, Y)`` (equal
-    masses, cost ``||x - y||^2``) from any finite source potential ``f``.
+    masses, cost ``c(x, y)``, ``||x - y||^2`` by default) from any finite source potential
+    ``f``.
 
     With its c-transform ``g_j = min_i (C_ij - f_i)``, ``(f, g)`` is dual-feasible, so
     ``<f, a> + <g, b> <= OT(a, b)`` (weak duality). ``O(n m d)``, block by block.
@@ -140,55 +268,71 @@ def dual_lower_bound(
     g = np.full(Yc.shape[0], np.inf)
     y_sq = sq_norms(Yc)
     for rows in row_slices(Xa.shape[0], block_rows(Yc.shape[0])):
-        cost = -neg_cost_over_reg(Xa[rows], Yc, 1.0, y_sq=y_sq)
-        cost -= fa[rows, None]
-        np.minimum(g, cost.min(axis=0), out=g)
+        block = -neg_cost_over_reg(Xa[rows], Yc, 1.0, y_sq=y_sq, cost=cost)
+        block -= fa[rows, None]
+        np.minimum(g, block.min(axis=0), out=g)
     return float(fa @ a[active] + g @ b)
 
 
 class GibbsGeometry:
-    """Two point clouds and ``reg``: everything needed to evaluate the TRUE Gibbs kernel.
+    """Two point clouds, ``reg`` and the cost: everything needed to evaluate the TRUE Gibbs
+    kernel ``K_ij = exp(-c(x_i, y_j) / reg)``.
 
     Every kernel operator carries one (its ``geometry``); the solver uses it for the exact
-    values it needs (repairs, the true-kernel check, plans in the log domain) without knowing
-    how the operator represents ``K``.
+    values it needs (repairs, the true-kernel check, plans in the log domain, ``<P, M>``)
+    without knowing how the operator represents ``K``.
 
     Parameters
     ----------
     X : ndarray, shape (n, d)
     Y : ndarray, shape (m, d)
     reg : float
-        ``K_ij = exp(-||x_i - y_j||^2 / reg)``.
+    metric : str or callable, default='sqeuclidean'
+        The cost ``c`` (:class:`Cost`, POT's ``ot.dist`` names).
+    p : float, default=2
+        The order of ``metric='minkowski'``.
 
     Attributes
     ----------
+    cost : Cost
     center : ndarray, shape (d,)
-        Mean of all points. The kernel is translation invariant; centred coordinates keep
-        ``||x||^2 + ||y||^2 - 2 x.y`` accurate.
+        Mean of all points (zero for a callable metric, which may not be translation
+        invariant). The kernel of a named metric is translation invariant; centred
+        coordinates keep ``||x||^2 + ||y||^2 - 2 x.y`` accurate.
     Xc, Yc : ndarray
         Centred clouds.
     x_sq, y_sq : ndarray
         Squared norms of the centred points.
     """
 
-    def __init__(self, X: np.ndarray, Y: np.ndarray, reg: float) -> None:
+    def __init__(
+        self, X: np.ndarray, Y: np.ndarray, reg: float, metric: Any = "sqeuclidean", p: Any = 2.0
+    ) -> None:
         self.X = X
         self.Y = Y
         self.reg = float(reg)
-        self.center = (X.sum(axis=0) + Y.sum(axis=0)) / (X.shape[0] + Y.shape[0])
+        self.cost = make_cost(metric, p)
+        if self.cost.translation_invariant:
+            self.center = (X.sum(axis=0) + Y.sum(axis=0)) / (X.shape[0] + Y.shape[0])
+        else:
+            self.center = np.zeros(X.shape[1])
         self.Xc = X - self.center
         self.Yc = Y - self.center
         check_finite_norms("X", X)
         check_finite_norms("Y", Y)
+        self._max_cost: float | None = None
         with np.errstate(over="ignore", invalid="ignore"):
             self.x_sq = sq_norms(self.Xc)
             self.y_sq = sq_norms(self.Yc)
+            if not self.cost.translation_invariant:
+                return  # a callable's largest cost is computed when first asked for
             cost = self.max_cost()
         if not np.isfinite(cost):  # each cloud squares finely, but not their distances
+            power = "s**2" if self.cost.sqeuclidean else "s"  # the named costs' homogeneity
             raise ValueError(
-                "the squared distances between X and Y overflow float64 (largest |value| "
+                f"the costs ({self.cost}) between X and Y overflow float64 (largest |value| "
                 f"{max(np.abs(X).max(), np.abs(Y).max()):.3g}): rescale the points, e.g. "
-                "divide X, Y by s and reg by s**2 (the same kernel)"
+                f"divide X, Y by s and reg by {power} (the same kernel)"
             )
         with np.errstate(over="ignore", divide="ignore"):
             scale = cost / self.reg
@@ -197,8 +341,17 @@ class GibbsGeometry:
             raise ValueError(
                 f"reg={self.reg:g} is too small for these points: max cost / reg = {scale:g} "
                 "is not a finite float64 (reg must be a normal positive number well above "
-                "1e-300 times the squared diameter)"
+                "1e-300 times the largest cost)"
             )
+
+    @property
+    def metric(self) -> Any:
+        """The metric as given (a name or the callable)."""
+        return self.cost.metric
+
+    def at_reg(self, reg: float) -> GibbsGeometry:
+        """The same clouds and cost at another ``reg``."""
+        return GibbsGeometry(self.X, self.Y, reg, self.cost)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -220,30 +373,49 @@ class GibbsGeometry:
         del generator
         return self.X, self.Y
 
-    def _sides(self, transpose: bool) -> tuple[np.ndarray, np.ndarray]:
-        return (self.Yc, self.Xc) if transpose else (self.Xc, self.Yc)
+    def _sides(self, transpose: bool) -> tuple[np.ndarray, np.ndarray, Cost]:
+        if transpose:
+            return self.Yc, self.Xc, self.cost.transposed()
+        return self.Xc, self.Yc, self.cost
 
     def max_cost(self) -> float:
-        """Upper bound on ``max_ij ||x_i - y_j||^2`` from the centred norms (``O(n + m)``)."""
-        return float((np.sqrt(self.x_sq.max()) + np.sqrt(self.y_sq.max())) ** 2)
+        """Upper bound on ``max_ij c(x_i, y_j)``: for a named metric from the centred norms by
+        the triangle inequality (``O((n + m) d)``); for a callable the exact maximum, computed
+        block by block once (``O(n m d)``) and kept."""
+        if self.cost.sqeuclidean:
+            return float((np.sqrt(self.x_sq.max()) + np.sqrt(self.y_sq.max())) ** 2)
+        if self.cost.translation_invariant:
+            return float(self.cost.norms(self.Xc).max() + self.cost.norms(self.Yc).max())
+        if self._max_cost is None:
+            top = 0.0
+            for rows in row_slices(self.shape[0], block_rows(self.shape[1])):
+                top = max(top, float(self.cost.block(self.Xc[rows], self.Yc).max()))
+            self._max_cost = top
+        return self._max_cost
 
     def matmat(self, index: Any, V: np.ndarray, *, transpose: bool = False) -> np.ndarray:
         """``K[index, :] @ V`` (or ``K[:, index].T @ V``), ``O(len(index) m d)``."""
-        own, other = self._sides(transpose)
-        return gibbs_matmat(own[index], other, self.reg, V)
+        own, other, cost = self._sides(transpose)
+        return gibbs_matmat(own[index], other, self.reg, V, cost)
 
     def log_matvec(self, index: Any, log_v: np.ndarray, *, transpose: bool = False) -> np.ndarray:
         """``log (K[index, :] @ exp(log_v))`` (or the transposed form), stable for any reg."""
-        own, other = self._sides(transpose)
-        return gibbs_log_matvec(own[index], other, self.reg, log_v)
+        own, other, cost = self._sides(transpose)
+        return gibbs_log_matvec(own[index], other, self.reg, log_v, cost)
 
     def block(self, index: Any) -> np.ndarray:
         """True rows ``K[index, :]``."""
-        return gibbs_block(self.Xc[index], self.Yc, self.reg)
+        return gibbs_block(self.Xc[index], self.Yc, self.reg, cost=self.cost)
 
-    def log_block(self, rows: slice) -> np.ndarray:
-        """``-M[rows, :] / reg`` in float64."""
-        return neg_cost_over_reg(self.Xc[rows], self.Yc, self.reg, self.x_sq[rows], self.y_sq)
+    def log_block(self, rows: Any, dtype: np.dtype = FLOAT64) -> np.ndarray:
+        """``-M[rows, :] / reg`` in ``dtype`` (float64 by default)."""
+        return neg_cost_over_reg(
+            self.Xc[rows], self.Yc, self.reg, self.x_sq[rows], self.y_sq, dtype, self.cost
+        )
+
+    def cost_block(self, rows: Any) -> np.ndarray:
+        """The cost rows ``M[rows, :]`` in float64."""
+        return self.cost.block(self.Xc[rows], self.Yc)
 
     def softmax_average(
         self,
@@ -253,11 +425,11 @@ class GibbsGeometry:
         *,
         transpose: bool = False,
     ) -> np.ndarray:
-        """``sum_j softmax_j(log_w_j - ||p - y_j||^2 / reg) values_j`` for each point ``p``.
+        """``sum_j softmax_j(log_w_j - c(p, y_j) / reg) values_j`` for each point ``p``.
 
         ``points=None`` uses the fitted source points (target points when ``transpose``);
         otherwise ``points`` are in the original (uncentred) coordinates.
         """
-        own, other = self._sides(transpose)
+        own, other, cost = self._sides(transpose)
         centred = own if points is None else points - self.center
-        return gibbs_softmax_average(centred, other, self.reg, log_weights, values)
+        return gibbs_softmax_average(centred, other, self.reg, log_weights, values, cost)

@@ -17,7 +17,7 @@ import dask.array as da
 import numpy as np
 
 from .._validation import describe
-from ..gibbs import sq_norms
+from ..gibbs import SQEUCLIDEAN, sq_norms
 
 #: Rows per side the polynomial sketch is fitted on. Up to this size the fit uses every row
 #: (then the fitted state is the in-memory one); beyond, a uniform sample drawn with ``rng``.
@@ -81,6 +81,9 @@ class DaskGibbsGeometry:
     their norms, persisted): ``O((n + m) d)`` work on the workers, ``O(d)`` to the client.
     Worker memory ``O((n + m) (d + 1))`` floats for the persisted centred clouds and norms.
     """
+
+    #: The cost: squared Euclidean only (other metrics are refused on Dask arrays).
+    cost = SQEUCLIDEAN
 
     def __init__(self, X: Any, Y: Any, reg: float) -> None:
         X_chunks = X.chunks[0] if hasattr(X, "chunks") else None

@@ -374,14 +374,16 @@ def choose(
         outcome = judge(kernel, None, np.nan).outcome
         return Choice(outcome, kernel, reason, tuple(attempts))
 
-    exact = auto_backends(EXACT_KIND, d, among)[0]
+    exact = auto_backends(EXACT_KIND, d, among, geometry.cost)[0]
     size = f"n x m = {n} x {m} ({n * m * itemsize / 2**20:.0f} MiB)"
     dense_fits = store and n * m * itemsize <= dense_budget_bytes()
     if dense_fits and n * m <= DIRECT_DENSE_ENTRIES:
         kernel = build(geometry, exact.name, dtype=dtype)
         return final(exact, kernel, f"{size} is small: the exact kernel, stored")
 
-    candidates = [(r.name, dict(r.auto_params)) for r in auto_backends(LOW_RANK_KIND, d, among)]
+    candidates = [
+        (r.name, dict(r.auto_params)) for r in auto_backends(LOW_RANK_KIND, d, among, geometry.cost)
+    ]
     if candidates:
         kernel, verdict, rank = _low_rank(
             geometry, candidates, judge, accuracy, generator, dtype, build, measure,
@@ -395,7 +397,7 @@ def choose(
             say(f"chose {kernel.info.backend}: {reason}")
             return Choice(verdict.outcome, kernel, reason, tuple(attempts))
 
-    local = auto_backends(LOCAL_KIND, d, among)
+    local = auto_backends(LOCAL_KIND, d, among, geometry.cost)
     exact_seconds = exact_iteration_seconds(geometry, stored=dense_fits) if local else np.inf
     for record in local:
         start = time.perf_counter()

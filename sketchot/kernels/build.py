@@ -10,7 +10,7 @@ import numpy as np
 
 from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_dtype, check_float, check_matrix, check_rng
-from ..gibbs import GibbsGeometry
+from ..gibbs import GibbsGeometry, make_cost
 from .auto import adaptive_rank, choose, kernel_judge
 from .registry import build_backend, resolve_parameters
 
@@ -24,9 +24,12 @@ def make_kernel(
     rng: Any = None,
     dtype: Any = np.float64,
     rank: int | None = None,
+    metric: Any = "sqeuclidean",
+    p: float = 2.0,
     **params: Any,
 ):
-    """Build the Gibbs-kernel operator ``exp(-||x - y||^2 / reg)`` of a backend.
+    """Build the Gibbs-kernel operator ``exp(-c(x, y) / reg)`` of a backend, ``c(x, y) =
+    ||x - y||^2`` by default.
 
     Parameters
     ----------
@@ -56,6 +59,13 @@ def make_kernel(
         against the true kernel meets ``accuracy`` (keyword, default 1e-3), or until an
         iteration would cost more than the exact kernel's
         (:func:`sketchot.kernels.auto.adaptive_rank`).
+    metric : str or callable, default='sqeuclidean'
+        The cost ``c`` (:func:`sketchot.sinkhorn`'s ``metric``; POT's ``ot.dist`` names or a
+        callable ``metric(A, B) -> (len(A), len(B))`` block); the kernel's geometry carries
+        it. A backend whose record does not declare it is refused (``'exact'`` and
+        ``'nystrom'`` take any). Not with Dask arrays.
+    p : float, default=2
+        The order of ``metric='minkowski'``.
     **params
         Backend parameters (see ``sketchot.get_backend(name).defaults``).
 
@@ -67,7 +77,7 @@ def make_kernel(
     X = check_matrix(X, "X")
     Y = check_matrix(Y, "Y", n_features=X.shape[1], feature_name="X")
     reg = check_float(reg, "reg", positive=True)
-    geometry = GibbsGeometry(X, Y, reg)
+    geometry = GibbsGeometry(X, Y, reg, make_cost(metric, p))
     accuracy = check_float(params.pop("accuracy", DEFAULT_ACCURACY), "accuracy", positive=True)
     if backend == "auto":
         if params or rank is not None:

@@ -1,7 +1,8 @@
 """The exact Gibbs kernel: dense when it fits a memory budget, streamed in row blocks otherwise.
 
-``K_ij = exp(-||x_i - y_j||^2 / reg)`` is computed from the squared distances directly (never
-through ``exp(2 x.y / reg)``, which overflows). Streaming costs ``O(n m d)`` time per product
+``K_ij = exp(-c(x_i, y_j) / reg)`` for the geometry's cost (any metric); for the default
+``||x_i - y_j||^2`` it is computed from the squared distances directly (never through
+``exp(2 x.y / reg)``, which overflows). Streaming costs ``O(n m d)`` time per product
 and ``O(block x m)`` memory; a stored kernel ``O(n m)`` memory once and ``O(n m)`` per
 product. As ``K = L R^T`` with ``L = K`` and ``R = I``, a fused pass over the rows computes
 ``K v``, ``u = a / K v`` and ``K^T u`` from one read (or one computation) of each block.
@@ -22,7 +23,6 @@ from ..gibbs import (
     block_rows,
     gibbs_log_matvec,
     gibbs_matmat,
-    neg_cost_over_reg,
     row_slices,
 )
 from .base import (
@@ -119,8 +119,7 @@ class ExactKernel(KernelOperator):
         return self._computed_block(rows) if self._dense is None else self._dense[rows]
 
     def _computed_block(self, rows: slice) -> np.ndarray:
-        g = self.geometry
-        block = neg_cost_over_reg(g.Xc[rows], g.Yc, g.reg, g.x_sq[rows], g.y_sq, self.dtype)
+        block = self.geometry.log_block(rows, self.dtype)
         return np.exp(block, out=block)
 
     def matmat(self, V: Any) -> np.ndarray:
@@ -148,8 +147,8 @@ class ExactKernel(KernelOperator):
 
     def _apply_new(self, points: np.ndarray, values: np.ndarray, transpose: bool) -> np.ndarray:
         g = self.geometry
-        other = g.Xc if transpose else g.Yc
-        return gibbs_matmat(points - g.center, other, g.reg, values)
+        other, cost = (g.Xc, g.cost.transposed()) if transpose else (g.Yc, g.cost)
+        return gibbs_matmat(points - g.center, other, g.reg, values, cost)
 
     def fused_pass(
         self,
@@ -168,9 +167,10 @@ class ExactKernel(KernelOperator):
             return FusedPass(products, ratios, ratios, bad)
         if log:
             g = self.geometry
-            products = gibbs_log_matvec(g.Xc, g.Yc, g.reg, w)
+            products = gibbs_log_matvec(g.Xc, g.Yc, g.reg, w, g.cost)
             ratios, bad = ratios_of(numerator, products, exponent)
-            return FusedPass(products, ratios, gibbs_log_matvec(g.Yc, g.Xc, g.reg, ratios), bad)
+            back = gibbs_log_matvec(g.Yc, g.Xc, g.reg, ratios, g.cost.transposed())
+            return FusedPass(products, ratios, back, bad)
         n, m = self.shape
         return blocked_fused_pass(
             self._block_slices(), self._block, n, m, w, numerator, self.dtype, exponent
@@ -186,7 +186,7 @@ class ExactKernel(KernelOperator):
         if log:
             g = self.geometry
             rows = slice(None) if index is None else index
-            return gibbs_log_matvec(g.Yc, g.Xc[rows], g.reg, values)
+            return gibbs_log_matvec(g.Yc, g.Xc[rows], g.reg, values, g.cost.transposed())
         if index is None:
             return self.rmatmat(values)
         return values @ self._rows(np.arange(self.shape[0])[index])
@@ -194,9 +194,7 @@ class ExactKernel(KernelOperator):
     def at_reg(self, reg: float) -> ExactKernel:
         """The exact kernel of the same clouds at another ``reg`` (an epsilon schedule)."""
         g = self.geometry
-        return ExactKernel(
-            GibbsGeometry(g.X, g.Y, reg), dtype=self.dtype, max_dense_bytes=self.max_dense_bytes
-        )
+        return ExactKernel(g.at_reg(reg), dtype=self.dtype, max_dense_bytes=self.max_dense_bytes)
 
     def absorbed(
         self, alpha: np.ndarray, beta: np.ndarray, previous: Any = None
@@ -206,7 +204,7 @@ class ExactKernel(KernelOperator):
 
 
 class AbsorbedExactKernel(ExactKernel):
-    """``K~_ij = exp(alpha_i + beta_j - ||x_i - y_j||^2 / reg)``: the exact kernel with scalings
+    """``K~_ij = exp(alpha_i + beta_j - c(x_i, y_j) / reg)``: the exact kernel with scalings
     absorbed into it (Schmitzer 2019, Sec. 3), stored when ``K`` would be, streamed otherwise.
 
     Exponents are computed in float64 and clamped below at :data:`LOG_FLOOR` (entries never
@@ -253,8 +251,7 @@ class AbsorbedExactKernel(ExactKernel):
         return self._stored
 
     def _computed_block(self, rows: slice) -> np.ndarray:
-        g = self.geometry
-        block = neg_cost_over_reg(g.Xc[rows], g.Yc, g.reg, g.x_sq[rows], g.y_sq)
+        block = self.geometry.log_block(rows)
         block += self.alpha[rows, None]
         block += self.beta[None, :]
         np.maximum(block, LOG_FLOOR[self.dtype], out=block)
@@ -289,6 +286,7 @@ class AbsorbedExactKernel(ExactKernel):
     exact=True,
     auto_order=0,
     streamed_params={"max_dense_bytes": 0},
+    metrics="any",
     memory=lambda n, m, d, params, itemsize: (
         min(n * m * itemsize, params["max_dense_bytes"]) + (n + m) * d * 8 * 3
     ),
@@ -301,7 +299,8 @@ def build_exact(
     dtype: Any = np.float64,
     max_dense_bytes: int = DEFAULT_MAX_DENSE_BYTES,
 ) -> ExactKernel:
-    """The exact kernel (``rng`` is unused: nothing is random)."""
+    """The exact kernel of the geometry's cost, any metric (``rng`` is unused: nothing is
+    random)."""
     del rng
     max_dense_bytes = check_int(max_dense_bytes, "max_dense_bytes", minimum=0)
     return ExactKernel(geometry, dtype=dtype, max_dense_bytes=max_dense_bytes)

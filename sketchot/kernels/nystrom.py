@@ -1,10 +1,18 @@
 """Nystrom approximation of the Gibbs kernel (Williams and Seeger 2001; Han et al. 2020, App. C).
 
 With landmarks ``Z`` (``s`` points drawn from both clouds),
-``K ~ K(X, Z) K(Z, Z)^+ K(Z, Y)``. Writing ``K(Z, Z)^+ = Q diag(1 / lambda) Q^T`` over the
+``K ~ K(X, Z) K(Z, Z)^+ K(Z, Y)``, with the Gibbs kernel of the geometry's cost (any metric).
+Writing ``K(Z, Z)^+ = Q diag(1 / lambda) Q^T`` over the
 eigenvalues above ``rcond * lambda_max`` gives the factors ``A = K(X, Z) Q diag(lambda^-1/2)``
 and ``B = K(Y, Z) Q diag(lambda^-1/2)``, and the feature map of a new point ``x`` is
 ``K(x, Z) Q diag(lambda^-1/2)``.
+
+Nystrom needs a positive semi-definite kernel. ``exp(-||x - y||^2 / reg)`` (Gaussian) is,
+and so is ``exp(-||x - y||_p / reg)`` for ``1 <= p <= 2`` (``'euclidean'``, ``'cityblock'``:
+Laplacian kernels; ``||x - y||_p`` is then conditionally negative definite, Schoenberg's
+theorem) for every ``reg``; for ``p > 2`` or a callable cost it need not be: ``K(Z, Z)``'s
+eigenvalues below ``rcond * lambda_max`` (negative ones included) are dropped and the
+true-kernel check judges the result.
 """
 
 from __future__ import annotations
@@ -82,12 +90,13 @@ def nystrom_maps(
         union = geometry.union_rows(pool)
         Z = union[greedy_k_center(union, n_landmarks, generator).centers]
 
-    eigvals, eigvecs = np.linalg.eigh(gibbs_block(Z, Z, reg))
+    cost = geometry.cost
+    eigvals, eigvecs = np.linalg.eigh(gibbs_block(Z, Z, reg, cost=cost))
     keep = eigvals > rcond * eigvals.max()
     whitening = eigvecs[:, keep] / np.sqrt(eigvals[keep])
 
     def landmark_kernel(points: np.ndarray) -> np.ndarray:
-        return gibbs_block(points - center, Z, reg)
+        return gibbs_block(points - center, Z, reg, cost=cost)
 
     def factor(points: np.ndarray) -> np.ndarray:
         # in row blocks: the n x s landmark kernel is never held whole next to the factor
@@ -119,6 +128,7 @@ def nystrom_maps(
         "n_landmarks": paper_nystrom_landmarks(sketch_dim, degree)
     },
     signed=True,
+    metrics="any",
     test_params={"n_landmarks": 30},
     memory=lambda n, m, d, params, itemsize: (
         (n + m) * (params["n_landmarks"] or 0) * itemsize

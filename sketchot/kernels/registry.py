@@ -25,7 +25,7 @@ import numpy as np
 from .._defaults import DEFAULT_ACCURACY
 from .._memory import check_fits
 from .._validation import check_dtype, check_int, describe, unknown_names
-from ..gibbs import GibbsGeometry
+from ..gibbs import Cost, GibbsGeometry
 
 #: The paper's Sinkhorn setting (Han et al. 2020, Section 4.3): sketch dimension and degree.
 PAPER_SKETCH_DIM = 20
@@ -95,6 +95,10 @@ class Backend:
     iteration_seconds : callable or None
         ``kernel -> seconds`` of one timed iteration; ``'auto'`` tries a ``'local'`` record
         only when it beats the exact kernel's estimate.
+    metrics : tuple of str or 'any'
+        The costs its kernel represents, by name (:data:`~sketchot.gibbs.METRICS`;
+        ``'callable'`` for a callable cost), or ``'any'``: it builds the Gibbs kernel of
+        whatever cost the geometry carries. Building it on another cost is refused.
     """
 
     name: str
@@ -118,6 +122,11 @@ class Backend:
     min_dimension: int | None = None
     max_dimension: int | None = None
     iteration_seconds: Callable[[Any], float] | None = None
+    metrics: tuple[str, ...] | str = ("sqeuclidean",)
+
+    def supports(self, cost: Cost) -> bool:
+        """Whether its kernel represents ``cost``."""
+        return self.metrics == "any" or cost.name in self.metrics
 
     def applies_to(self, dimension: int) -> bool:
         """Whether ``'auto'`` tries it in dimension ``dimension``."""
@@ -154,6 +163,7 @@ def register_backend(
     min_dimension: int | None = None,
     max_dimension: int | None = None,
     iteration_seconds: Callable[[Any], float] | None = None,
+    metrics: tuple[str, ...] | str = ("sqeuclidean",),
 ) -> Any:
     """Register a backend by name (usable as a decorator when ``builder`` is omitted).
 
@@ -170,7 +180,7 @@ def register_backend(
         backend (``params_for_rank`` defaults to ``{rank_parameter: rank}``).
     sizing_parameters, params_for_rank, paper_cost, signed, exact, test_params, memory,
     factor_maps, advice, summary, kind, auto_order, auto_params, streamed_params,
-    min_dimension, max_dimension, iteration_seconds
+    min_dimension, max_dimension, iteration_seconds, metrics
         See :class:`Backend`.
 
     Returns
@@ -201,6 +211,12 @@ def register_backend(
             for key, p in inspect.signature(function).parameters.items()
             if p.kind is inspect.Parameter.KEYWORD_ONLY and key not in ("rng", "dtype")
         }
+        if metrics != "any" and (
+            isinstance(metrics, str) or not all(isinstance(m, str) for m in metrics)
+        ):
+            raise ValueError(
+                f"metrics must be 'any' or a tuple of metric names; got {describe(metrics)}"
+            )
         if rank_parameter is not None and rank_parameter not in defaults:
             raise ValueError(
                 f"rank_parameter must be one of the builder's parameters {sorted(defaults)}; "
@@ -243,6 +259,7 @@ def register_backend(
             min_dimension=min_dimension,
             max_dimension=max_dimension,
             iteration_seconds=iteration_seconds,
+            metrics=metrics if metrics == "any" else tuple(metrics),
         )
         return function
 
@@ -276,9 +293,12 @@ def get_backend(name: Any) -> Backend:
     return _REGISTRY[name]
 
 
-def auto_backends(kind: str, dimension: int, among: Any = None) -> tuple[Backend, ...]:
+def auto_backends(
+    kind: str, dimension: int, among: Any = None, cost: Any = None
+) -> tuple[Backend, ...]:
     """The records of a kind that ``'auto'`` tries in dimension ``dimension``, in their
-    declared order (``among``: only these names, e.g. the backends that run on Dask)."""
+    declared order (``among``: only these names, e.g. the backends that run on Dask;
+    ``cost``: only those whose kernel represents it)."""
     return tuple(
         sorted(
             (
@@ -288,6 +308,7 @@ def auto_backends(kind: str, dimension: int, among: Any = None) -> tuple[Backend
                 and record.auto_order is not None
                 and record.applies_to(dimension)
                 and (among is None or record.name in among)
+                and (cost is None or record.supports(cost))
             ),
             key=lambda record: (record.auto_order, record.name),
         )
@@ -366,6 +387,20 @@ def resolve_parameters(
     return record, params
 
 
+def check_metric(record: Backend, cost: Cost) -> None:
+    """Refuse a backend whose record does not declare the problem's cost, naming those that
+    do."""
+    if record.supports(cost):
+        return
+    able = [name for name, other in sorted(_REGISTRY.items()) if other.supports(cost)]
+    declared = record.metrics if isinstance(record.metrics, tuple) else ()
+    supported = " or ".join(f"metric={name!r}" for name in declared) or "no metric"
+    raise ValueError(
+        f"backend {record.name!r} supports {supported} only; got {cost}; use "
+        f"backend={' or '.join(map(repr, able))}"
+    )
+
+
 def build_backend(
     geometry: GibbsGeometry,
     backend: str,
@@ -380,6 +415,7 @@ def build_backend(
     ``rank`` or none), its memory checked first, with ``info.build_time`` set."""
     dtype = check_dtype(dtype)
     record, params = resolve_parameters(backend, params, rank=rank, accuracy=accuracy)
+    check_metric(record, geometry.cost)
     # the size parameter a refusal names: the one the caller passed (rank= or the backend's)
     sized_by = (
         "rank"

@@ -20,7 +20,7 @@ from .._validation import check_choice, check_int
 from ..gibbs import sq_norms
 from ..kernels import KernelOperator
 from .engine import iterate
-from .plans import PlanSummary
+from .plans import PlanSummary, plan_summary
 from .problem import Problem
 from .safeguard import Safeguard
 
@@ -146,6 +146,9 @@ def plan_summaries(
     if not scalings:
         return []
     g = kernel.geometry
+    if not g.cost.sqeuclidean:  # the expansion below is the squared-Euclidean cost's
+        with np.errstate(divide="ignore"):
+            return [plan_summary(kernel, np.log(u), np.log(v)) for u, v in scalings]
     d = g.Yc.shape[1]
     right = np.hstack([np.column_stack([v, v[:, None] * g.Yc]) for _, v in scalings])
     K_right = kernel.matmat(right)

@@ -89,15 +89,34 @@ def _log_blocks(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray):
         yield rows, neg_cost + log_u[rows, None] + log_v[None, :], neg_cost
 
 
+def _blockwise_cost(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray) -> float:
+    """``<P, M> = sum_i u_i sum_j K~_ij v_j M_ij`` for any cost, over row blocks of the
+    operator's own entries (``K~[rows, :]`` from its factors) and of the geometry's cost:
+    ``O(n m (r + d))`` time for a rank-``r`` operator, ``O(block x m)`` memory."""
+    g = kernel.geometry
+    step = max(1, LOG_BLOCK_ENTRIES // max(1, g.shape[1]))
+    total = 0.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        u, v = np.exp(log_u), np.exp(log_v)
+        for rows in row_slices(g.shape[0], step):
+            block = kernel.to_dense(rows=rows) * g.cost_block(rows)
+            total += float(u[rows] @ (block @ v))
+    return total
+
+
 def plan_summary(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray) -> PlanSummary:
     """Marginals, ``<P, M>`` and mass of ``P = diag(u) K diag(v)``.
 
-    The cost uses ``||x - y||^2 = ||x||^2 + ||y||^2 - 2 x.y`` in centred coordinates, so it
-    needs ``K`` through one ``matmat`` with ``d + 1`` columns and one ``rmatvec``:
-    ``O((n + m) r d)`` for a rank-``r`` operator, never an ``n x m`` array.
+    For the squared-Euclidean cost, ``||x - y||^2 = ||x||^2 + ||y||^2 - 2 x.y`` in centred
+    coordinates: ``K`` through one ``matmat`` with ``d + 1`` columns and one ``rmatvec``,
+    ``O((n + m) r d)`` for a rank-``r`` operator. Any other cost is summed block by block
+    from the cost's rows: entry by entry in log form for an exact kernel
+    (``O(n m d)``), from the operator's rows otherwise (:func:`_blockwise_cost`,
+    ``O(n m (r + d))``). Never an ``n x m`` array.
     """
     g = kernel.geometry
-    if _log_form(kernel, log_u, log_v):
+    sqeuclidean = g.cost.sqeuclidean
+    if _log_form(kernel, log_u, log_v) or (not sqeuclidean and "exact" in kernel.info.capabilities):
         row = np.empty(g.shape[0])
         col = np.zeros(g.shape[1])
         cost = 0.0
@@ -107,23 +126,27 @@ def plan_summary(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray) -
             col += plan.sum(axis=0)
             cost -= g.reg * float(np.sum(plan * neg_cost))
         return PlanSummary(row, col, cost, float(row.sum()))
+    # the squared-Euclidean cost from K Y: the coordinates as extra columns (none otherwise)
+    Yc = g.Yc if sqeuclidean else g.Yc[:, :0]
     if _log_kernel(kernel, log_u, log_v):
         # shifted coordinates are positive, so each column is one log product
-        shift = g.Yc.min(axis=0) - 1.0
-        stacked = np.column_stack([np.ones(g.shape[1]), g.Yc - shift])
+        shift = Yc.min(axis=0, initial=np.inf) - 1.0
+        stacked = np.column_stack([np.ones(g.shape[1]), Yc - shift])
         products = _log_plan_product(kernel, log_u, log_v, stacked, transpose=False)
         row = products[:, 0]
         P_y = products[:, 1:] + row[:, None] * shift
         col = _log_plan_product(kernel, log_u, log_v, np.ones(g.shape[0]), transpose=True)
-        cross = float(np.einsum("ij,ij->", g.Xc, P_y))
-        cost = row @ sq_norms(g.Xc) + col @ sq_norms(g.Yc) - 2.0 * cross
-        return PlanSummary(row, col, float(cost), float(row.sum()))
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            u, v = np.exp(log_u), np.exp(log_v)
+            products = kernel.matmat(np.column_stack([v, v[:, None] * Yc]))
+            row = u * products[:, 0]
+            col = v * kernel.rmatvec(u)
+            P_y = u[:, None] * products[:, 1:]
+    if not sqeuclidean:
+        return PlanSummary(row, col, _blockwise_cost(kernel, log_u, log_v), float(row.sum()))
     with np.errstate(over="ignore", invalid="ignore"):
-        u, v = np.exp(log_u), np.exp(log_v)
-        products = kernel.matmat(np.column_stack([v, v[:, None] * g.Yc]))
-        row = u * products[:, 0]
-        col = v * kernel.rmatvec(u)
-        cross = np.einsum("i,ij,ij->", u, g.Xc, products[:, 1:])
+        cross = float(np.einsum("ij,ij->", g.Xc, P_y))
         cost = row @ sq_norms(g.Xc) + col @ sq_norms(g.Yc) - 2.0 * cross
     return PlanSummary(row, col, float(cost), float(row.sum()))
 
@@ -193,11 +216,7 @@ class LazyPlan:
         """Dense rows ``P[index, :]``."""
         index = np.arange(self.shape[0])[index]
         if "exact" in self.kernel.info.capabilities:
-            g = self.kernel.geometry
-            neg_cost = (
-                -np.maximum(g.x_sq[index, None] + g.y_sq[None, :] - 2.0 * g.Xc[index] @ g.Yc.T, 0.0)
-                / g.reg
-            )
+            neg_cost = self.kernel.geometry.log_block(index)
             return np.exp(neg_cost + self._log_u[index, None] + self._log_v[None, :])
         rows = self.kernel.to_dense(rows=index)
         return np.exp(self._log_u[index])[:, None] * rows * np.exp(self._log_v)[None, :]

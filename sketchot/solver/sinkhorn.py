@@ -17,7 +17,7 @@ import numpy as np
 
 from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_float, check_matrix, describe, unknown_names
-from ..gibbs import GibbsGeometry, dual_lower_bound
+from ..gibbs import GibbsGeometry, dual_lower_bound, make_cost
 from ..kernels import KernelOperator, build_kernel, get_backend
 from .advice import advise
 from .auto import solve_auto
@@ -55,12 +55,15 @@ def sinkhorn(
     *,
     reg_m: Any = None,
     rng: Any = None,
+    metric: Any = "sqeuclidean",
+    p: float = 2.0,
     **kwargs: Any,
 ) -> SinkhornResult:
     """Entropic optimal transport between two point clouds with a pluggable Gibbs kernel.
 
     Solves ``min_P <P, M> + reg KL(P | a b^T) + reg_m_a KL(P 1 | a) + reg_m_b KL(P^T 1 | b)``
-    over non-negative plans, ``M_ij = ||x_i - y_j||^2`` and the generalised
+    over non-negative plans, ``M_ij = c(x_i, y_j)`` (``||x_i - y_j||^2`` by default) and the
+    generalised
     ``KL(p | q) = sum p log(p / q) - p + q`` (POT's ``ot.unbalanced.sinkhorn_unbalanced`` with
     ``reg_type='kl'``; ``reg_m=None``, the default, is balanced transport, a hard constraint
     on both sides), by Sinkhorn's scaling iteration on ``K = exp(-M / reg)``, where ``K`` is
@@ -92,6 +95,18 @@ def sinkhorn(
         ``a`` and ``b`` are allowed only with a finite penalty.
     rng : None, int, Generator, ...
         Randomness of the approximate backends and of the sampled true-kernel check.
+    metric : str or callable, default='sqeuclidean'
+        The cost, with POT's ``ot.dist`` names: ``'sqeuclidean'`` ``||x - y||^2``,
+        ``'euclidean'`` ``||x - y||``, ``'cityblock'`` ``||x - y||_1``, ``'minkowski'``
+        ``||x - y||_p``, or a callable ``metric(A, B)`` returning the cost block of shape
+        ``(len(A), len(B))``. Squared Euclidean is the only cost of the polynomial and
+        Fourier kernels; a backend that does not declare the metric
+        (``sketchot.get_backend(name).metrics``) is refused; ``'exact'`` and ``'nystrom'``
+        take any (Nystrom needs a positive semi-definite kernel; the true-kernel check
+        judges it), and ``'auto'`` chooses among the backends that take it. Not with Dask
+        arrays.
+    p : float, default=2
+        The order of ``metric='minkowski'`` (``>= 1``), as in ``ot.dist``.
     **kwargs
         Solver options (:class:`~sketchot.solver.SolverOptions`: ``max_iter``, ``tol``,
         ``check_every``, ``safeguard``, ``log_domain``, ``epsilon_scaling``, ``anderson``,
@@ -128,7 +143,7 @@ def sinkhorn(
     """
     options, backend_params = SolverOptions.split(kwargs)
     check_backend_params("sinkhorn", backend, backend_params)
-    geometry = check_problem(X, Y, reg)
+    geometry = check_problem(X, Y, reg, metric, p)
     problem = make_problem(a, b, geometry.shape, geometry.reg, reg_m)
     if backend == "auto":
         return solve_auto(problem, geometry, options, rng=rng, solve=solve, **backend_params)
@@ -149,6 +164,8 @@ def sinkhorn2(
     *,
     reg_m: Any = None,
     rng: Any = None,
+    metric: Any = "sqeuclidean",
+    p: float = 2.0,
     **kwargs: Any,
 ) -> float:
     """``<P, M>`` of :func:`sinkhorn`'s plan (POT's ``sinkhorn2`` convention, the linear cost
@@ -157,7 +174,7 @@ def sinkhorn2(
     Returns
     -------
     float
-        ``value_linear`` of the result: ``sum_ij P_ij ||x_i - y_j||^2``.
+        ``value_linear`` of the result: ``sum_ij P_ij M_ij`` (the problem's cost).
 
     Examples
     --------
@@ -167,7 +184,9 @@ def sinkhorn2(
     >>> round(sketchot.sinkhorn2(None, None, X, Y, reg=0.5, rng=0), 3)
     2.141
     """
-    return sinkhorn(a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, **kwargs).value_linear
+    return sinkhorn(
+        a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, metric=metric, p=p, **kwargs
+    ).value_linear
 
 
 def sinkhorn_unbalanced(
@@ -180,10 +199,13 @@ def sinkhorn_unbalanced(
     backend: str = "auto",
     *,
     rng: Any = None,
+    metric: Any = "sqeuclidean",
+    p: float = 2.0,
     **kwargs: Any,
 ) -> SinkhornResult:
     """Unbalanced entropic transport between point clouds (POT's name and argument order):
-    :func:`sinkhorn` with ``reg_m`` (a number, a pair, ``inf`` for a hard side).
+    :func:`sinkhorn` with ``reg_m`` (a number, a pair, ``inf`` for a hard side); ``metric``
+    and ``p`` as in :func:`sinkhorn`.
 
     Examples
     --------
@@ -195,7 +217,7 @@ def sinkhorn_unbalanced(
     >>> bool(1.0 < res.mass < 2.0)
     True
     """
-    return sinkhorn(a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, **kwargs)
+    return sinkhorn(a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, metric=metric, p=p, **kwargs)
 
 
 def solve_sample(
@@ -210,6 +232,8 @@ def solve_sample(
     max_iter: int | None = None,
     tol: float | None = None,
     rng: Any = None,
+    metric: Any = "sqeuclidean",
+    p: float = 2.0,
     **kwargs: Any,
 ) -> SinkhornResult:
     """Entropic transport between samples with the names of POT's ``ot.solve_sample``.
@@ -217,7 +241,8 @@ def solve_sample(
     ``solve_sample(X_a, X_b, a, b, reg=..., unbalanced=...)`` is :func:`sinkhorn` with
     ``reg_m=unbalanced`` (KL penalty); the result has ``ot.solve_sample``'s fields
     (``value``, ``value_linear``, ``potentials``, ``plan``, ``lazy_plan``, ``marginals``,
-    ``status``). ``max_iter`` and ``tol`` default to :class:`SolverOptions`'s.
+    ``status``). ``max_iter`` and ``tol`` default to :class:`SolverOptions`'s; ``metric``
+    (``ot.solve_sample``'s name) and ``p`` are :func:`sinkhorn`'s.
 
     Examples
     --------
@@ -231,7 +256,9 @@ def solve_sample(
         kwargs["max_iter"] = max_iter
     if tol is not None:
         kwargs["tol"] = tol
-    return sinkhorn(a, b, X_a, X_b, reg, backend, reg_m=unbalanced, rng=rng, **kwargs)
+    return sinkhorn(
+        a, b, X_a, X_b, reg, backend, reg_m=unbalanced, rng=rng, metric=metric, p=p, **kwargs
+    )
 
 
 def check_backend_params(caller: str, backend: str, params: dict[str, Any]) -> None:
@@ -259,8 +286,10 @@ def check_backend_params(caller: str, backend: str, params: dict[str, Any]) -> N
         )
 
 
-def check_problem(X: Any, Y: Any, reg: Any) -> GibbsGeometry:
-    """Validate the clouds and ``reg`` once; return their geometry."""
+def check_problem(
+    X: Any, Y: Any, reg: Any, metric: Any = "sqeuclidean", p: Any = 2.0
+) -> GibbsGeometry:
+    """Validate the clouds, ``reg`` and the cost once; return their geometry."""
     if Y is None or np.ndim(Y) == 0:
         shape = getattr(X, "shape", None)
         raise TypeError(
@@ -271,11 +300,19 @@ def check_problem(X: Any, Y: Any, reg: Any) -> GibbsGeometry:
     X = check_matrix(X, "X")
     Y = check_matrix(Y, "Y", n_features=X.shape[1], feature_name="X")
     reg = check_float(reg, "reg", positive=True)
-    return GibbsGeometry(X, Y, reg)
+    return GibbsGeometry(X, Y, reg, make_cost(metric, p))
 
 
 def sinkhorn_kernel(
-    a: Any, b: Any, kernel: KernelOperator, *, reg_m: Any = None, rng: Any = None, **kwargs: Any
+    a: Any,
+    b: Any,
+    kernel: KernelOperator,
+    *,
+    reg_m: Any = None,
+    rng: Any = None,
+    metric: Any = None,
+    p: Any = None,
+    **kwargs: Any,
 ) -> SinkhornResult:
     """Sinkhorn on a prebuilt :class:`~sketchot.kernels.KernelOperator`.
 
@@ -290,6 +327,9 @@ def sinkhorn_kernel(
         Marginal penalties, as in :func:`sinkhorn`.
     rng : None, int, Generator, ...
         Randomness of the sampled true-kernel check.
+    metric, p : optional
+        The kernel carries its cost (``make_kernel(..., metric=, p=)``); when given they
+        must name that cost (a check, not a change).
     **kwargs
         Solver options (:class:`~sketchot.solver.SolverOptions`); anything else is rejected,
         naming the accepted options.
@@ -308,8 +348,22 @@ def sinkhorn_kernel(
             f"and the backend's parameters; solver options: {', '.join(SolverOptions.names())}"
         )
     options = SolverOptions(**kwargs)
+    check_kernel_metric(kernel, metric, p)
     problem = make_problem(a, b, kernel.shape, kernel.geometry.reg, reg_m)
     return solve(problem, kernel, options, rng=rng)
+
+
+def check_kernel_metric(kernel: KernelOperator, metric: Any, p: Any) -> None:
+    """Refuse ``metric=`` / ``p=`` that differ from the cost the kernel was built with."""
+    if metric is None and p is None:
+        return
+    own = kernel.geometry.cost
+    asked = make_cost(own.metric if metric is None else metric, own.p if p is None else p)
+    if asked != own:
+        raise ValueError(
+            f"the kernel was built with {own}; got {asked}: build the kernel with that cost "
+            "(make_kernel(..., metric=, p=))"
+        )
 
 
 def solve(
@@ -521,7 +575,7 @@ def _lower_bound(result: SinkhornResult) -> float | None:
     if not np.all(np.isfinite(f[result.a > 0])):
         return None
     g = result.kernel.geometry
-    bound = dual_lower_bound(g.Xc, g.Yc, f, result.a, result.b)
+    bound = dual_lower_bound(g.Xc, g.Yc, f, result.a, result.b, g.cost)
     return bound - LOWER_BOUND_RTOL * (abs(bound) + g.max_cost() * float(result.a.sum()))
 
 

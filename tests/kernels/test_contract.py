@@ -7,6 +7,7 @@ from scipy.sparse.linalg import aslinearoperator
 from scipy.spatial.distance import cdist
 
 import sketchot
+from sketchot.gibbs import make_cost
 from sketchot.kernels import KernelOperator, available_backends, get_backend, make_kernel
 from sketchot.solver import plan_summary
 
@@ -152,6 +153,31 @@ def test_plan_summary_matches_dense_computation(kernel):
     np.testing.assert_allclose(summary.col_marginal, plan.sum(0), rtol=1e-9, atol=1e-12)
     assert summary.cost == pytest.approx(np.sum(plan * cost), rel=1e-9, abs=1e-12)
     assert summary.mass == pytest.approx(plan.sum(), rel=1e-10)
+
+
+@pytest.mark.parametrize("backend", available_backends())
+def test_backends_build_the_metric_they_declare_and_refuse_the_others(colours, backend):
+    """On a cityblock cost, a backend whose record declares it builds a kernel of that cost
+    (products equal its dense matrix, and plan_summary's <P, M> is the cityblock one, to
+    1e-9 relative: rounding of sums over 120 x 90 entries); any other refuses by name."""
+    X, Y = colours
+    record = get_backend(backend)
+    if not record.supports(make_cost("cityblock")):
+        with pytest.raises(ValueError, match=f"backend '{backend}' supports .* only; got metric="):
+            make_kernel(X, Y, 0.5, backend, rng=1, metric="cityblock", **record.test_params)
+        return
+    kernel = make_kernel(X, Y, 0.5, backend, rng=1, metric="cityblock", **record.test_params)
+    dense = kernel.to_dense()
+    v = np.linspace(0.5, 1.5, 90)
+    np.testing.assert_allclose(kernel.matvec(v), dense @ v, rtol=1e-10, atol=1e-12)
+    rng = np.random.default_rng(3)
+    log_u, log_v = rng.normal(size=120), rng.normal(size=90)
+    plan = np.exp(log_u)[:, None] * dense * np.exp(log_v)[None, :]
+    summary = plan_summary(kernel, log_u, log_v)
+    assert summary.cost == pytest.approx(np.sum(plan * cdist(X, Y, "cityblock")), rel=1e-9)
+    np.testing.assert_allclose(summary.row_marginal, plan.sum(1), rtol=1e-9, atol=1e-12)
+    if record.exact:
+        np.testing.assert_allclose(dense, np.exp(-cdist(X, Y, "cityblock") / 0.5), rtol=1e-12)
 
 
 def test_float32_operator(colours):
