@@ -22,6 +22,7 @@ the cluster (persisted, so with a distributed client the passes are queued, not 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -371,14 +372,15 @@ def _quietly(ufunc: np.ufunc, *blocks: Any) -> np.ndarray:
         return ufunc(*blocks)
 
 
-class LazyVector:
+class LazyVector(ABC):
     """A lazy ``n``- or ``m``-sized vector of a deferred pass (a pass's ratios): a Dask array
     once asked for (:meth:`to_dask`). NumPy ufuncs and functions apply to that array, ufuncs
     block by block with floating-point warnings off, as the solver's ``np.errstate`` does in
     memory (``np.log`` of the zero scalings of zero weights)."""
 
+    @abstractmethod
     def to_dask(self) -> da.Array:
-        raise NotImplementedError
+        """The vector as a Dask array."""
 
     @staticmethod
     def _unwrap(values: Any) -> tuple[Any, ...]:
