@@ -76,7 +76,7 @@ def cell(data: str, n: int, reg: float, method: str, seed: int) -> dict[str, Any
         params = dict(METHODS[method])
         backend = params.pop("backend")
         res = sketchot.sinkhorn(
-            None, None, X, Y, reg, backend, rng=seed, max_iter=5000, accuracy=1e-6,
+            None, None, X, Y, reg, backend, rng=seed, max_iter=5000, tol=1e-9, accuracy=1e-6,
             errors="warn", **params,
         )  # fmt: skip
     seconds = time.perf_counter() - start

@@ -138,7 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("-k", "--coreset-size", type=positive_int, help="polyts: coreset size")
     solver = parser.add_argument_group("solver")
     solver.add_argument("--max-iter", type=positive_int, default=1000, help="(default 1000)")
-    solver.add_argument("--tol", type=positive_float, default=1e-9, help="(default 1e-9)")
+    solver.add_argument(
+        "--tol", type=positive_float, default=None,
+        help="POT's L2 stopping criterion (default: stop at the accuracy)",
+    )  # fmt: skip
     solver.add_argument(
         "--accuracy", type=positive_float, default=sketchot.SolverOptions.accuracy,
         help="relative L1 marginal error against the true kernel that the scalings must meet "

@@ -51,8 +51,10 @@ class SketchSinkhornTransport(BaseTransport):
         ``degree``, ``coreset_size``, ``dtype``, ...). Keyword arguments not listed here are
         merged into it, so ``SketchSinkhornTransport(backend="rff", n_features=500)`` works.
     max_iter : int, default=1000
-    tol : float, default=1e-9
-        L2 column-marginal error at which the solver stops (POT's default is 1e-8).
+    tol : float or None, default=None
+        ``None``: the solver stops at the accuracy of ``solver_options`` (see
+        :class:`~sketchot.SolverOptions`); a float: the L2 column-marginal error at which it
+        stops (POT's criterion; POT's default is 1e-8).
     verbose : bool, default=False
         Print the solver's progress and the true-kernel check.
     safeguard : {'exact', 'clip', 'raise'}, default='exact'
@@ -106,7 +108,7 @@ class SketchSinkhornTransport(BaseTransport):
         backend: str = "auto",
         backend_params: dict[str, Any] | None = None,
         max_iter: int = 1000,
-        tol: float = 1e-9,
+        tol: float | None = None,
         verbose: bool = False,
         safeguard: str = "exact",
         distribution_estimation: Any = distribution_estimation_uniform,

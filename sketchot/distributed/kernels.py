@@ -255,22 +255,28 @@ def _align(vector: Any, chunks: tuple[int, ...], name: str) -> da.Array:
     return vector.astype(np.float64).rechunk((chunks,))
 
 
-def _scaled_norm_parts(values: np.ndarray) -> list[float]:
-    """``[max |x|, sum (x / max)^2]`` of one chunk (0 for the sum when the max is 0 or not
-    finite)."""
+#: The exponent of each residual norm (:data:`sketchot.solver.engine.NORMS`).
+NORM_POWERS = {"l2": 2, "l1": 1}
+
+
+def _scaled_norm_parts(values: np.ndarray, norm: str = "l2") -> list[float]:
+    """``[max |x|, sum |x / max|^p]`` of one chunk, ``p`` the norm's power (0 for the sum
+    when the max is 0 or not finite)."""
     top = float(np.max(np.abs(values))) if values.size else 0.0
     if not np.isfinite(top) or top == 0.0:
         return [top, 0.0]
-    return [top, float(np.sum((values / top) ** 2))]
+    return [top, float(np.sum(np.abs(values / top) ** NORM_POWERS[norm]))]
 
 
-def _norm_of_chunks(*parts: list[float]) -> float:
-    """The L2 norm from per-chunk ``[max, sum (x / max)^2]``, scaled by the largest entry
-    (no overflow; as the solver's residual)."""
+def _norm_of_chunks(*parts: list[float], norm: str = "l2") -> float:
+    """The norm from per-chunk ``[max, sum |x / max|^p]``, scaled by the largest entry (no
+    overflow; as the solver's residual)."""
     top = max(part[0] for part in parts)
     if not np.isfinite(top) or top == 0.0:
         return top
-    return top * float(np.sqrt(sum(total * (peak / top) ** 2 for peak, total in parts)))
+    power = NORM_POWERS[norm]
+    total = sum(part * (peak / top) ** power for peak, part in parts)
+    return top * float(total ** (1.0 / power))
 
 
 def _residual_values(
@@ -335,10 +341,11 @@ def _low_rank_residual_chunk(
     total: np.ndarray,
     dtype: np.dtype,
     exponent: float,
+    norm: str = "l2",
 ) -> list[float]:
-    """:func:`_scaled_norm_parts` of the residual on one chunk, with products ``F w`` (``w``
-    from the pass input ``total``) and ``scaling`` either the chunk's values or, given as a
-    total ``(1, r [+ 1])``, the ratios of a pass with that input."""
+    """:func:`_scaled_norm_parts` of the residual on one chunk in ``norm``, with products
+    ``F w`` (``w`` from the pass input ``total``) and ``scaling`` either the chunk's values
+    or, given as a total ``(1, r [+ 1])``, the ratios of a pass with that input."""
     rank = F.shape[1]
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         products = _products_chunk(F, _leading(total, rank), dtype)
@@ -346,7 +353,7 @@ def _low_rank_residual_chunk(
             scaling = _ratios(
                 numerator, _products_chunk(F, _leading(scaling, rank), dtype), exponent
             )
-        return _scaled_norm_parts(_residual_values(numerator, products, scaling, exponent))
+        return _scaled_norm_parts(_residual_values(numerator, products, scaling, exponent), norm)
 
 
 def _input_of(w: Any) -> tuple[PassGraph | None, list[Any]]:
@@ -470,7 +477,7 @@ class ChainedPass(DeferredPass):
     def bad(self) -> da.Array:
         return da.map_blocks(_bad, self.numerator, self._products(), dtype=bool)
 
-    def residual(self, scaling: Any) -> Lazy:
+    def residual(self, scaling: Any, norm: str = "l2") -> Lazy:
         factor = self.kernel.factor(self.side)
         graph = self.projection.graph or (self.w.graph if isinstance(self.w, Lazy) else None)
         graph = graph or PassGraph()
@@ -481,10 +488,10 @@ class ChainedPass(DeferredPass):
             scalings = graph.blocks(_align(scaling, factor.chunks[0], "scaling"))
         chunks = zip(graph.blocks(factor), graph.blocks(self.numerator), scalings, strict=True)
         parts = [
-            graph.task(_low_rank_residual_chunk, F, b, s, w, self.kernel.dtype, self.exponent)
+            graph.task(_low_rank_residual_chunk, F, b, s, w, self.kernel.dtype, self.exponent, norm)
             for F, b, s in chunks
         ]
-        return Lazy(graph, graph.task(_norm_of_chunks, *parts))
+        return Lazy(graph, graph.task(_norm_of_parts, norm, *parts))
 
     def evaluate(self, *values: Any) -> list[Any]:
         return evaluate(*values)
@@ -685,14 +692,18 @@ def _exact_rmatmat_chunk(Xc, x_sq, U, Yc, y_sq, reg, dtype) -> np.ndarray:
     return out.reshape(1, -1)
 
 
-def _residual_chunk(numerator, products, scaling, exponent) -> np.ndarray:
+def _residual_chunk(numerator, products, scaling, exponent, norm) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         values = _residual_values(numerator, products, scaling, exponent)
-        return np.array([_scaled_norm_parts(values)])
+        return np.array([_scaled_norm_parts(values, norm)])
 
 
-def _norm_of_rows(parts: np.ndarray) -> float:
-    return _norm_of_chunks(*parts.tolist())
+def _norm_of_parts(norm: str, *parts: list[float]) -> float:
+    return _norm_of_chunks(*parts, norm=norm)
+
+
+def _norm_of_rows(parts: np.ndarray, norm: str) -> float:
+    return _norm_of_chunks(*parts.tolist(), norm=norm)
 
 
 class ArrayPass(DeferredPass):
@@ -705,15 +716,15 @@ class ArrayPass(DeferredPass):
         self.bad, self.n_bad = bad, n_bad
         self.numerator, self.exponent = numerator, exponent
 
-    def residual(self, scaling: Any) -> Any:
+    def residual(self, scaling: Any, norm: str = "l2") -> Any:
         chunks = self.numerator.chunks[0]
         scaling = _align(scaling, chunks, "scaling")
         products = _align(self.products, chunks, "products")
         parts = da.map_blocks(
-            _residual_chunk, self.numerator, products, scaling, self.exponent,
+            _residual_chunk, self.numerator, products, scaling, self.exponent, norm,
             chunks=((1,) * self.numerator.numblocks[0], (2,)), new_axis=1, dtype=np.float64,
         )  # fmt: skip
-        return dask.delayed(_norm_of_rows, pure=True)(parts)
+        return dask.delayed(_norm_of_rows, pure=True)(parts, norm)
 
     def evaluate(self, *values: Any) -> list[Any]:
         lazy = [i for i, value in enumerate(values) if dask.is_dask_collection(value)]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +34,6 @@ from ..solver.progress import IterationTable
 from ..solver.result import SinkhornResult
 from ..solver.safeguard import Safeguard
 from ..solver.sinkhorn import (
-    FLOAT32_RELATIVE_TOL,
     SAMPLED_CHECK_SIZE,
     check_backend_params,
     finish_solve,
@@ -231,25 +229,17 @@ def solve_dask(
             "epsilon_scaling=True needs the exact kernel at every intermediate reg in memory; "
             "it is not available on Dask arrays"
         )
-    tol = options.tol
-    if kernel.dtype == np.float32:
-        floor = FLOAT32_RELATIVE_TOL * float((_l2(problem.b) / problem.b.sum()).compute())
-        if tol < floor:
-            if options.warn:
-                warnings.warn(
-                    f"tol={tol:g} is below what float32 kernels resolve; using tol={floor:.3g} "
-                    "(1e-6 ||b||_2 / sum(b)). Pass dtype=numpy.float64 for tighter tolerances.",
-                    UserWarning,
-                    stacklevel=3,
-                )
-            tol = floor
+    tol, norm = options.stopping(
+        kernel.dtype == np.float32,
+        lambda: float((_l2(problem.b) / problem.b.sum()).compute()),
+    )
     printer = IterationTable(options.verbose, " on Dask")
     guard = Safeguard(kernel, options.safeguard)
     strategy = choose_strategy(kernel, False)
     start = time.perf_counter()
     state = iterate(
-        kernel, problem, tol=tol, max_iter=options.max_iter, check_every=options.check_every,
-        strategy=strategy, guard=guard, progress=printer,
+        kernel, problem, tol=tol, norm=norm, max_iter=options.max_iter,
+        check_every=options.check_every, strategy=strategy, guard=guard, progress=printer,
     )  # fmt: skip
     elapsed = time.perf_counter() - start
     summary = _summary(kernel, problem, state.log_u, state.log_v)
@@ -275,7 +265,7 @@ def solve_dask(
         reason=reason,
         attempts=list(attempts),
         notes=list(problem.notes),
-        iteration_info={"strategy": state.strategy, **state.info},
+        iteration_info={"strategy": state.strategy, "norm": norm, **state.info},
         scalars=summary["scalars"],
     )
     if options.accuracy is not None:

@@ -145,9 +145,10 @@ class DeferredPass(ABC):
     n_bad: Any
 
     @abstractmethod
-    def residual(self, scaling: Any) -> Any:
-        """Lazy ``||products * (scaling - ratios)||_2`` over the entries with a positive
-        numerator (the Sinkhorn residual of a columns pass, ``scaling`` the previous ``v``)."""
+    def residual(self, scaling: Any, norm: str = "l2") -> Any:
+        """Lazy ``||products * (scaling - ratios)||`` (``norm``: ``'l2'`` or ``'l1'``) over
+        the entries with a positive numerator (the Sinkhorn residual of a columns pass,
+        ``scaling`` the previous ``v``)."""
 
     @abstractmethod
     def evaluate(self, *values: Any) -> list[Any]:

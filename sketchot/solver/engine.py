@@ -34,9 +34,11 @@ log-potentials, an epsilon schedule (:func:`epsilon_schedule`, for kernels that 
 rebuilt at another ``reg``) and the paper's plain protocol (``order='paper'``: from ``v = 1``,
 ``u`` first, a fixed number of iterations, no check) are options of the same loop.
 
-Stopping: at each check (every ``check_every`` iterations) the L2 norm of the fixed-point
-residual of the columns, ``||K^T u * (v - v_next)||_2 / sum(b)``; for balanced transport this
-is POT's column-marginal error ``||v * K^T u - b||_2 / sum(b)``. A run whose best error has not
+Stopping: at each check (every ``check_every`` iterations) a norm of the fixed-point residual
+of the columns, ``K^T u * (v - v_next)``: ``norm='l2'``, ``||.||_2 / sum(b)``, for balanced
+transport POT's column-marginal error ``||v * K^T u - b||_2 / sum(b)``; ``norm='l1'``,
+``||.||_1 / sum(a)``, the error the true-kernel check measures (the row marginal is exact
+after the ``u`` half-step). A run whose best error has not
 improved by :data:`STALL_IMPROVEMENT` over :data:`STALL_CHECKS` checks stops as stalled.
 
 Deferred operators (the ``'deferred'`` capability, e.g. on a cluster): their passes are lazy
@@ -84,11 +86,12 @@ MAX_RESETS = 20
 STALL_IMPROVEMENT = 0.99
 STALL_CHECKS = 30
 
-#: Intermediate stages of the epsilon schedule stop at this residual (relative to
-#: ``sum(b)``); the last stage dominates whatever the choice.
+#: Intermediate stages of the epsilon schedule stop at this residual (in the run's norm, relative
+#: to its mass); the last stage dominates whatever the choice.
 STAGE_TOL = 1e-3
 
 ORDERS = ("pot", "paper")
+NORMS = ("l2", "l1")
 STRATEGIES = ("multiplicative", "absorb", "log")
 
 
@@ -166,6 +169,7 @@ def iterate(
     *,
     tol: float,
     max_iter: int,
+    norm: str = "l2",
     check_every: int = 10,
     strategy: str = "multiplicative",
     anderson: int = 0,
@@ -187,6 +191,9 @@ def iterate(
         Stop when the residual (module notes) falls below ``tol``; ``0`` never stops early.
     max_iter : int
         Iterations at most, over all stages.
+    norm : {'l2', 'l1'}
+        The residual's norm (module notes): ``'l2'`` relative to ``sum(b)`` (POT's
+        criterion), ``'l1'`` relative to ``sum(a)``.
     check_every : int
         Iterations between checks.
     strategy : {'multiplicative', 'absorb', 'log'}
@@ -213,30 +220,32 @@ def iterate(
         raise ValueError(f"order must be one of {ORDERS}; got {order!r}")
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}; got {strategy!r}")
+    if norm not in NORMS:
+        raise ValueError(f"norm must be one of {NORMS}; got {norm!r}")
     if not schedule:
-        result = _Run(kernel, problem, strategy, anderson, guard, progress, order).run(
+        result = _Run(kernel, problem, strategy, anderson, guard, progress, order, norm).run(
             tol, max_iter, check_every, timed
         )
         if result.status == "breakdown" and _log_fallback(kernel, problem, strategy):
             # marginals below float64's range (far outliers of unbalanced transport): the
             # linear absorbed kernel cannot hold them, its log-domain passes can
-            result = _Run(kernel, problem, "log", anderson, guard, progress, order).run(
+            result = _Run(kernel, problem, "log", anderson, guard, progress, order, norm).run(
                 tol, max_iter, check_every, timed
             )
             result.info["fallback"] = "log"
         return result
     total, history, stages, info = 0, [], [], {"absorptions": 0, "resets": 0}
     log_u = log_v = None
-    mass = float(problem.b.sum())
+    mass = float((problem.a if norm == "l1" else problem.b).sum())
     for stage_kernel in [*schedule, kernel]:
         last = stage_kernel is kernel
         reg = stage_kernel.geometry.reg
         stage_problem = problem.at_reg(reg, log_u, log_v)
         stage_tol = tol if last else max(tol, STAGE_TOL * mass)
         every = check_every if last else 1  # checks are free: don't overshoot a loose tol
-        result = _Run(stage_kernel, stage_problem, strategy, anderson, guard, progress, order).run(
-            stage_tol, max_iter - total, every, timed, offset=total
-        )
+        result = _Run(
+            stage_kernel, stage_problem, strategy, anderson, guard, progress, order, norm
+        ).run(stage_tol, max_iter - total, every, timed, offset=total)
         history.extend(result.history)
         total += result.n_iter
         for key in ("absorptions", "resets"):
@@ -275,7 +284,7 @@ def _log_fallback(kernel: KernelOperator, problem: Problem, strategy: str) -> bo
 class _Run:
     """One stage of the iteration on one kernel (see :func:`iterate`)."""
 
-    def __init__(self, kernel, problem, strategy, anderson, guard, progress, order):
+    def __init__(self, kernel, problem, strategy, anderson, guard, progress, order, norm="l2"):
         self.deferred = "deferred" in kernel.info.capabilities
         if self.deferred and (strategy != "multiplicative" or anderson):
             raise ValueError(
@@ -293,7 +302,8 @@ class _Run:
             self.log_weights = {"rows": np.log(problem.a), "cols": np.log(problem.b)}
         self.exponent = {"rows": problem.exponents[0], "cols": problem.exponents[1]}
         self.mixer = AndersonMixer(anderson, self.active["cols"]) if anderson else None
-        self.mass = float(problem.b.sum())
+        self.norm = norm
+        self.mass = float((problem.a if norm == "l1" else problem.b).sum())
         self.counts = {"absorptions": 0, "resets": 0}
         # absorbed log-scalings (alpha, beta); a scalar zero until the first absorption
         self.offset = {"rows": 0.0, "cols": 0.0}
@@ -439,7 +449,8 @@ class _Run:
                     and ((iteration - 2) % check_every == 0 or final)
                 ):
                     if self.deferred:
-                        error = self.settle(result.residual(scaling["cols"]))[0] / self.mass
+                        lazy = result.residual(scaling["cols"], self.norm)
+                        error = self.settle(lazy)[0] / self.mass
                     else:
                         error = self.residual(scaling["cols"], result)
                     if not math.isfinite(error):
@@ -522,7 +533,8 @@ class _Run:
         return computed[: len(values)]
 
     def residual(self, v: np.ndarray, result) -> float:
-        """``||K^T u * (v - v_next)||_2 / sum(b)`` from the columns pass (module notes)."""
+        """``||K^T u * (v - v_next)||`` over the mass, in the run's norm, from the columns pass
+        (module notes)."""
         if self.log:
             diff = np.exp(result.products + v) - np.exp(result.products + result.ratios)
         else:
@@ -531,7 +543,8 @@ class _Run:
         scale = float(np.max(np.abs(diff))) if diff.size else 0.0
         if not math.isfinite(scale) or scale == 0.0:
             return scale
-        return scale * float(np.linalg.norm(diff / scale)) / self.mass
+        ord_ = 1 if self.norm == "l1" else 2
+        return scale * float(np.linalg.norm(diff / scale, ord=ord_)) / self.mass
 
     def mix(self, side: str, previous: np.ndarray, new: np.ndarray, result) -> tuple:
         """``(column update, whether it was extrapolated)``: Anderson mixing of the column
