@@ -236,12 +236,11 @@ def iterate(
         return result
     total, history, stages, info = 0, [], [], {"absorptions": 0, "resets": 0}
     log_u = log_v = None
-    mass = float((problem.a if norm == "l1" else problem.b).sum())
     for stage_kernel in [*schedule, kernel]:
         last = stage_kernel is kernel
         reg = stage_kernel.geometry.reg
         stage_problem = problem.at_reg(reg, log_u, log_v)
-        stage_tol = tol if last else max(tol, STAGE_TOL * mass)
+        stage_tol = tol if last else max(tol, STAGE_TOL)  # residuals are relative already
         every = check_every if last else 1  # checks are free: don't overshoot a loose tol
         result = _Run(
             stage_kernel, stage_problem, strategy, anderson, guard, progress, order, norm
