@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import warnings
 
 import numpy as np
@@ -60,3 +61,17 @@ def test_sinkhorn2_defaults_to_auto():
         warnings.simplefilter("error", sketchot.AccuracyWarning)
         cost = sketchot.sinkhorn2(a, b, X, Y, reg=reg, rng=0)
     assert cost == pytest.approx(reference, rel=1e-3)
+
+
+def test_the_slow_run_warning_suggests_auto_only_when_auto_did_not_choose(cloud, monkeypatch):
+    solver_module = importlib.import_module("sketchot.solver.sinkhorn")
+    monkeypatch.setattr(solver_module, "LONG_RUN_SECONDS", 0.0)  # every streamed run is "long"
+    kernel = sketchot.make_kernel(cloud, cloud, 1.0, "exact", max_dense_bytes=0)
+    with pytest.warns(UserWarning, match="or backend='auto' cost less"):
+        sketchot.sinkhorn_kernel(None, None, kernel, max_iter=2)
+    kernel.info.reason = "chosen by auto"  # what the auto strategy records before its solve
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sketchot.sinkhorn_kernel(None, None, kernel, max_iter=2)
+    slow = [str(w.message) for w in caught if "estimated at" in str(w.message)]
+    assert slow and all("backend='auto'" not in text for text in slow)
