@@ -367,8 +367,8 @@ def solve(
 ) -> SinkhornResult:
     """The solve on a validated problem and a built kernel: iterations, summary, checks."""
     strategy = choose_strategy(kernel, options.log_domain)
-    exact = "exact" in kernel.info.capabilities
-    exact = exact and hasattr(kernel, "at_reg")
+    # a schedule needs the kernel at every intermediate reg: the exact kernel rebuilds itself
+    exact = "exact" in kernel.info.capabilities and hasattr(kernel, "at_reg")
     if options.epsilon_scaling is True and not exact:
         raise ValueError(
             "epsilon_scaling=True needs a kernel with the 'exact' capability (the kernel must "
@@ -394,12 +394,16 @@ def solve(
         f"sinkhorn ({kernel.info.backend})", total=options.max_iter, show=options.warn
         and "auto",
     ) as live:  # fmt: skip
-        state = iterate(
-            kernel, problem, tol=tol, norm=norm, max_iter=options.max_iter,
-            check_every=options.check_every, strategy=strategy,
-            anderson=options.anderson_memory(strategy != "multiplicative"), guard=guard,
-            progress=_Monitor(printer, live, options.check_every), schedule=schedule,
-        )  # fmt: skip
+
+        def run(schedule: list[KernelOperator] | None):
+            return iterate(
+                kernel, problem, tol=tol, norm=norm, max_iter=options.max_iter,
+                check_every=options.check_every, strategy=strategy,
+                anderson=options.anderson_memory(strategy != "multiplicative"), guard=guard,
+                progress=_Monitor(printer, live, options.check_every), schedule=schedule,
+            )  # fmt: skip
+
+        state = run(schedule)
         if state.status in ("stalled", "breakdown") and schedule is None and automatic:
             # the iteration cannot resolve this reg from a cold start (the scalings' range
             # outgrows rounding): an epsilon schedule brings the potentials close first
@@ -408,12 +412,7 @@ def solve(
                 f"{state.history[-1][1] if state.history else float('nan'):.2g} after "
                 f"{state.n_iter} iterations; solved again with an epsilon schedule"
             )
-            state = iterate(
-                kernel, problem, tol=tol, norm=norm, max_iter=options.max_iter,
-                check_every=options.check_every, strategy=strategy,
-                anderson=options.anderson_memory(strategy != "multiplicative"), guard=guard,
-                progress=_Monitor(printer, live, options.check_every), schedule=_schedule(kernel),
-            )  # fmt: skip
+            state = run(_schedule(kernel))
         live.close(state.status)
     elapsed = time.perf_counter() - start
     summary = plan_summary(kernel, state.log_u, state.log_v)
