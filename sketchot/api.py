@@ -18,10 +18,7 @@ import numpy as np
 from ._dask import any_dask, require_dask
 from .kernels import make_kernel as make_kernel_in_memory
 from .solver import sinkhorn as sinkhorn_in_memory
-from .solver import sinkhorn2 as sinkhorn2_in_memory
 from .solver import sinkhorn_kernel as sinkhorn_kernel_in_memory
-from .solver import sinkhorn_unbalanced as sinkhorn_unbalanced_in_memory
-from .solver import solve_sample as solve_sample_in_memory
 
 
 def _distributed():
@@ -75,7 +72,6 @@ def sinkhorn(
     )
 
 
-@wraps(sinkhorn2_in_memory)
 def sinkhorn2(
     a: Any,
     b: Any,
@@ -90,12 +86,27 @@ def sinkhorn2(
     p: float = 2.0,
     **kwargs: Any,
 ) -> float:
+    """``<P, M>`` of :func:`sinkhorn`'s plan (POT's ``sinkhorn2`` convention, the linear cost
+    without the entropic term); same parameters as :func:`sinkhorn`.
+
+    Returns
+    -------
+    float
+        ``value_linear`` of the result: ``sum_ij P_ij M_ij`` (the problem's cost).
+
+    Examples
+    --------
+    >>> import numpy as np, sketchot
+    >>> rng = np.random.default_rng(0)
+    >>> X, Y = rng.random((300, 2)), rng.random((200, 2)) + 1.0
+    >>> round(sketchot.sinkhorn2(None, None, X, Y, reg=0.5, rng=0), 3)
+    2.141
+    """
     return sinkhorn(
         a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, metric=metric, p=p, **kwargs
     ).value_linear
 
 
-@wraps(sinkhorn_unbalanced_in_memory)
 def sinkhorn_unbalanced(
     a: Any,
     b: Any,
@@ -110,10 +121,23 @@ def sinkhorn_unbalanced(
     p: float = 2.0,
     **kwargs: Any,
 ):
+    """Unbalanced entropic transport between point clouds (POT's name and argument order):
+    :func:`sinkhorn` with ``reg_m`` (a number, a pair, ``inf`` for a hard side); ``metric``
+    and ``p`` as in :func:`sinkhorn`.
+
+    Examples
+    --------
+    >>> import numpy as np, sketchot
+    >>> rng = np.random.default_rng(0)
+    >>> X, Y = rng.random((300, 2)), rng.random((200, 2))
+    >>> a, b = np.full(300, 1 / 300), np.full(200, 2 / 200)   # masses 1 and 2
+    >>> res = sketchot.sinkhorn_unbalanced(a, b, X, Y, reg=0.1, reg_m=1.0, rng=0)
+    >>> bool(1.0 < res.mass < 2.0)
+    True
+    """
     return sinkhorn(a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, metric=metric, p=p, **kwargs)
 
 
-@wraps(solve_sample_in_memory)
 def solve_sample(
     X_a: Any,
     X_b: Any,
@@ -130,6 +154,22 @@ def solve_sample(
     p: float = 2.0,
     **kwargs: Any,
 ):
+    """Entropic transport between samples with the names of POT's ``ot.solve_sample``.
+
+    ``solve_sample(X_a, X_b, a, b, reg=..., unbalanced=...)`` is :func:`sinkhorn` with
+    ``reg_m=unbalanced`` (KL penalty); the result has ``ot.solve_sample``'s fields
+    (``value``, ``value_linear``, ``potentials``, ``plan``, ``lazy_plan``, ``marginals``,
+    ``status``). ``max_iter`` and ``tol`` default to :class:`SolverOptions`'s; ``metric``
+    (``ot.solve_sample``'s name) and ``p`` are :func:`sinkhorn`'s.
+
+    Examples
+    --------
+    >>> import numpy as np, sketchot
+    >>> rng = np.random.default_rng(0)
+    >>> res = sketchot.solve_sample(rng.random((200, 2)), rng.random((150, 2)), reg=0.1, rng=0)
+    >>> res.status, res.plan.shape
+    ('converged', (200, 150))
+    """
     if max_iter is not None:
         kwargs["max_iter"] = max_iter
     if tol is not None:

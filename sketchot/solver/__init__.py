@@ -22,10 +22,7 @@ from .result import SinkhornResult
 from .sinkhorn import (
     check_backend_params,
     sinkhorn,
-    sinkhorn2,
     sinkhorn_kernel,
-    sinkhorn_unbalanced,
-    solve_sample,
 )
 
 __all__ = [
@@ -50,9 +47,6 @@ __all__ = [
     "plan_summary",
     "sampled_true_kernel_check",
     "sinkhorn",
-    "sinkhorn2",
     "sinkhorn_kernel",
-    "sinkhorn_unbalanced",
-    "solve_sample",
     "true_kernel_check",
 ]

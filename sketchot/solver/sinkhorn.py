@@ -1,7 +1,8 @@
 """The public solves: point clouds or a prebuilt kernel in, a checked result out.
 
-:func:`sinkhorn` (and :func:`sinkhorn2`, :func:`sinkhorn_unbalanced`, :func:`solve_sample`)
-validate the problem once (:mod:`~sketchot.solver.problem`), build the kernel (or let
+:func:`sinkhorn` and :func:`sinkhorn_kernel` (whose public conveniences ``sinkhorn2``,
+``sinkhorn_unbalanced`` and ``solve_sample`` live in :mod:`sketchot.api`) validate the problem
+once (:mod:`~sketchot.solver.problem`), build the kernel (or let
 ``backend='auto'`` choose it: :mod:`~sketchot.solver.auto`), run the one iteration
 (:mod:`~sketchot.solver.engine`), then evaluate the plan without its ``n x m`` array, check the
 scalings against the TRUE kernel (the ``accuracy`` contract) and refuse impossible results.
@@ -148,113 +149,6 @@ def sinkhorn(
     if options.verbose:
         print(f"sketchot.sinkhorn: built {kernel!r} in {kernel.info.build_time:.3f} s")
     return solve(problem, kernel, options, rng=rng)
-
-
-def sinkhorn2(
-    a: Any,
-    b: Any,
-    X: Any,
-    Y: Any = None,
-    reg: float = 1.0,
-    backend: str = "auto",
-    *,
-    reg_m: Any = None,
-    rng: Any = None,
-    metric: Any = "sqeuclidean",
-    p: float = 2.0,
-    **kwargs: Any,
-) -> float:
-    """``<P, M>`` of :func:`sinkhorn`'s plan (POT's ``sinkhorn2`` convention, the linear cost
-    without the entropic term); same parameters as :func:`sinkhorn`.
-
-    Returns
-    -------
-    float
-        ``value_linear`` of the result: ``sum_ij P_ij M_ij`` (the problem's cost).
-
-    Examples
-    --------
-    >>> import numpy as np, sketchot
-    >>> rng = np.random.default_rng(0)
-    >>> X, Y = rng.random((300, 2)), rng.random((200, 2)) + 1.0
-    >>> round(sketchot.sinkhorn2(None, None, X, Y, reg=0.5, rng=0), 3)
-    2.141
-    """
-    return sinkhorn(
-        a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, metric=metric, p=p, **kwargs
-    ).value_linear
-
-
-def sinkhorn_unbalanced(
-    a: Any,
-    b: Any,
-    X: Any,
-    Y: Any,
-    reg: float,
-    reg_m: Any,
-    backend: str = "auto",
-    *,
-    rng: Any = None,
-    metric: Any = "sqeuclidean",
-    p: float = 2.0,
-    **kwargs: Any,
-) -> SinkhornResult:
-    """Unbalanced entropic transport between point clouds (POT's name and argument order):
-    :func:`sinkhorn` with ``reg_m`` (a number, a pair, ``inf`` for a hard side); ``metric``
-    and ``p`` as in :func:`sinkhorn`.
-
-    Examples
-    --------
-    >>> import numpy as np, sketchot
-    >>> rng = np.random.default_rng(0)
-    >>> X, Y = rng.random((300, 2)), rng.random((200, 2))
-    >>> a, b = np.full(300, 1 / 300), np.full(200, 2 / 200)   # masses 1 and 2
-    >>> res = sketchot.sinkhorn_unbalanced(a, b, X, Y, reg=0.1, reg_m=1.0, rng=0)
-    >>> bool(1.0 < res.mass < 2.0)
-    True
-    """
-    return sinkhorn(a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, metric=metric, p=p, **kwargs)
-
-
-def solve_sample(
-    X_a: Any,
-    X_b: Any,
-    a: Any = None,
-    b: Any = None,
-    reg: float = 1.0,
-    unbalanced: Any = None,
-    backend: str = "auto",
-    *,
-    max_iter: int | None = None,
-    tol: float | None = None,
-    rng: Any = None,
-    metric: Any = "sqeuclidean",
-    p: float = 2.0,
-    **kwargs: Any,
-) -> SinkhornResult:
-    """Entropic transport between samples with the names of POT's ``ot.solve_sample``.
-
-    ``solve_sample(X_a, X_b, a, b, reg=..., unbalanced=...)`` is :func:`sinkhorn` with
-    ``reg_m=unbalanced`` (KL penalty); the result has ``ot.solve_sample``'s fields
-    (``value``, ``value_linear``, ``potentials``, ``plan``, ``lazy_plan``, ``marginals``,
-    ``status``). ``max_iter`` and ``tol`` default to :class:`SolverOptions`'s; ``metric``
-    (``ot.solve_sample``'s name) and ``p`` are :func:`sinkhorn`'s.
-
-    Examples
-    --------
-    >>> import numpy as np, sketchot
-    >>> rng = np.random.default_rng(0)
-    >>> res = sketchot.solve_sample(rng.random((200, 2)), rng.random((150, 2)), reg=0.1, rng=0)
-    >>> res.status, res.plan.shape
-    ('converged', (200, 150))
-    """
-    if max_iter is not None:
-        kwargs["max_iter"] = max_iter
-    if tol is not None:
-        kwargs["tol"] = tol
-    return sinkhorn(
-        a, b, X_a, X_b, reg, backend, reg_m=unbalanced, rng=rng, metric=metric, p=p, **kwargs
-    )
 
 
 def check_backend_params(caller: str, backend: str, params: dict[str, Any]) -> None:
