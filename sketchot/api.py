@@ -1,24 +1,73 @@
 """The public entries, and the one place where Dask inputs part from in-memory ones.
 
 ``sketchot.sinkhorn``, ``sinkhorn2``, ``sinkhorn_unbalanced``, ``solve_sample``,
-``sinkhorn_kernel`` and ``make_kernel`` send Dask arrays
-(and kernels built on them) to :mod:`sketchot.distributed`, imported only then (Dask is an
-optional dependency), and everything else to :mod:`sketchot.solver` and
+``sinkhorn_kernel`` and ``make_kernel`` own their signatures and documentation here: every
+parameter is named, the solver's options (:class:`~sketchot.SolverOptions`, whose defaults
+and documentation they read) included; only the backend's own parameters (its registry
+record's ``defaults``) arrive as further keywords, checked by name with a did-you-mean. Dask
+arrays (and kernels built on them) go to :mod:`sketchot.distributed`, imported only then
+(Dask is an optional dependency), everything else to :mod:`sketchot.solver` and
 :mod:`sketchot.kernels`, which never see a Dask array. The top layer: nothing in the package
-imports it but ``sketchot/__init__.py``.
+imports it but ``sketchot/__init__.py`` and the jobs built on the public solves.
 """
 
 from __future__ import annotations
 
-from functools import wraps
+import functools
+import inspect
 from typing import Any
 
 import numpy as np
 
 from ._dask import any_dask, require_dask
+from ._validation import unknown_names
 from .kernels import make_kernel as make_kernel_in_memory
+from .solver import SolverOptions
 from .solver import sinkhorn as sinkhorn_in_memory
 from .solver import sinkhorn_kernel as sinkhorn_kernel_in_memory
+
+#: The options' defaults, read from their one definition.
+_DEFAULT = SolverOptions()
+
+
+def _options(values: dict[str, Any]) -> SolverOptions:
+    """The validated options among a call's named arguments."""
+    return SolverOptions(**{name: values[name] for name in SolverOptions.names()})
+
+
+def _options_doc() -> str:
+    """The options' numpydoc entries, from :class:`SolverOptions`'s own documentation."""
+    doc = SolverOptions.__doc__ or ""
+    return doc[doc.index("----------\n") + len("----------\n") :].rstrip()
+
+
+def _documented(func):
+    """Fill ``{options}`` in ``func``'s docstring with the options' entries."""
+    func.__doc__ = func.__doc__.replace("    {options}", _options_doc())
+    return func
+
+
+def _named_only(hint: str):
+    """Reject keywords that ``func``'s signature does not name with a did-you-mean and
+    ``hint`` (Python's own error names the first one only and suggests nothing)."""
+
+    def decorate(func):
+        accepted = list(inspect.signature(func).parameters)
+
+        @functools.wraps(func)
+        def checked(*args: Any, **kwargs: Any):
+            unknown = sorted(set(kwargs) - set(accepted))
+            if unknown:
+                raise TypeError(
+                    f"{func.__name__}() got unexpected keyword argument(s) "
+                    f"{unknown_names(unknown, accepted)}; {hint}; it accepts: "
+                    f"{', '.join(accepted)}"
+                )
+            return func(*args, **kwargs)
+
+        return checked
+
+    return decorate
 
 
 def _distributed():
@@ -29,15 +78,18 @@ def _distributed():
     return distributed
 
 
-def _refuse_metric(metric: Any, p: Any) -> None:
-    """Dask solves and kernels use the squared-Euclidean cost only."""
+def _refuse_on_dask(metric: Any, warmstart: Any = None) -> None:
+    """Dask solves and kernels use the squared-Euclidean cost and start cold."""
     if not (isinstance(metric, str) and metric == "sqeuclidean"):
         name = metric if isinstance(metric, str) else "a callable"
         raise NotImplementedError(
             f"metric={name!r} is not implemented on Dask arrays (squared Euclidean only); "
             "compute the clouds (numpy arrays) to solve with another metric"
         )
-    del p
+    if warmstart is not None:
+        raise NotImplementedError(
+            "warmstart is not implemented on Dask arrays; pass warmstart=None"
+        )
 
 
 def _on_dask(kernel: Any, *weights: Any) -> bool:
@@ -47,7 +99,12 @@ def _on_dask(kernel: Any, *weights: Any) -> bool:
     return any_dask(getattr(geometry, "X", None), *weights)
 
 
-@wraps(sinkhorn_in_memory)
+def _build(rank: Any, dtype: Any) -> dict[str, Any]:
+    """``rank`` and ``dtype`` as the builders take them (``rank=None``: not given)."""
+    return {"dtype": dtype} if rank is None else {"dtype": dtype, "rank": rank}
+
+
+@_documented
 def sinkhorn(
     a: Any,
     b: Any,
@@ -57,42 +114,186 @@ def sinkhorn(
     backend: str = "auto",
     *,
     reg_m: Any = None,
-    rng: Any = None,
     metric: Any = "sqeuclidean",
     p: float = 2.0,
-    **kwargs: Any,
+    warmstart: Any = None,
+    rank: Any = None,
+    dtype: Any = np.float64,
+    rng: Any = None,
+    max_iter: int = _DEFAULT.max_iter,
+    tol: float | None = _DEFAULT.tol,
+    check_every: int = _DEFAULT.check_every,
+    safeguard: str = _DEFAULT.safeguard,
+    log_domain: bool | str = _DEFAULT.log_domain,
+    epsilon_scaling: bool | str = _DEFAULT.epsilon_scaling,
+    anderson: int | str = _DEFAULT.anderson,
+    accuracy: float | None = _DEFAULT.accuracy,
+    true_kernel_samples: int | str = _DEFAULT.true_kernel_samples,
+    errors: str = _DEFAULT.errors,
+    warn: bool = _DEFAULT.warn,
+    verbose: bool = _DEFAULT.verbose,
+    **backend_params: Any,
 ):
+    """Entropic optimal transport between two point clouds with a pluggable Gibbs kernel.
+
+    Solves ``min_P <P, M> + reg KL(P | a b^T) + reg_m_a KL(P 1 | a) + reg_m_b KL(P^T 1 | b)``
+    over non-negative plans, ``M_ij = c(x_i, y_j)`` (``||x_i - y_j||^2`` by default) and the
+    generalised ``KL(p | q) = sum p log(p / q) - p + q`` (POT's
+    ``ot.unbalanced.sinkhorn_unbalanced`` with ``reg_type='kl'``; ``reg_m=None``, the
+    default, is balanced transport, a hard constraint on both sides), by Sinkhorn's scaling
+    iteration on ``K = exp(-M / reg)``, where ``K`` is exact or approximated by ``backend``
+    (:mod:`sketchot.solver.engine`).
+
+    Parameters
+    ----------
+    a : array-like of shape (n,) or None
+        Source weights (non-negative; ``None`` for uniform ``1/n``). Zero weights are allowed.
+        If any of ``a``, ``b``, ``X``, ``Y`` is a Dask array, the solve runs with Dask
+        (:mod:`sketchot.distributed`; ``pip install "sketchot[dask]"``).
+    b : array-like of shape (m,) or None
+        Target weights; the same total mass as ``a`` for balanced transport.
+    X : array-like, shape (n, d)
+        Source points (integer arrays such as pixels are converted to float).
+    Y : array-like, shape (m, d)
+        Target points. sketchot takes point clouds; for a precomputed cost matrix use POT's
+        ``ot.sinkhorn(a, b, M, reg)``.
+    reg : float, default=1.0
+        Entropic regularisation (> 0). The paper's ``gamma`` is ``1 / reg``.
+    backend : str, default='auto'
+        ``'auto'`` (the cheapest kernel that meets ``accuracy``, escalating when the check
+        fails: :mod:`sketchot.solver.auto`) or a registered backend
+        (:func:`sketchot.available_backends`), used as it is.
+    reg_m : None, float or pair of float, default=None
+        KL penalties of the marginals (POT's ``reg_m``, in units of the cost): ``None`` for
+        balanced transport, a number for both sides, ``(reg_m_a, reg_m_b)`` for each, with
+        ``float('inf')`` for a hard side (``(inf, s)`` is semi-relaxed). Unequal masses of
+        ``a`` and ``b`` are allowed only with a finite penalty.
+    metric : str or callable, default='sqeuclidean'
+        The cost, with POT's ``ot.dist`` names: ``'sqeuclidean'`` ``||x - y||^2``,
+        ``'euclidean'`` ``||x - y||``, ``'cityblock'`` ``||x - y||_1``, ``'minkowski'``
+        ``||x - y||_p``, or a callable ``metric(A, B)`` returning the cost block of shape
+        ``(len(A), len(B))``. Squared Euclidean is the only cost of the polynomial and
+        Fourier kernels; a backend that does not declare the metric
+        (``sketchot.get_backend(name).metrics``) is refused; ``'exact'`` and ``'nystrom'``
+        take any (Nystrom needs a positive semi-definite kernel; the true-kernel check
+        judges it), and ``'auto'`` chooses among the backends that take it. Not with Dask
+        arrays.
+    p : float, default=2
+        The order of ``metric='minkowski'`` (``>= 1``), as in ``ot.dist``.
+    warmstart : None or pair of array-like, default=None
+        Initial log-scalings ``(log u, log v)``, shapes ``(n,)`` and ``(m,)`` (POT's
+        ``warmstart``; a previous result's ``potentials``), e.g. for a sequence of nearby
+        problems. A warm start is never annealed (``epsilon_scaling='auto'`` applies to cold
+        starts). Not with Dask arrays.
+    rank : int or 'auto', optional
+        The size of a low-rank backend's factors (it sets the record's rank parameter:
+        ``n_features``, ``n_landmarks``, ...; :func:`sketchot.make_kernel`); not with
+        ``backend='auto'``, which sizes them itself.
+    dtype : numpy.float64 or numpy.float32, default=numpy.float64
+        Precision of the stored kernel or factors.
+    rng : None, int, Generator, ...
+        Randomness of the approximate backends and of the sampled true-kernel check.
+    {options}
+    **backend_params
+        The backend's own parameters, by name (``sketchot.get_backend(backend).defaults``,
+        e.g. ``degree`` of ``'polyts'``); a name that is neither one of them nor a parameter
+        above is rejected with a did-you-mean. None with ``backend='auto'``.
+
+    Returns
+    -------
+    SinkhornResult
+        The scalings (``potentials = (log u, log v)``, ``P = diag(u) K diag(v)``), the lazy
+        plan (``lazy_plan``; ``plan`` for the dense array when it fits), ``value_linear =
+        <P, M>``, ``value`` (the objective above, penalties included), the marginals, the
+        iterations, the stop reason, and ``true_kernel``: the check of the scalings against
+        the exact kernel (for unbalanced transport, the L1 residual of the fixed point
+        ``u = (a / K v)^rho_a``, ``v = (b / K^T u)^rho_b``, relative to ``sum(a)``), with
+        ``accuracy_met``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On invalid input, naming the argument, what was expected and what was received.
+    InvalidResultError
+        When the answer would be impossible (negative or non-finite cost or mass) and
+        ``errors='raise'``.
+
+    Notes
+    -----
+    Time per iteration: ``O((n + m) r)`` for rank-``r`` backends, ``O(n m)`` for the exact one
+    (``O(n m d)`` when streamed). Memory ``O((n + m) r)`` for low-rank backends.
+
+    References
+    ----------
+    Cuturi, M. (2013). Sinkhorn distances: lightspeed computation of optimal transport.
+    Chizat, L., Peyre, G., Schmitzer, B., Vialard, F.-X. (2018). Scaling algorithms for
+    unbalanced optimal transport problems. Han, I., Avron, H., Shin, J. (2020). Polynomial
+    tensor sketch for element-wise function of low-rank matrix. ICML.
+
+    Examples
+    --------
+    >>> import numpy as np, sketchot
+    >>> rng = np.random.default_rng(0)
+    >>> X, Y = rng.random((500, 3)), rng.random((400, 3))
+    >>> res = sketchot.sinkhorn(None, None, X, Y, reg=1.0, backend="nystrom", rank=50, rng=0)
+    >>> bool(res.converged), res.backend, bool(res.accuracy_met)
+    (True, 'nystrom', True)
+    >>> res = sketchot.sinkhorn(None, None, X, Y, reg=0.1, reg_m=0.5, rng=0)   # unbalanced
+    >>> bool(res.mass < 1.0), bool(res.accuracy_met)
+    (True, True)
+    """
+    options = _options(locals())
+    build = _build(rank, dtype)
     if any_dask(a, b, X, Y):
-        _refuse_metric(metric, p)
+        _refuse_on_dask(metric, warmstart)
         return _distributed().sinkhorn_dask(
-            a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, **kwargs
-        )
+            a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, **options.as_dict(), **build,
+            **backend_params,
+        )  # fmt: skip
     return sinkhorn_in_memory(
-        a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, metric=metric, p=p, **kwargs
-    )
+        a, b, X, Y, reg, backend, options=options, reg_m=reg_m, metric=metric, p=p,
+        warmstart=warmstart, rng=rng, **build, **backend_params,
+    )  # fmt: skip
 
 
-def sinkhorn2(
-    a: Any,
-    b: Any,
-    X: Any,
-    Y: Any = None,
-    reg: float = 1.0,
-    backend: str = "auto",
-    *,
-    reg_m: Any = None,
-    rng: Any = None,
-    metric: Any = "sqeuclidean",
-    p: float = 2.0,
-    **kwargs: Any,
-) -> float:
-    """``<P, M>`` of :func:`sinkhorn`'s plan (POT's ``sinkhorn2`` convention, the linear cost
-    without the entropic term); same parameters as :func:`sinkhorn`.
+#: sinkhorn's keyword-only parameters: the rest of every convenience's signature.
+_KEYWORDS = [
+    param
+    for param in inspect.signature(sinkhorn).parameters.values()
+    if param.kind in (param.KEYWORD_ONLY, param.VAR_KEYWORD)
+]
+
+
+def _signature(func, leading: dict[str, Any], skip: tuple[str, ...] = ()):
+    """Give ``func`` its full public signature: its own leading parameters (name -> default,
+    ``inspect.Parameter.empty`` for a required one), then :func:`sinkhorn`'s keywords."""
+    params = [
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
+        for name, default in leading.items()
+    ]
+    params += [param for param in _KEYWORDS if param.name not in {*leading, *skip}]
+    func.__signature__ = inspect.Signature(params)
+    return func
+
+
+def sinkhorn2(a: Any, b: Any, X: Any, Y: Any = None, reg: float = 1.0, backend: str = "auto",
+              **kwargs: Any) -> float:  # fmt: skip
+    """``<P, M>`` of :func:`sinkhorn`'s plan (POT's ``sinkhorn2``: the linear cost, without
+    the entropic term).
+
+    Parameters
+    ----------
+    a, b, X, Y, reg, backend
+        As in :func:`sinkhorn`.
+    **kwargs
+        Every keyword of :func:`sinkhorn` (``reg_m``, ``metric``, ``accuracy``, ``tol``,
+        ``max_iter``, ..., the backend's parameters); the signature lists them.
 
     Returns
     -------
     float
-        ``value_linear`` of the result: ``sum_ij P_ij M_ij`` (the problem's cost).
+        ``value_linear`` of the result: ``sum_ij P_ij M_ij`` (the problem's cost). The full
+        result (accuracy check, potentials) is :func:`sinkhorn`'s.
 
     Examples
     --------
@@ -102,28 +303,34 @@ def sinkhorn2(
     >>> round(sketchot.sinkhorn2(None, None, X, Y, reg=0.5, rng=0), 3)
     2.141
     """
-    return sinkhorn(
-        a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, metric=metric, p=p, **kwargs
-    ).value_linear
+    return sinkhorn(a, b, X, Y, reg, backend, **kwargs).value_linear
 
 
-def sinkhorn_unbalanced(
-    a: Any,
-    b: Any,
-    X: Any,
-    Y: Any,
-    reg: float,
-    reg_m: Any,
-    backend: str = "auto",
-    *,
-    rng: Any = None,
-    metric: Any = "sqeuclidean",
-    p: float = 2.0,
-    **kwargs: Any,
-):
-    """Unbalanced entropic transport between point clouds (POT's name and argument order):
-    :func:`sinkhorn` with ``reg_m`` (a number, a pair, ``inf`` for a hard side); ``metric``
-    and ``p`` as in :func:`sinkhorn`.
+_signature(
+    sinkhorn2,
+    {"a": inspect.Parameter.empty, "b": inspect.Parameter.empty, "X": inspect.Parameter.empty,
+     "Y": None, "reg": 1.0, "backend": "auto"},
+)  # fmt: skip
+
+
+def sinkhorn_unbalanced(a: Any, b: Any, X: Any, Y: Any, reg: float, reg_m: Any,
+                        backend: str = "auto", **kwargs: Any):  # fmt: skip
+    """Unbalanced entropic transport between point clouds (POT's name and argument order).
+
+    Parameters
+    ----------
+    a, b, X, Y, reg, backend
+        As in :func:`sinkhorn`; ``a`` and ``b`` may have different masses.
+    reg_m : float or pair of float
+        KL penalties of the marginals (required here): a number for both sides,
+        ``(reg_m_a, reg_m_b)`` for each, ``float('inf')`` for a hard side.
+    **kwargs
+        Every other keyword of :func:`sinkhorn`; the signature lists them.
+
+    Returns
+    -------
+    SinkhornResult
+        As :func:`sinkhorn`'s; ``value`` includes the penalties, ``mass`` is the plan's.
 
     Examples
     --------
@@ -135,32 +342,45 @@ def sinkhorn_unbalanced(
     >>> bool(1.0 < res.mass < 2.0)
     True
     """
-    return sinkhorn(a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, metric=metric, p=p, **kwargs)
+    return sinkhorn(a, b, X, Y, reg, backend, reg_m=reg_m, **kwargs)
 
 
-def solve_sample(
-    X_a: Any,
-    X_b: Any,
-    a: Any = None,
-    b: Any = None,
-    reg: float = 1.0,
-    unbalanced: Any = None,
-    backend: str = "auto",
-    *,
-    max_iter: int | None = None,
-    tol: float | None = None,
-    rng: Any = None,
-    metric: Any = "sqeuclidean",
-    p: float = 2.0,
-    **kwargs: Any,
-):
+_signature(
+    sinkhorn_unbalanced,
+    {"a": inspect.Parameter.empty, "b": inspect.Parameter.empty, "X": inspect.Parameter.empty,
+     "Y": inspect.Parameter.empty, "reg": inspect.Parameter.empty,
+     "reg_m": inspect.Parameter.empty, "backend": "auto"},
+)  # fmt: skip
+
+
+def solve_sample(X_a: Any, X_b: Any, a: Any = None, b: Any = None, reg: float = 1.0,
+                 unbalanced: Any = None, backend: str = "auto", potentials_init: Any = None,
+                 **kwargs: Any):  # fmt: skip
     """Entropic transport between samples with the names of POT's ``ot.solve_sample``.
 
-    ``solve_sample(X_a, X_b, a, b, reg=..., unbalanced=...)`` is :func:`sinkhorn` with
-    ``reg_m=unbalanced`` (KL penalty); the result has ``ot.solve_sample``'s fields
-    (``value``, ``value_linear``, ``potentials``, ``plan``, ``lazy_plan``, ``marginals``,
-    ``status``). ``max_iter`` and ``tol`` default to :class:`SolverOptions`'s; ``metric``
-    (``ot.solve_sample``'s name) and ``p`` are :func:`sinkhorn`'s.
+    Parameters
+    ----------
+    X_a, X_b : array-like, shapes (n, d), (m, d)
+        The samples (:func:`sinkhorn`'s ``X``, ``Y``).
+    a, b : array-like or None
+        Their weights (``None``: uniform).
+    reg : float, default=1.0
+        Entropic regularisation (> 0).
+    unbalanced : None, float or pair, default=None
+        KL penalties of the marginals (:func:`sinkhorn`'s ``reg_m``).
+    backend : str, default='auto'
+        As in :func:`sinkhorn`.
+    potentials_init : None or pair of array-like, default=None
+        Initial log-scalings (:func:`sinkhorn`'s ``warmstart``; POT's name).
+    **kwargs
+        Every other keyword of :func:`sinkhorn` (``max_iter``, ``tol``, ``metric``, ...);
+        the signature lists them.
+
+    Returns
+    -------
+    SinkhornResult
+        With ``ot.solve_sample``'s fields: ``value``, ``value_linear``, ``potentials``,
+        ``plan``, ``lazy_plan``, ``marginals``, ``status``.
 
     Examples
     --------
@@ -170,45 +390,181 @@ def solve_sample(
     >>> res.status, res.plan.shape
     ('converged', (200, 150))
     """
-    if max_iter is not None:
-        kwargs["max_iter"] = max_iter
-    if tol is not None:
-        kwargs["tol"] = tol
     return sinkhorn(
-        a, b, X_a, X_b, reg, backend, reg_m=unbalanced, rng=rng, metric=metric, p=p, **kwargs
+        a, b, X_a, X_b, reg, backend, reg_m=unbalanced, warmstart=potentials_init, **kwargs
     )
 
 
-@wraps(sinkhorn_kernel_in_memory)
+_signature(
+    solve_sample,
+    {"X_a": inspect.Parameter.empty, "X_b": inspect.Parameter.empty, "a": None, "b": None,
+     "reg": 1.0, "unbalanced": None, "backend": "auto", "potentials_init": None},
+    skip=("reg_m", "warmstart"),
+)  # fmt: skip
+
+
+@_named_only("the kernel already fixes reg, the cost and the backend's parameters")
+@_documented
 def sinkhorn_kernel(
-    a: Any, b: Any, kernel: Any, *, reg_m: Any = None, rng: Any = None, **kwargs: Any
+    a: Any,
+    b: Any,
+    kernel: Any,
+    *,
+    reg_m: Any = None,
+    metric: Any = None,
+    p: Any = None,
+    warmstart: Any = None,
+    rng: Any = None,
+    max_iter: int = _DEFAULT.max_iter,
+    tol: float | None = _DEFAULT.tol,
+    check_every: int = _DEFAULT.check_every,
+    safeguard: str = _DEFAULT.safeguard,
+    log_domain: bool | str = _DEFAULT.log_domain,
+    epsilon_scaling: bool | str = _DEFAULT.epsilon_scaling,
+    anderson: int | str = _DEFAULT.anderson,
+    accuracy: float | None = _DEFAULT.accuracy,
+    true_kernel_samples: int | str = _DEFAULT.true_kernel_samples,
+    errors: str = _DEFAULT.errors,
+    warn: bool = _DEFAULT.warn,
+    verbose: bool = _DEFAULT.verbose,
 ):
+    """Sinkhorn on a prebuilt :class:`~sketchot.kernels.KernelOperator`: several solves with
+    one kernel (other weights, penalties or options), the problem and result of
+    :func:`sinkhorn`.
+
+    Parameters
+    ----------
+    a, b : array-like or None
+        Weights (``None``: uniform), as in :func:`sinkhorn`.
+    kernel : KernelOperator
+        From :func:`sketchot.make_kernel` (or a user's own backend); it fixes ``reg``, the
+        cost and the backend's parameters. A kernel built on Dask arrays is solved with Dask.
+    reg_m : None, float or pair, default=None
+        Marginal penalties, as in :func:`sinkhorn`.
+    metric, p : optional
+        The kernel carries its cost (``make_kernel(..., metric=, p=)``); when given they
+        must name that cost (a check, not a change).
+    warmstart : None or pair of array-like, default=None
+        Initial log-scalings ``(log u, log v)``, as in :func:`sinkhorn`.
+    rng : None, int, Generator, ...
+        Randomness of the sampled true-kernel check.
+    {options}
+
+    Returns
+    -------
+    SinkhornResult
+        As :func:`sinkhorn`'s.
+
+    Examples
+    --------
+    >>> import numpy as np, sketchot
+    >>> rng = np.random.default_rng(0)
+    >>> X, Y = rng.random((300, 2)), rng.random((200, 2))
+    >>> K = sketchot.make_kernel(X, Y, reg=0.5, backend="exact")
+    >>> balanced = sketchot.sinkhorn_kernel(None, None, K)
+    >>> relaxed = sketchot.sinkhorn_kernel(None, None, K, reg_m=0.1)
+    >>> bool(balanced.converged), bool(relaxed.mass < balanced.mass)
+    (True, True)
+    """
+    options = _options(locals())
     if _on_dask(kernel, a, b):
-        metric, p = kwargs.pop("metric", None), kwargs.pop("p", None)
-        _refuse_metric("sqeuclidean" if metric is None else metric, p)
-        return _distributed().sinkhorn_kernel_dask(a, b, kernel, reg_m=reg_m, rng=rng, **kwargs)
-    return sinkhorn_kernel_in_memory(a, b, kernel, reg_m=reg_m, rng=rng, **kwargs)
+        _refuse_on_dask("sqeuclidean" if metric is None else metric, warmstart)
+        return _distributed().sinkhorn_kernel_dask(
+            a, b, kernel, reg_m=reg_m, rng=rng, **options.as_dict()
+        )
+    return sinkhorn_kernel_in_memory(
+        a, b, kernel, options=options, reg_m=reg_m, metric=metric, p=p, warmstart=warmstart,
+        rng=rng,
+    )  # fmt: skip
 
 
-@wraps(make_kernel_in_memory)
 def make_kernel(
     X: Any,
     Y: Any,
     reg: float,
     backend: str = "auto",
     *,
-    rng: Any = None,
-    dtype: Any = np.float64,
-    rank: Any = None,
     metric: Any = "sqeuclidean",
     p: float = 2.0,
-    **params: Any,
+    rank: Any = None,
+    dtype: Any = np.float64,
+    accuracy: float = _DEFAULT.accuracy,
+    rng: Any = None,
+    **backend_params: Any,
 ):
+    """Build the Gibbs-kernel operator ``K = exp(-c(x, y) / reg)`` of a backend, ``c(x, y) =
+    ||x - y||^2`` by default.
+
+    Parameters
+    ----------
+    X : array-like, shape (n, d)
+        Source points (integer arrays, e.g. pixels, are converted to float). A Dask array
+        (chunked by rows) builds the operator on the cluster
+        (:mod:`sketchot.distributed`; needs ``pip install "sketchot[dask]"``).
+    Y : array-like, shape (m, d)
+        Target points (a Dask array likewise).
+    reg : float
+        Entropic regularisation (> 0); ``K = exp(-M / reg)`` as in POT.
+    backend : str, default='auto'
+        One of :func:`available_backends`, or ``'auto'``: the cheapest representation whose
+        sampled product error meets ``accuracy``: the exact kernel stored when ``n x m`` is
+        small, else the low-rank backends at a doubling rank, else the block-local kernel
+        when an iteration of it is cheaper than an exact one, else the exact kernel, stored
+        when it fits 1 GiB, streamed otherwise (:func:`sketchot.kernels.auto.choose`;
+        ``info.reason`` says which and why).
+    metric : str or callable, default='sqeuclidean'
+        The cost ``c`` (:func:`sinkhorn`'s ``metric``); the kernel's geometry carries it. A
+        backend whose record does not declare it is refused (``'exact'`` and ``'nystrom'``
+        take any). Not with Dask arrays.
+    p : float, default=2
+        The order of ``metric='minkowski'``.
+    rank : int or 'auto', optional
+        The size of a low-rank backend's factors: it sets the record's rank parameter
+        (``n_features``, ``n_landmarks``, ...; not together with an explicit value of it).
+        ``'auto'`` doubles it from 64 until a sampled relative error of ``K~ v`` against the
+        true kernel meets ``accuracy``, or until an iteration would cost more than the exact
+        kernel's (:func:`sketchot.kernels.auto.adaptive_rank`). Not with ``backend='auto'``.
+    dtype : numpy.float64 or numpy.float32, default=numpy.float64
+        Precision of the stored kernel or factors.
+    accuracy : float, default=1e-3
+        The accuracy the answer is asked for (:func:`sinkhorn`'s): what ``'auto'`` and
+        ``rank='auto'`` size the kernel to, and what a backend fitting a sketch to a
+        tolerance aims at.
+    rng : None, int, Generator, ...
+        Randomness of the approximation (``numpy.random.default_rng`` semantics).
+    **backend_params
+        The backend's own parameters, by name (``sketchot.get_backend(name).defaults``);
+        others are rejected with a did-you-mean. None with ``backend='auto'``.
+
+    Returns
+    -------
+    KernelOperator
+        The operator (``matvec``, ``rmatvec``, ``matmat``, ``rmatmat``, the fused passes of
+        the solver), with ``info`` (backend, parameters, build time, ``reason`` for
+        ``'auto'``).
+
+    Notes
+    -----
+    Build time and memory: ``O((n + m) r d)`` and ``O((n + m) r)`` for rank-``r`` backends;
+    the exact kernel stores ``n m`` entries when they fit the dense budget and streams
+    blocks otherwise.
+
+    Examples
+    --------
+    >>> import numpy as np, sketchot
+    >>> rng = np.random.default_rng(0)
+    >>> X, Y = rng.random((400, 3)), rng.random((300, 3))
+    >>> K = sketchot.make_kernel(X, Y, reg=1.0, backend="nystrom", rank=60, rng=0)
+    >>> K.shape, K.matvec(np.ones(300)).shape
+    ((400, 300), (400,))
+    """
     if any_dask(X, Y):
-        _refuse_metric(metric, p)
+        _refuse_on_dask(metric)
         return _distributed().make_kernel_dask(
-            X, Y, reg, backend, rng=rng, dtype=dtype, rank=rank, **params
-        )
+            X, Y, reg, backend, rng=rng, dtype=dtype, rank=rank, accuracy=accuracy,
+            **backend_params,
+        )  # fmt: skip
     return make_kernel_in_memory(
-        X, Y, reg, backend, rng=rng, dtype=dtype, rank=rank, metric=metric, p=p, **params
-    )
+        X, Y, reg, backend, rng=rng, dtype=dtype, rank=rank, metric=metric, p=p,
+        accuracy=accuracy, **backend_params,
+    )  # fmt: skip

@@ -192,8 +192,8 @@ class SketchSinkhornTransport(BaseTransport):
             Xt,
             reg=reg_e,
             backend=self.backend,
+            options=options,
             rng=self.rng,
-            **options.as_dict(),
             **self.backend_params,
         )
         log_u, log_v = self.result_.potentials

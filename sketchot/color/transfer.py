@@ -418,8 +418,8 @@ def transfer_colors(
         target_sample.colors,
         reg=reg,
         backend=backend,
+        options=options,
         rng=generator,
-        **options.as_dict(),
         **params,
     )
     timings["build"] = result.timings["build"]

@@ -1,12 +1,12 @@
-"""The public solves: point clouds or a prebuilt kernel in, a checked result out.
+"""The in-memory solves: point clouds or a prebuilt kernel in, a checked result out.
 
-:func:`sinkhorn` and :func:`sinkhorn_kernel` (whose public conveniences ``sinkhorn2``,
-``sinkhorn_unbalanced`` and ``solve_sample`` live in :mod:`sketchot.api`) validate the problem
-once (:mod:`~sketchot.solver.problem`), build the kernel (or let
-``backend='auto'`` choose it: :mod:`~sketchot.solver.auto`), run the one iteration
-(:mod:`~sketchot.solver.engine`), then evaluate the plan without its ``n x m`` array, check the
-scalings against the TRUE kernel (the ``accuracy`` contract) and refuse impossible results.
-"""
+:func:`sinkhorn` and :func:`sinkhorn_kernel` are the bodies of the public entries of
+:mod:`sketchot.api` (which owns their signatures and documentation and sends Dask inputs
+elsewhere): they validate the problem once (:mod:`~sketchot.solver.problem`), build the
+kernel (or let ``backend='auto'`` choose it: :mod:`~sketchot.solver.auto`), run the one
+iteration (:mod:`~sketchot.solver.engine`), then evaluate the plan without its ``n x m``
+array, check the scalings against the TRUE kernel (the ``accuracy`` contract) and refuse
+impossible results."""
 
 from __future__ import annotations
 
@@ -46,102 +46,25 @@ def sinkhorn(
     a: Any,
     b: Any,
     X: Any,
-    Y: Any = None,
-    reg: float = 1.0,
-    backend: str = "auto",
+    Y: Any,
+    reg: float,
+    backend: str,
     *,
+    options: SolverOptions,
     reg_m: Any = None,
-    rng: Any = None,
     metric: Any = "sqeuclidean",
     p: float = 2.0,
-    **kwargs: Any,
+    warmstart: Any = None,
+    rng: Any = None,
+    **backend_params: Any,
 ) -> SinkhornResult:
-    """Entropic optimal transport between two point clouds with a pluggable Gibbs kernel.
-
-    Solves ``min_P <P, M> + reg KL(P | a b^T) + reg_m_a KL(P 1 | a) + reg_m_b KL(P^T 1 | b)``
-    over non-negative plans, ``M_ij = c(x_i, y_j)`` (``||x_i - y_j||^2`` by default) and the
-    generalised
-    ``KL(p | q) = sum p log(p / q) - p + q`` (POT's ``ot.unbalanced.sinkhorn_unbalanced`` with
-    ``reg_type='kl'``; ``reg_m=None``, the default, is balanced transport, a hard constraint
-    on both sides), by Sinkhorn's scaling iteration on ``K = exp(-M / reg)``, where ``K`` is
-    exact or approximated by ``backend`` (:mod:`sketchot.solver.engine`).
-
-    Parameters
-    ----------
-    a : array-like of shape (n,) or None
-        Source weights (non-negative; ``None`` for uniform ``1/n``). Zero weights are allowed.
-        If any of ``a``, ``b``, ``X``, ``Y`` is a Dask array, the solve runs with Dask
-        (:mod:`sketchot.distributed`; ``pip install "sketchot[dask]"``).
-    b : array-like of shape (m,) or None
-        Target weights; the same total mass as ``a`` for balanced transport.
-    X : array-like, shape (n, d)
-        Source points (integer arrays such as pixels are converted to float).
-    Y : array-like, shape (m, d)
-        Target points. sketchot takes point clouds; for a precomputed cost matrix use POT's
-        ``ot.sinkhorn(a, b, M, reg)``.
-    reg : float, default=1.0
-        Entropic regularisation (> 0). The paper's ``gamma`` is ``1 / reg``.
-    backend : str, default='auto'
-        ``'auto'`` (the cheapest kernel that meets ``accuracy``, escalating when the check
-        fails: :mod:`sketchot.solver.auto`) or a registered backend
-        (:func:`sketchot.available_backends`), used as it is.
-    reg_m : None, float or pair of float, default=None
-        KL penalties of the marginals (POT's ``reg_m``, in units of the cost): ``None`` for
-        balanced transport, a number for both sides, ``(reg_m_a, reg_m_b)`` for each, with
-        ``float('inf')`` for a hard side (``(inf, s)`` is semi-relaxed). Unequal masses of
-        ``a`` and ``b`` are allowed only with a finite penalty.
-    rng : None, int, Generator, ...
-        Randomness of the approximate backends and of the sampled true-kernel check.
-    metric : str or callable, default='sqeuclidean'
-        The cost, with POT's ``ot.dist`` names: ``'sqeuclidean'`` ``||x - y||^2``,
-        ``'euclidean'`` ``||x - y||``, ``'cityblock'`` ``||x - y||_1``, ``'minkowski'``
-        ``||x - y||_p``, or a callable ``metric(A, B)`` returning the cost block of shape
-        ``(len(A), len(B))``. Squared Euclidean is the only cost of the polynomial and
-        Fourier kernels; a backend that does not declare the metric
-        (``sketchot.get_backend(name).metrics``) is refused; ``'exact'`` and ``'nystrom'``
-        take any (Nystrom needs a positive semi-definite kernel; the true-kernel check
-        judges it), and ``'auto'`` chooses among the backends that take it. Not with Dask
-        arrays.
-    p : float, default=2
-        The order of ``metric='minkowski'`` (``>= 1``), as in ``ot.dist``.
-    **kwargs
-        Solver options (:class:`~sketchot.solver.SolverOptions`: ``max_iter``, ``tol``,
-        ``check_every``, ``safeguard``, ``log_domain``, ``epsilon_scaling``, ``anderson``,
-        ``accuracy``, ``true_kernel_samples``, ``errors``, ``warn``, ``verbose``),
-        ``dtype``, ``rank``, and the backend's parameters
-        (``sketchot.get_backend(backend).defaults``). Anything else is rejected.
-
-    Returns
-    -------
-    SinkhornResult
-        The scalings (``potentials = (log u, log v)``, ``P = diag(u) K diag(v)``), the lazy
-        plan, ``value_linear = <P, M>``, ``value`` (the objective above, penalties
-        included), the marginals, the iterations, and ``true_kernel``: the check of the
-        scalings against the exact kernel (for unbalanced transport, the L1 residual of the
-        fixed point ``u = (a / K v)^rho_a``, ``v = (b / K^T u)^rho_b``, relative to
-        ``sum(a)``).
-
-    Notes
-    -----
-    Time per iteration: ``O((n + m) r)`` for rank-``r`` backends, ``O(n m)`` for the exact one
-    (``O(n m d)`` when streamed). Memory ``O((n + m) r)`` for low-rank backends.
-
-    Examples
-    --------
-    >>> import numpy as np, sketchot
-    >>> rng = np.random.default_rng(0)
-    >>> X, Y = rng.random((500, 3)), rng.random((400, 3))
-    >>> res = sketchot.sinkhorn(None, None, X, Y, reg=1.0, backend="nystrom", rank=50, rng=0)
-    >>> bool(res.converged), res.backend, bool(res.accuracy_met)
-    (True, 'nystrom', True)
-    >>> res = sketchot.sinkhorn(None, None, X, Y, reg=0.1, reg_m=0.5, rng=0)   # unbalanced
-    >>> bool(res.mass < 1.0), bool(res.accuracy_met)
-    (True, True)
-    """
-    options, backend_params = SolverOptions.split(kwargs)
+    """The in-memory body of :func:`sketchot.sinkhorn` (whose signature and documentation
+    are the public ones): validate the problem, build the kernel (or let ``'auto'`` choose
+    it) and solve. ``backend_params`` holds ``dtype``, ``rank`` and the backend's own
+    parameters; anything else is rejected, naming what is accepted."""
     check_backend_params("sinkhorn", backend, backend_params)
     geometry = check_problem(X, Y, reg, metric, p)
-    problem = make_problem(a, b, geometry.shape, geometry.reg, reg_m)
+    problem = make_problem(a, b, geometry.shape, geometry.reg, reg_m, **warm_start(warmstart))
     if backend == "auto":
         return solve_auto(problem, geometry, options, rng=rng, solve=solve, **backend_params)
     accuracy = options.accuracy if options.accuracy is not None else DEFAULT_ACCURACY
@@ -151,15 +74,32 @@ def sinkhorn(
     return solve(problem, kernel, options, rng=rng)
 
 
+def warm_start(warmstart: Any) -> dict[str, Any]:
+    """``make_problem``'s ``log_u0``, ``log_v0`` from POT's ``warmstart=(log u, log v)``."""
+    if warmstart is None:
+        return {}
+    if not isinstance(warmstart, (tuple, list)) or len(warmstart) != 2:
+        raise TypeError(
+            "warmstart must be None or a pair (log_u, log_v) of arrays of shapes (n,) and "
+            f"(m,) (a result's potentials); got {describe(warmstart)}"
+        )
+    return {"log_u0": warmstart[0], "log_v0": warmstart[1]}
+
+
+#: The public solves' named parameters besides the options, for did-you-mean suggestions.
+PROBLEM_NAMES = ("reg_m", "metric", "p", "warmstart", "rng", "rank", "dtype")
+
+
 def check_backend_params(caller: str, backend: str, params: dict[str, Any]) -> None:
     """Reject keyword arguments that are neither solver options nor the backend's parameters,
     naming everything the caller accepts."""
+    known = [*SolverOptions.names(), *PROBLEM_NAMES]
     if backend == "auto":
         unknown = sorted(set(params) - {"dtype"})
         if unknown:
             raise TypeError(
                 f"{caller}() got unexpected keyword argument(s) "
-                f"{unknown_names(unknown, [*SolverOptions.names(), 'dtype'])}"
+                f"{unknown_names(unknown, known)}"
                 f"; backend='auto' chooses its own parameters (it accepts dtype); solver "
                 f"options: {', '.join(SolverOptions.names())}"
             )
@@ -170,7 +110,7 @@ def check_backend_params(caller: str, backend: str, params: dict[str, Any]) -> N
     if unknown:
         raise TypeError(
             f"{caller}() got unexpected keyword argument(s) "
-            f"{unknown_names(unknown, [*SolverOptions.names(), *accepted])}; solver options: "
+            f"{unknown_names(unknown, [*known, *accepted])}; solver options: "
             f"{', '.join(SolverOptions.names())}; backend {backend!r} "
             f"parameters: {', '.join(sorted(accepted))}"
         )
@@ -198,48 +138,19 @@ def sinkhorn_kernel(
     b: Any,
     kernel: KernelOperator,
     *,
+    options: SolverOptions,
     reg_m: Any = None,
-    rng: Any = None,
     metric: Any = None,
     p: Any = None,
-    **kwargs: Any,
+    warmstart: Any = None,
+    rng: Any = None,
 ) -> SinkhornResult:
-    """Sinkhorn on a prebuilt :class:`~sketchot.kernels.KernelOperator`.
-
-    Parameters
-    ----------
-    a, b : array-like or None
-        Weights (``None``: uniform), as in :func:`sinkhorn`.
-    kernel : KernelOperator
-        From :func:`sketchot.make_kernel` (or a user's own backend); use it to solve several
-        problems with one kernel. A kernel built on Dask arrays is solved with Dask.
-    reg_m : None, float or pair, default=None
-        Marginal penalties, as in :func:`sinkhorn`.
-    rng : None, int, Generator, ...
-        Randomness of the sampled true-kernel check.
-    metric, p : optional
-        The kernel carries its cost (``make_kernel(..., metric=, p=)``); when given they
-        must name that cost (a check, not a change).
-    **kwargs
-        Solver options (:class:`~sketchot.solver.SolverOptions`); anything else is rejected,
-        naming the accepted options.
-
-    Returns
-    -------
-    SinkhornResult
-    """
+    """The in-memory body of :func:`sketchot.sinkhorn_kernel` (whose signature and
+    documentation are the public ones): Sinkhorn on a prebuilt operator."""
     if not isinstance(kernel, KernelOperator):
         raise TypeError(f"kernel must be a sketchot KernelOperator; got {describe(kernel)}")
-    unknown = sorted(set(kwargs) - set(SolverOptions.names()))
-    if unknown:
-        raise TypeError(
-            f"sinkhorn_kernel() got unexpected keyword argument(s) "
-            f"{unknown_names(unknown, SolverOptions.names())}; the kernel already fixes reg "
-            f"and the backend's parameters; solver options: {', '.join(SolverOptions.names())}"
-        )
-    options = SolverOptions(**kwargs)
     check_kernel_metric(kernel, metric, p)
-    problem = make_problem(a, b, kernel.shape, kernel.geometry.reg, reg_m)
+    problem = make_problem(a, b, kernel.shape, kernel.geometry.reg, reg_m, **warm_start(warmstart))
     return solve(problem, kernel, options, rng=rng)
 
 
@@ -278,8 +189,10 @@ def solve(
     # 'auto' anneals the log-stable (absorbed) iteration only: log_domain=False asks for the
     # plain one
     automatic = options.epsilon_scaling == "auto" and exact and strategy == "absorb"
+    # a warm start (potentials of a nearby problem) is a better start than a schedule
+    cold = problem.log_u0 is None
     wanted = options.epsilon_scaling is True or (
-        automatic and g.max_cost() / g.reg > EPSILON_SCALING_SPREAD
+        automatic and cold and g.max_cost() / g.reg > EPSILON_SCALING_SPREAD
     )
     schedule = _schedule(kernel) if wanted else None
     notes = list(problem.notes)

@@ -38,7 +38,8 @@ def test_a_misspelled_backend_parameter_gets_a_did_you_mean(cloud):
 
 def test_sinkhorn_kernel_lists_what_it_accepts(cloud):
     kernel = sketchot.make_kernel(cloud, cloud, 1.0, "exact")
-    with pytest.raises(TypeError, match=r"fixes reg .* solver options: max_iter"):
+    expected = r"'reg' \(did you mean 'reg_m'\?\); the kernel already fixes reg.*max_iter"
+    with pytest.raises(TypeError, match=expected):
         sketchot.sinkhorn_kernel(None, None, kernel, reg=0.1)
 
 

@@ -115,3 +115,55 @@ def test_unknown_keyword_is_rejected_naming_it(problem):
     X, Y = problem
     with pytest.raises(TypeError, match=r"unexpected keyword argument.*'replce'"):
         sketchot.sinkhorn(None, None, X, Y, 0.5, "nystrom", replce=True)
+
+
+PUBLIC_SOLVES = [
+    sketchot.sinkhorn,
+    sketchot.sinkhorn2,
+    sketchot.sinkhorn_unbalanced,
+    sketchot.solve_sample,
+    sketchot.sinkhorn_kernel,
+    sketchot.make_kernel,
+]
+
+
+@pytest.mark.parametrize("function", PUBLIC_SOLVES, ids=lambda f: f.__name__)
+def test_public_signatures_name_every_parameter(function):
+    """Every parameter is named in the signature and documented (here or, for the
+    conveniences' ``**kwargs``, in sinkhorn's own section); the only catch-all left is the
+    backend's parameters."""
+    signature = inspect.signature(function)
+    documented = set(documented_parameters(function))
+    own = {name.lstrip("*") for name in documented}
+    if "**kwargs" in documented:
+        own |= {name.lstrip("*") for name in documented_parameters(sketchot.sinkhorn)}
+    for name, param in signature.parameters.items():
+        assert name in own, f"{function.__name__}: {name!r} is not documented"
+        if param.kind is param.VAR_KEYWORD:
+            assert name == "backend_params", f"{function.__name__} takes **{name}"
+    if function is not sketchot.make_kernel:
+        assert set(SolverOptions.names()) <= set(signature.parameters)
+
+
+@pytest.mark.parametrize("function", PUBLIC_SOLVES[:4], ids=lambda f: f.__name__)
+def test_signature_defaults_are_the_options_defaults(function):
+    """One fact in one place: the defaults shown are SolverOptions' own."""
+    defaults = SolverOptions()
+    for name in SolverOptions.names():
+        assert inspect.signature(function).parameters[name].default == getattr(defaults, name)
+
+
+@pytest.mark.parametrize(
+    ("call", "wrong", "right"),
+    [
+        (lambda X, **kw: sketchot.sinkhorn2(None, None, X, X, 1.0, **kw), "max_iters", "max_iter"),
+        (lambda X, **kw: sketchot.solve_sample(X, X, reg=1.0, **kw), "acuracy", "accuracy"),
+        (lambda X, **kw: sketchot.sinkhorn(None, None, X, X, 1.0, **kw), "warm_start",
+         "warmstart"),
+        (lambda X, **kw: sketchot.sinkhorn_kernel(
+            None, None, sketchot.make_kernel(X, X, 1.0, "exact"), **kw), "tols", "tol"),
+    ],
+)  # fmt: skip
+def test_conveniences_give_a_did_you_mean(problem, call, wrong, right):
+    with pytest.raises(TypeError, match=f"{wrong!r} \\(did you mean {right!r}\\?\\)"):
+        call(problem[0], **{wrong: 1})
