@@ -357,11 +357,40 @@ def matrix_fused_pass(
     F: np.ndarray, w: np.ndarray, numerator: np.ndarray, dtype, exponent: float = 1.0
 ) -> FusedPass:
     """:func:`blocked_fused_pass` over a stored matrix ``F`` (a factor), in the default row
-    blocks of :func:`pass_slices`."""
+    blocks of :func:`pass_slices`; :func:`dense_fused_pass` below the threaded size."""
     n_rows, n_cols = F.shape
+    if n_rows * n_cols < THREADED_PASS_MIN_ENTRIES and F.dtype == dtype:
+        # a pass in the calling thread: two whole products cost the least Python
+        return dense_fused_pass(F, w, numerator, exponent)
     return blocked_fused_pass(
         pass_slices(n_rows, n_cols), F.__getitem__, n_rows, n_cols, w, numerator, dtype, exponent
     )
+
+
+def dense_fused_pass(
+    K: np.ndarray, w: np.ndarray, numerator: np.ndarray, exponent: float = 1.0
+) -> FusedPass:
+    """:meth:`KernelOperator.fused_pass` over a stored matrix ``K`` as two whole products,
+    ``p = K w`` and ``K^T s``: BLAS threads them itself, which on a stored kernel beats the
+    blocked pass's Python threads (measured by ``benchmarks/sinkhorn_speed.py``: the two
+    compete for the same cores); products in ``K``'s dtype, ratios and sums in float64."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        products = np.asarray(K @ w.astype(K.dtype, copy=False), dtype=np.float64)
+        smallest = products.min()
+        if (
+            numerator.min() > 0
+            and smallest >= MIN_DENOMINATOR_RATIO * numerator.max()
+            and smallest > 0
+            and np.isfinite(products.max())
+        ):
+            ratios = numerator / products
+            if exponent != 1.0:
+                np.power(ratios, exponent, out=ratios)
+            bad = np.zeros(products.shape, dtype=bool)
+        else:
+            ratios, bad = ratios_and_bad(numerator, products, exponent)
+        projection = np.asarray(ratios.astype(K.dtype, copy=False) @ K, dtype=np.float64)
+    return FusedPass(products, ratios, projection, bad)
 
 
 def blocked_fused_pass(

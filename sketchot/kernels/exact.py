@@ -31,15 +31,11 @@ from .base import (
     KernelOperator,
     blocked_fused_pass,
     check_operand,
+    dense_fused_pass,
     log_ratios_and_bad,
-    pass_slices,
     ratios_and_bad,
 )
 from .registry import register_backend
-
-# Entries per block of a fused pass over a stored kernel: measured fastest at n = 5000 and
-# 10^4 on 2-core x86.
-DENSE_PASS_BLOCK_ENTRIES = 1 << 20
 
 #: Log of the floor of an absorbed kernel's entries: one unit above log(tiny) so that exp
 #: never rounds into denormals (denormal operands make BLAS products many times slower).
@@ -110,10 +106,8 @@ class ExactKernel(KernelOperator):
         return (time.perf_counter() - start) * self.shape[0] / rows.stop
 
     def _block_slices(self) -> list[slice]:
-        n, m = self.shape
-        if self._dense is None:
-            return list(row_slices(n, self._rows_per_block))
-        return pass_slices(n, m, DENSE_PASS_BLOCK_ENTRIES)
+        """Row blocks of the streamed kernel (a stored one is multiplied whole)."""
+        return list(row_slices(self.shape[0], self._rows_per_block))
 
     def _block(self, rows: slice) -> np.ndarray:
         return self._computed_block(rows) if self._dense is None else self._dense[rows]
@@ -171,6 +165,8 @@ class ExactKernel(KernelOperator):
             ratios, bad = ratios_of(numerator, products, exponent)
             back = gibbs_log_matvec(g.Yc, g.Xc, g.reg, ratios, g.cost.transposed())
             return FusedPass(products, ratios, back, bad)
+        if self._dense is not None:
+            return dense_fused_pass(self._dense, w, numerator, exponent)
         n, m = self.shape
         return blocked_fused_pass(
             self._block_slices(), self._block, n, m, w, numerator, self.dtype, exponent
