@@ -7,7 +7,7 @@ By the multinomial theorem,
     \\qquad \\binom{j}{\\alpha} = \\frac{j!}{\\alpha_1! \\cdots \\alpha_d!},
 
 so ``phi_j(u)_alpha = sqrt(binom(j, alpha)) u^alpha`` over the ``C(d + j - 1, j)`` multi-indices
-``alpha`` of degree ``j`` is an exact feature map of ``(u^T v)^j``. Where this count fits a
+``alpha`` of degree ``j`` is an exact feature map of ``(u . v)^j``. Where this count fits a
 degree's share of the feature budget it beats any sketch of that size, whose variance is
 positive (Han et al. 2020, improved variant of :class:`~sketchot.sketch.PolyTensorSketch`).
 
@@ -151,7 +151,7 @@ def stacked_monomial_features(
 
 
 def monomial_features(U: Any, degree: int, *, dtype: Any = np.float64) -> np.ndarray:
-    """Exact feature map ``phi_j`` of ``(u . v)^j``.
+    """Exact feature map ``phi_j`` of ``(u^T v)^j``.
 
     Parameters
     ----------
