@@ -75,7 +75,8 @@ warnings.filterwarnings("ignore", message="Matplotlib is currently using agg")
 # --- HTML ----------------------------------------------------------------------------------
 html_theme = "pydata_sphinx_theme"
 html_title = f"sketchot {release}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["sketchot.css"]
 html_theme_options = {
     "navbar_end": ["navbar-icon-links"],
     "secondary_sidebar_items": ["page-toc"],

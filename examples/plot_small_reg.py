@@ -1,6 +1,6 @@
 """
-Small reg: where the kernel underflows
-======================================
+Small reg: the exact and block-local kernels
+============================================
 
 As ``reg`` shrinks, the Gibbs kernel ``exp(-||x - y||^2 / reg)`` spans hundreds of orders of
 magnitude and the plain Sinkhorn iteration underflows. sketchot's exact kernel iterates on
