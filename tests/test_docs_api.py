@@ -83,7 +83,11 @@ def test_the_parser_sees_autosummary_entries():
 def test_docs_python_blocks_compile():
     """The user guide's ``code-block:: python`` snippets are valid Python (they are run by
     hand when a page changes; the gallery's scripts run in the docs build)."""
-    files = [p for p in DOCS.glob("**/*.rst") if not {"_build", "generated", "auto_examples"} & set(p.parts)]
+    files = [
+        p
+        for p in DOCS.glob("**/*.rst")
+        if not {"_build", "generated", "auto_examples"} & set(p.parts)
+    ]
     blocks = 0
     for path in files:
         pattern = r"\.\. code-block:: python\n\n((?:   .*\n|\n)+)"
