@@ -76,9 +76,9 @@ for reg, label, used, seconds, error, cost in rows:
 # against the true kernel miss by about 10%. At ``reg = 0.1`` a global rank 64 is no longer
 # enough for RFF and the global polynomial sketch: their errors against the true kernel are
 # orders of magnitude above ``accuracy = 1e-3``, and the solver warns about them (silenced
-# above). The exact kernel,
-# Nystrom's k-center landmarks and the block-local ``polyts_local`` stay accurate; ``auto``
-# picks what it measured to be cheapest among those that meet the accuracy.
+# above). The exact kernel, Nystrom's k-center landmarks and the block-local
+# ``polyts_local`` stay accurate; ``auto`` picks what it measured to be cheapest among those
+# that meet the accuracy.
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
 for ax, reg in zip(axes, (1.0, 0.1), strict=True):
     labels = [row[1] for row in rows if row[0] == reg]
