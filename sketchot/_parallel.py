@@ -50,18 +50,45 @@ _POOL: dict[int, ThreadPoolExecutor] = {}
 
 
 def get_num_threads() -> int:
-    """Worker threads sketchot uses for block-wise work (default: the machine's cores)."""
+    """Worker threads sketchot uses for block-wise work (default: the machine's cores).
+
+    Returns
+    -------
+    int
+        The number set by :func:`set_num_threads` or :func:`thread_limit`, else the number
+        of cores.
+    """
     return _STATE["threads"]
 
 
 def set_num_threads(n_threads: int) -> None:
-    """Set the number of worker threads (``1`` runs everything in the calling thread)."""
+    """Set the number of worker threads (``1`` runs everything in the calling thread).
+
+    Large kernel products and passes are split over these threads, with partial sums added
+    in a fixed order, so results do not depend on the number of threads or on scheduling.
+    BLAS's own threads are not changed.
+
+    Parameters
+    ----------
+    n_threads : int
+        At least 1.
+
+    See Also
+    --------
+    thread_limit : the same inside a ``with`` block only.
+    """
     _STATE["threads"] = check_int(n_threads, "n_threads", minimum=1)
 
 
 @contextmanager
 def thread_limit(n_threads: int) -> Iterator[None]:
     """Context manager: use ``n_threads`` worker threads inside the ``with`` block.
+
+    Parameters
+    ----------
+    n_threads : int
+        At least 1; the previous number is restored when the block exits, also on an
+        exception.
 
     Examples
     --------

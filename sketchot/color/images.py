@@ -197,19 +197,58 @@ def check_memory(needed: int, what: str) -> None:
 
 def image_pixels(image: np.ndarray) -> np.ndarray:
     """The ``(H * W, 3)`` colours of an ``(H, W, 3)`` or ``(H, W, 4)`` image, every pixel (a
-    view of an RGB image, a copy of the colour channels of an RGBA one)."""
+    view of an RGB image, a copy of the colour channels of an RGBA one).
+
+    Parameters
+    ----------
+    image : array-like, shape (H, W, 3) or (H, W, 4)
+        Any dtype; the values are not changed.
+
+    Returns
+    -------
+    ndarray, shape (H * W, 3)
+        The RGB rows in row-major pixel order (alpha dropped).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sketchot.color import image_pixels
+    >>> image_pixels(np.zeros((2, 3, 4))).shape
+    (6, 3)
+    """
     return np.asarray(image)[..., :3].reshape(-1, 3)
 
 
 def image_alpha(image: np.ndarray) -> np.ndarray | None:
-    """The ``(H * W,)`` alpha values of an ``(H, W, 4)`` image, ``None`` without alpha."""
+    """The ``(H * W,)`` alpha values of an ``(H, W, 4)`` image, ``None`` without alpha.
+
+    Parameters
+    ----------
+    image : array-like, shape (H, W, 3) or (H, W, 4)
+
+    Returns
+    -------
+    ndarray, shape (H * W,), or None
+        The alpha channel in the pixel order of :func:`image_pixels`; ``None`` for an RGB
+        image.
+    """
     image = np.asarray(image)
     return image[..., 3].reshape(-1) if image.shape[-1] == 4 else None
 
 
 def visible_pixels(image: np.ndarray) -> np.ndarray:
     """The ``(k, 3)`` colours of the pixels that are not fully transparent (alpha > 0): all
-    of them, as :func:`image_pixels`, for an image without alpha."""
+    of them, as :func:`image_pixels`, for an image without alpha.
+
+    Parameters
+    ----------
+    image : array-like, shape (H, W, 3) or (H, W, 4)
+
+    Returns
+    -------
+    ndarray, shape (k, 3)
+        The colours that colour transfer samples from (``k = H * W`` without alpha).
+    """
     alpha = image_alpha(image)
     pixels = image_pixels(image)
     return pixels if alpha is None else pixels[alpha > 0]

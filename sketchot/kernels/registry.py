@@ -267,18 +267,81 @@ def register_backend(
 
 
 def unregister_backend(name: str) -> None:
-    """Remove a backend registered with :func:`register_backend`."""
+    """Remove a backend registered with :func:`register_backend`.
+
+    Parameters
+    ----------
+    name : str
+        A registered name (built-in backends can be removed too; importing
+        :mod:`sketchot.kernels` again does not bring them back).
+
+    Raises
+    ------
+    ValueError
+        ``name`` is not registered.
+
+    Examples
+    --------
+    >>> import sketchot
+    >>> record = sketchot.get_backend("rff")
+    >>> _ = sketchot.register_backend("my_rff", record.builder, rank_parameter="n_features")
+    >>> "my_rff" in sketchot.available_backends()
+    True
+    >>> sketchot.unregister_backend("my_rff")
+    >>> "my_rff" in sketchot.available_backends()
+    False
+    """
     get_backend(name)
     del _REGISTRY[name]
 
 
 def available_backends() -> tuple[str, ...]:
-    """Names of the registered backends, sorted."""
+    """Names of the registered backends, sorted.
+
+    Returns
+    -------
+    tuple of str
+        Every name ``backend=`` accepts besides ``'auto'``: the built-in ``'exact'``,
+        ``'nystrom'``, ``'polyts'``, ``'polyts_local'``, ``'rff'`` and those added with
+        :func:`register_backend`.
+
+    Examples
+    --------
+    >>> import sketchot
+    >>> {"exact", "nystrom", "polyts", "polyts_local", "rff"} <= set(sketchot.available_backends())
+    True
+    """
     return tuple(sorted(_REGISTRY))
 
 
 def get_backend(name: Any) -> Backend:
-    """The record of a registered backend, with a clear error for unknown names."""
+    """The record of a registered backend, with a clear error for unknown names.
+
+    Parameters
+    ----------
+    name : str
+        A name of :func:`available_backends` (``'auto'`` is a choice among them, not a
+        backend, and is refused with that explanation).
+
+    Returns
+    -------
+    Backend
+        The record: builder, parameter ``defaults``, ``rank_parameter``, supported
+        ``metrics``, and what ``'auto'`` reads (``kind``, ``auto_order``, dimension bounds).
+
+    Raises
+    ------
+    ValueError
+        ``name`` is ``'auto'``, not a string, or not registered (the message lists the
+        registered names).
+
+    Examples
+    --------
+    >>> import sketchot
+    >>> record = sketchot.get_backend("nystrom")
+    >>> record.rank_parameter, record.kind
+    ('n_landmarks', 'low_rank')
+    """
     if name == "auto":
         raise ValueError(
             "'auto' is not a backend but a choice among them (sinkhorn(..., backend='auto') "
@@ -316,7 +379,19 @@ def auto_backends(
 
 
 def backend_parameters(backend: str) -> tuple[str, ...]:
-    """Keyword parameters a backend accepts besides ``rng``, ``dtype`` and ``rank``."""
+    """Keyword parameters a backend accepts besides ``rng``, ``dtype`` and ``rank``.
+
+    Parameters
+    ----------
+    backend : str
+        A registered backend name.
+
+    Returns
+    -------
+    tuple of str
+        The names of its builder's keyword parameters (the keys of its record's
+        ``defaults``).
+    """
     return tuple(get_backend(backend).defaults)
 
 
@@ -328,6 +403,26 @@ def comparable_parameters(
     For a Poly-TensorSketch of sketch dimension ``m`` and degree ``r``: RFF with ``D = m r``
     features and Nystrom with ``s = ceil(max(sqrt(r m), r))`` landmarks (Han et al. 2020,
     Section 4.3 and Appendix C). With the paper's ``m = 20, r = 3``: ``D = 60``, ``s = 8``.
+
+    Parameters
+    ----------
+    sketch_dim : int, default=20
+        The sketch dimension ``m`` of the Poly-TensorSketch.
+    degree : int, default=3
+        Its polynomial degree ``r``.
+
+    Returns
+    -------
+    dict of str to dict
+        For each backend whose record declares a paper cost, the keyword parameters of that
+        setting (e.g. ``{'nystrom': {'n_landmarks': 8}, ...}``), ready for
+        ``sketchot.sinkhorn(..., backend=name, **params)``.
+
+    Examples
+    --------
+    >>> import sketchot
+    >>> sketchot.comparable_parameters()["rff"]
+    {'n_features': 60}
     """
     sketch_dim = check_int(sketch_dim, "sketch_dim", minimum=1)
     degree = check_int(degree, "degree", minimum=0)

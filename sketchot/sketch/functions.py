@@ -65,7 +65,13 @@ class Exponential(ElementwiseFunction):
 
 
 class Sigmoid(ElementwiseFunction):
-    """``f(t) = 1 / (1 + exp(-scale * t))``."""
+    """``f(t) = 1 / (1 + exp(-scale * t))``.
+
+    Parameters
+    ----------
+    scale : float, default=1.0
+        Slope at the origin is ``scale / 4``. Evaluated without overflow for any ``t``.
+    """
 
     name = "sigmoid"
 
@@ -161,7 +167,34 @@ def _contour_taylor(
 
 
 def as_function(function: Any) -> ElementwiseFunction:
-    """Resolve ``'exp'``, ``'sigmoid'``, an :class:`ElementwiseFunction` or a callable."""
+    """Resolve ``'exp'``, ``'sigmoid'``, an :class:`ElementwiseFunction` or a callable.
+
+    Parameters
+    ----------
+    function : {'exp', 'sigmoid'}, ElementwiseFunction or callable
+        A name (``exp(t)`` or ``1 / (1 + exp(-t))``), a function object (returned as it
+        is), or a vectorised callable ``f(t) -> array`` (wrapped in
+        :class:`CallableFunction`).
+
+    Returns
+    -------
+    ElementwiseFunction
+
+    Raises
+    ------
+    ValueError
+        An unknown name.
+    TypeError
+        Neither a string nor a callable.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sketchot.sketch import as_function
+    >>> f = as_function("sigmoid")
+    >>> float(f(np.array([0.0]))[0])
+    0.5
+    """
     if isinstance(function, ElementwiseFunction):
         return function
     if isinstance(function, str):

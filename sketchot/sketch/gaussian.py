@@ -42,7 +42,7 @@ from .poly import PolySketchParameters, PolyTensorSketch
 
 @dataclass(eq=False)
 class GaussianPolySketch(PolySketchParameters):
-    """Feature maps ``phi_X, phi_Y`` with ``exp(-gamma ||x - y||^2) ~ phi_X(x) . phi_Y(y)``.
+    """Feature maps ``phi_X, phi_Y`` with ``exp(-gamma ||x - y||^2) ~ phi_X(x)^T phi_Y(y)``.
 
     Parameters
     ----------

@@ -118,7 +118,8 @@ class LocalGaussianExpansion:
     rho_ : float
         Cluster radius bound ``sqrt(tau reg / 2)``.
     degree_ : int
-    coef_ : ndarray, shape (degree_ + 1,)
+        Degree ``r`` of the fitted polynomial (``degree``, or the smallest meeting ``rtol``).
+    coef_ : ndarray, shape (``degree_`` + 1,)
         Monomial coefficients ``c_j > 0`` of the fit ``exp(t) ~ sum_j c_j t^j``.
     poly_error_ : float
         Maximum of ``|p(t) e^(-t) - 1|`` over ``[-tau, tau]`` (dense grid).

@@ -151,7 +151,7 @@ def stacked_monomial_features(
 
 
 def monomial_features(U: Any, degree: int, *, dtype: Any = np.float64) -> np.ndarray:
-    """Exact feature map ``phi_j`` of ``(u . v)^j``.
+    """Exact feature map ``phi_j`` of ``(u^T v)^j``.
 
     Parameters
     ----------

@@ -113,6 +113,18 @@ def plan_summary(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray) -
     from the cost's rows: entry by entry in log form for an exact kernel
     (``O(n m d)``), from the operator's rows otherwise (:func:`_blockwise_cost`,
     ``O(n m (r + d))``). Never an ``n x m`` array.
+
+    Parameters
+    ----------
+    kernel : KernelOperator
+        The operator the scalings were computed with (its cost and ``reg``).
+    log_u, log_v : ndarray, shapes (n,) and (m,)
+        Log-scalings.
+
+    Returns
+    -------
+    PlanSummary
+        Row and column sums of ``P``, ``<P, M>`` and the mass ``1^T P 1``.
     """
     g = kernel.geometry
     sqeuclidean = g.cost.sqeuclidean
@@ -360,8 +372,29 @@ def true_kernel_check(
     exponents: tuple[float, float] = (1.0, 1.0),
 ) -> TrueKernelCheck:
     """The true-kernel check on given rows and columns, in log-sum-exp form:
-    ``O((len(rows) m + len(cols) n) d)``, finite for any ``reg``. ``exponents``: the
-    problem's ``(rho_a, rho_b)`` (:func:`fixed_point_target`)."""
+    ``O((len(rows) m + len(cols) n) d)``, finite for any ``reg``.
+
+    Parameters
+    ----------
+    kernel : KernelOperator
+        Any operator; only its geometry (the clouds, ``reg`` and the cost) is used, so the
+        check is against the TRUE kernel whatever the operator approximates.
+    a, b : ndarray, shapes (n,) and (m,)
+        The weights.
+    log_u, log_v : ndarray, shapes (n,) and (m,)
+        Log-scalings to check.
+    rows, cols : ndarray of int
+        The rows and columns to evaluate (all of them for an exhaustive check; the residuals
+        are scaled by ``n / len(rows)`` and ``m / len(cols)``).
+    exponents : tuple of float, default=(1.0, 1.0)
+        The problem's ``(rho_a, rho_b)``: 1 for a hard marginal constraint, below 1 for an
+        unbalanced one (``fixed_point_target`` gives the marginal the fixed point must have).
+
+    Returns
+    -------
+    TrueKernelCheck
+        L1 residuals of both sides, relative to ``sum(a)``, with upper confidence bounds.
+    """
     g = kernel.geometry
     n, m = g.shape
     with np.errstate(over="ignore", invalid="ignore"):

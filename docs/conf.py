@@ -1,0 +1,87 @@
+"""Sphinx configuration of the sketchot documentation.
+
+Build (from the repository root)::
+
+    pip install ".[docs]"
+    sphinx-build -W -b html docs docs/_build/html
+
+Nothing here reaches the network: no intersphinx, the theme's assets are packaged, and the
+gallery's examples run on the images committed in ``images/``.
+"""
+
+import os
+import sys
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # document the sketchot of this checkout
+
+import sketchot  # noqa: E402
+
+project = "sketchot"
+author = "sketchot developers"
+copyright = "sketchot developers"
+version = release = sketchot.__version__
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.mathjax",
+    "sphinx.ext.viewcode",
+    "numpydoc",
+    "sphinx_gallery.gen_gallery",
+]
+
+exclude_patterns = ["_build", "**.ipynb_checkpoints"]
+templates_path = ["_templates"]
+source_suffix = {".rst": "restructuredtext"}
+root_doc = "index"
+
+# --- API reference -----------------------------------------------------------------------
+autosummary_generate = True
+autosummary_imported_members = False
+autodoc_default_options = {"members": False}
+autodoc_typehints = "none"  # the numpydoc sections carry the types
+numpydoc_show_class_members = False  # the class template lists the members itself
+numpydoc_class_members_toctree = False
+numpydoc_xref_param_type = False
+numpydoc_validation_checks: set[str] = set()
+
+# --- gallery -----------------------------------------------------------------------------
+sphinx_gallery_conf = {
+    "examples_dirs": [str(ROOT / "examples")],
+    "gallery_dirs": ["auto_examples"],
+    # Every examples/plot_*.py is executed; the command-line programs next to them
+    # (color_transfer.py, compare_backends.py) are not gallery items at all.
+    "filename_pattern": r"[\\/]plot_",
+    "ignore_pattern": r"(^|[\\/])(?!plot_)[^\\/]*\.py$",
+    "within_subsection_order": "FileNameSortKey",
+    "download_all_examples": False,
+    "remove_config_comments": True,
+    "plot_gallery": "True",
+    "abort_on_example_error": True,
+    "matplotlib_animations": False,
+    "image_scrapers": ("matplotlib",),
+    "show_memory": False,
+    "min_reported_time": 1,
+}
+
+# matplotlib without a display; the examples' own warnings are printed, not fatal, but
+# Sphinx's -W stays on for the documentation itself.
+os.environ.setdefault("MPLBACKEND", "Agg")
+warnings.filterwarnings("ignore", message="Matplotlib is currently using agg")
+
+# --- HTML ----------------------------------------------------------------------------------
+html_theme = "pydata_sphinx_theme"
+html_title = f"sketchot {release}"
+html_static_path = ["_static"]
+html_css_files = ["sketchot.css"]
+html_theme_options = {
+    "navbar_end": ["navbar-icon-links"],
+    "secondary_sidebar_items": ["page-toc"],
+    "show_toc_level": 2,
+    "navigation_with_keys": False,
+}
+html_show_sourcelink = False
+html_copy_source = False
