@@ -8,6 +8,8 @@ as an obscure numpy traceback or as a silent NaN.
 from __future__ import annotations
 
 import numbers
+import os
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -225,3 +227,23 @@ def unknown_names(names: Any, accepted: Any) -> str:
         close = difflib.get_close_matches(name, sorted(accepted), n=1, cutoff=0.6)
         parts.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
     return ", ".join(parts)
+
+
+#: The package's directory: frames below it are sketchot's own.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_stacklevel() -> int:
+    """``warnings.warn``'s ``stacklevel`` that names the user's line: the first frame
+    outside sketchot, counted from the function that warns (whatever the depth of the
+    public entry it was reached from).
+
+    Examples
+    --------
+    >>> user_stacklevel()   # called from outside the package: its own frame
+    1
+    """
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level

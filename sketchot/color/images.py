@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from .._validation import check_int, check_rng, describe, refuse_masked
+from .._validation import check_int, check_rng, describe, refuse_masked, user_stacklevel
 from .outputs import atomic_write_with
 
 #: Pillow modes that hold 16-bit (or wider) integers, which ``Image.convert("RGB")`` would clip
@@ -729,7 +729,7 @@ def _wide_rawmode(picture: Image.Image) -> str | None:
             f"{picture.filename!r} holds 16-bit {picture.mode} data that Pillow reads at 8 bits "
             "per channel: precision was reduced to 8 bits",
             UserWarning,
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
     return None
 

@@ -24,7 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import check_dtype, check_float, check_matrix, check_rng, describe
+from .._validation import (
+    check_dtype,
+    check_float,
+    check_matrix,
+    check_rng,
+    describe,
+    user_stacklevel,
+)
 from .accuracy import (
     ADVICE_MARGIN,
     SketchAccuracyWarning,
@@ -134,7 +141,9 @@ class GaussianPolySketch(PolySketchParameters):
         self.fit_error_, n_entries = self._measure(X, Y, U, V)
         if self.fit_tolerance is not None and self.fit_error_ > self.fit_tolerance:
             warnings.warn(
-                self._accuracy_message(X, Y, start, n_entries), SketchAccuracyWarning, stacklevel=2
+                self._accuracy_message(X, Y, start, n_entries),
+                SketchAccuracyWarning,
+                stacklevel=user_stacklevel(),
             )
         return self
 

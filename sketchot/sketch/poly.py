@@ -33,6 +33,7 @@ from .._validation import (
     check_matrix,
     check_rng,
     describe,
+    user_stacklevel,
 )
 from .accuracy import (
     ADVICE_MARGIN,
@@ -238,7 +239,7 @@ class PolyTensorSketch(PolySketchParameters):
             warnings.warn(
                 self._accuracy_message(U, V, start, n_entries),
                 SketchAccuracyWarning,
-                stacklevel=2,
+                stacklevel=user_stacklevel(),
             )
         return self
 

@@ -7,7 +7,14 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from .._defaults import DEFAULT_ACCURACY
-from .._validation import check_bool, check_choice, check_float, check_int, describe
+from .._validation import (
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    describe,
+    user_stacklevel,
+)
 
 SAFEGUARD_POLICIES = ("exact", "clip", "raise", "none", "propagate")
 ERROR_POLICIES = ("raise", "warn")
@@ -194,7 +201,7 @@ class SolverOptions:
                     f"{asked} is below what float32 kernels resolve; using {floor:.3g} "
                     f"(1e-6{scale}). Pass dtype=numpy.float64 for tighter tolerances.",
                     UserWarning,
-                    stacklevel=4,
+                    stacklevel=user_stacklevel(),
                 )
             tol = floor
         return tol, norm

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import check_bool, check_int, check_matrix, check_rng
+from .._validation import check_bool, check_int, check_matrix, check_rng, user_stacklevel
 from ..kernels import KernelOperator
 from .advice import advise
 from .errors import InvalidResultError, InvalidResultWarning
@@ -270,7 +270,7 @@ class SinkhornResult:
         )
         if self.options.get("errors", "raise") == "raise":
             raise InvalidResultError(message + " Pass errors='warn' to get them anyway.")
-        warnings.warn(message, InvalidResultWarning, stacklevel=3)
+        warnings.warn(message, InvalidResultWarning, stacklevel=user_stacklevel())
 
     def __repr__(self) -> str:
         err_a, err_b = self.marginal_errors

@@ -29,6 +29,7 @@ import warnings
 
 import numpy as np
 
+from .._validation import user_stacklevel
 from ..kernels import FusedPass, KernelOperator, get_backend
 from .errors import KernelSafeguardWarning, NonPositiveKernelError
 
@@ -154,7 +155,7 @@ class Safeguard:
             f"reg={self.kernel.geometry.reg:g}; safeguard={self.policy!r} {action}{extra}. "
             f"The approximation is too coarse here: {_advice(self.kernel)}.",
             KernelSafeguardWarning,
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
 
 

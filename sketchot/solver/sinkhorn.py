@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .._defaults import DEFAULT_ACCURACY
-from .._validation import check_float, check_matrix, describe, unknown_names
+from .._validation import check_float, check_matrix, describe, unknown_names, user_stacklevel
 from ..gibbs import GibbsGeometry, dual_lower_bound, make_cost
 from ..kernels import KernelOperator, build_kernel, get_backend
 from .advice import advise
@@ -276,7 +276,7 @@ def finish_solve(result, options, guard, printer):
                 f"Sinkhorn {what}; {criterion(result)} {final:.3e} > {result.tol:g}."
                 + ("" if advised else f" {advise(result)}"),
                 UserWarning,
-                stacklevel=4,
+                stacklevel=user_stacklevel(),
             )
     if options.verbose:
         printer.summary(result)
@@ -354,7 +354,7 @@ def _refuse_impossible(result: SinkhornResult, options: SolverOptions) -> None:
     )
     if options.errors == "raise":
         raise InvalidResultError(message + " Pass errors='warn' to get the result anyway.")
-    warnings.warn(message, InvalidResultWarning, stacklevel=4)
+    warnings.warn(message, InvalidResultWarning, stacklevel=user_stacklevel())
 
 
 #: Rounding slack of the lower-bound test, relative to the bound's size.
@@ -391,7 +391,7 @@ def _warn_accuracy(result: SinkhornResult, options: SolverOptions) -> bool:
         f"{'exact' if check.exhaustive else f'{check.n_rows} sampled rows and columns'}), "
         f"whatever the solver reports for its own kernel. {advise(result)}",
         AccuracyWarning,
-        stacklevel=4,
+        stacklevel=user_stacklevel(),
     )
     return True
 
@@ -423,7 +423,7 @@ def _announce_long_run(
                 else ", fewer points, or backend='auto' cost less"
             ),
             UserWarning,
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
 
 

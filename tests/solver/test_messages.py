@@ -76,3 +76,21 @@ def test_the_slow_run_warning_suggests_auto_only_when_auto_did_not_choose(cloud,
         sketchot.sinkhorn_kernel(None, None, kernel, max_iter=2)
     slow = [str(w.message) for w in caught if "estimated at" in str(w.message)]
     assert slow and all("backend='auto'" not in text for text in slow)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda X: sketchot.sinkhorn(None, None, X, X + 0.5, 2.0, "rff", n_features=5, rng=0),
+        lambda X: sketchot.sinkhorn2(None, None, X, X + 0.5, 2.0, "rff", n_features=5, rng=0),
+        lambda X: sketchot.solve_sample(X, X + 0.5, reg=2.0, backend="rff", n_features=5, rng=0),
+    ],
+    ids=["sinkhorn", "sinkhorn2", "solve_sample"],
+)
+def test_warnings_name_the_users_line(call):
+    """Whatever the depth of the public entry, a warning points at the caller's code."""
+    X = np.random.default_rng(0).random((80, 2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call(X)
+    assert caught and {w.filename for w in caught} == {__file__}
