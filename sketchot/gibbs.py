@@ -18,6 +18,11 @@ from typing import Any
 import numpy as np
 from scipy.spatial.distance import cdist
 
+from ._parallel import Part, run_parts
+
+#: Log-domain products over at least this many entries use the thread pool.
+THREADED_LOG_ENTRIES = 1 << 22
+
 # Target size of one block of kernel entries (bytes). Large enough for BLAS efficiency,
 # small enough to stay in the last-level cache region and to keep memory flat.
 BLOCK_BYTES = 1 << 24
@@ -219,17 +224,24 @@ def gibbs_log_matvec(
 ) -> np.ndarray:
     """``log sum_j exp(log_v_j - c(x_i, y_j) / reg)`` for each row ``x_i`` (log-sum-exp).
 
-    Finite whenever some ``log_v_j`` is finite, for any ``reg``.
+    Finite whenever some ``log_v_j`` is finite, for any ``reg``. Large products run on the
+    pool's threads (:func:`sketchot._parallel.run_parts`; Ctrl-C stops them between blocks).
     """
     out = np.empty(X.shape[0])
     y_sq = sq_norms(Y)
-    for rows in row_slices(X.shape[0], block_rows(Y.shape[0])):
-        logits = neg_cost_over_reg(X[rows], Y, reg, y_sq=y_sq, cost=cost)
-        logits += log_v[None, :]
-        top = logits.max(axis=1)
-        logits -= top[:, None]
-        np.exp(logits, out=logits)
-        out[rows] = top + np.log(logits.sum(axis=1))
+
+    def rows_of(part: Part[slice]) -> None:
+        for rows in part:
+            logits = neg_cost_over_reg(X[rows], Y, reg, y_sq=y_sq, cost=cost)
+            logits += log_v[None, :]
+            top = logits.max(axis=1)
+            logits -= top[:, None]
+            np.exp(logits, out=logits)
+            out[rows] = top + np.log(logits.sum(axis=1))
+
+    # row blocks are independent (no sum across them): the pool changes no bit
+    slices = list(row_slices(X.shape[0], block_rows(Y.shape[0])))
+    run_parts(rows_of, slices, X.shape[0] * Y.shape[0] >= THREADED_LOG_ENTRIES)
     return out
 
 
