@@ -22,6 +22,7 @@ from .api import (
     sinkhorn_unbalanced,
     solve_sample,
 )
+from .barycenter import BarycenterResult, barycenter
 from .kernels import (
     Backend,
     ExactKernel,
@@ -76,6 +77,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "AccuracyWarning",
     "Backend",
+    "BarycenterResult",
     "ExactKernel",
     "InvalidResultError",
     "InvalidResultWarning",
@@ -91,6 +93,7 @@ __all__ = [
     "TrueKernelCheck",
     "__version__",
     "available_backends",
+    "barycenter",
     "color_transfer",
     "comparable_parameters",
     "get_backend",
