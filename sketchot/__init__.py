@@ -23,6 +23,7 @@ from .api import (
     solve_sample,
 )
 from .barycenter import BarycenterResult, barycenter
+from .batch import BatchResult, sinkhorn_batch, solve_sample_batch
 from .kernels import (
     Backend,
     ExactKernel,
@@ -78,6 +79,7 @@ __all__ = [
     "AccuracyWarning",
     "Backend",
     "BarycenterResult",
+    "BatchResult",
     "ExactKernel",
     "InvalidResultError",
     "InvalidResultWarning",
@@ -107,9 +109,11 @@ __all__ = [
     "set_num_threads",
     "sinkhorn",
     "sinkhorn2",
+    "sinkhorn_batch",
     "sinkhorn_kernel",
     "sinkhorn_unbalanced",
     "solve_sample",
+    "solve_sample_batch",
     "thread_limit",
     "transfer_colors",
     "unregister_backend",
