@@ -22,9 +22,10 @@ Anderson mixing is off by default (``anderson='auto'`` means 0 here), so that ea
 exactly its own iterates, whatever the other pairs. ``anderson=k`` mixes the concatenated
 column potentials (one set of coefficients for the stack: an acceleration of the joint
 fixed-point map, whose fixed points are the pairs' own). Measured on 100 pairs of 200 points
-(benchmarks/batch.py, 2 shared cores): at reg = 0.01 x the mean squared distance it cut the
-iterations from 100-583 to 61-72 but not the time (its dot products over the whole stack
-cost as much as the passes saved), and at 0.1 x it was 17 times slower (7.2 s against 0.41 s).
+(benchmarks/results/batch_quick.md, 2 shared cores): at reg = 0.01 x the mean squared
+distance it cut the iterations from 100-583 to 61-72 but took 5.8 s against 2.3 s, and at
+0.1 x 3.6 s against 0.38 s: its dot products run over the whole stack (B m entries) every
+iteration.
 """
 
 from __future__ import annotations
