@@ -22,6 +22,8 @@ from .api import (
     sinkhorn_unbalanced,
     solve_sample,
 )
+from .barycenter import BarycenterResult, barycenter
+from .batch import BatchResult, sinkhorn_batch, solve_sample_batch
 from .kernels import (
     Backend,
     ExactKernel,
@@ -76,6 +78,8 @@ def __dir__() -> list[str]:
 __all__ = [
     "AccuracyWarning",
     "Backend",
+    "BarycenterResult",
+    "BatchResult",
     "ExactKernel",
     "InvalidResultError",
     "InvalidResultWarning",
@@ -91,6 +95,7 @@ __all__ = [
     "TrueKernelCheck",
     "__version__",
     "available_backends",
+    "barycenter",
     "color_transfer",
     "comparable_parameters",
     "get_backend",
@@ -104,9 +109,11 @@ __all__ = [
     "set_num_threads",
     "sinkhorn",
     "sinkhorn2",
+    "sinkhorn_batch",
     "sinkhorn_kernel",
     "sinkhorn_unbalanced",
     "solve_sample",
+    "solve_sample_batch",
     "thread_limit",
     "transfer_colors",
     "unregister_backend",

@@ -1,0 +1,251 @@
+"""The exact Gibbs kernels of many small problems, stacked as one block-diagonal operator.
+
+For ``B`` pairs of clouds ``X_k`` (n points) and ``Y_k`` (m points), the operator is the
+``B n x B m`` block-diagonal matrix ``diag(K_1, ..., K_B)``, ``(K_k)_ij =
+exp(-||x_ki - y_kj||^2 / reg)``, stored as one ``(B, n, m)`` array. Sinkhorn's updates act
+row by row and column by column, so Sinkhorn on the block-diagonal kernel with the
+concatenated weights IS the ``B`` independent Sinkhorn iterations: the one engine
+(:func:`sketchot.solver.engine.iterate`) solves the whole batch, one fused pass per half-step
+over every pair (batched products). Only the engine's stopping test mixes the pairs (one norm
+over the concatenation): :mod:`sketchot.solver.batch` sets its tolerance so that it bounds
+every pair's own residual, and checks each pair.
+
+It declares the exact kernel's capabilities (``'exact'``, ``'nonnegative'``,
+``'log_products'``, ``'absorb'``): the engine runs the absorption-stabilised iteration
+(Schmitzer 2019) on it, finite for any ``reg``.
+
+Memory ``B n m`` float64 for ``-C / reg``, and as much again for the absorbed kernel; time
+``O(B n m)`` per pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .base import (
+    FusedPass,
+    KernelInfo,
+    KernelOperator,
+    check_operand,
+    log_ratios_and_bad,
+    ratios_and_bad,
+)
+from .exact import LOG_FLOOR
+
+#: Entries of the pairs that one group of a pass reads (its two products then hit the cache).
+GROUP_ENTRIES = 1 << 18
+
+
+def stacked_log_kernel(X: np.ndarray, Y: np.ndarray, reg: float) -> np.ndarray:
+    """``-||x_ki - y_kj||^2 / reg`` of every pair, shape ``(B, n, m)``, from clouds centred
+    pair by pair (no cancellation far from the origin), clamped at 0 distance."""
+    center = (X.sum(axis=1, keepdims=True) + Y.sum(axis=1, keepdims=True)) / (
+        X.shape[1] + Y.shape[1]
+    )
+    Xc, Yc = X - center, Y - center
+    out = np.matmul(Xc, Yc.transpose(0, 2, 1))
+    out *= -2.0
+    out += np.einsum("bnd,bnd->bn", Xc, Xc)[:, :, None]
+    out += np.einsum("bmd,bmd->bm", Yc, Yc)[:, None, :]
+    np.maximum(out, 0.0, out=out)
+    out *= -1.0 / reg
+    return out
+
+
+class StackedGeometry:
+    """What the engine reads from a stacked operator's geometry: ``reg``, ``shape`` and an
+    upper bound of the cost (:meth:`max_cost`)."""
+
+    def __init__(self, log_kernel: np.ndarray, reg: float) -> None:
+        self.reg = float(reg)
+        self.batch, self.n, self.m = log_kernel.shape
+        self.shape = (self.batch * self.n, self.batch * self.m)
+        self._max_cost = float(-log_kernel.min()) * self.reg if log_kernel.size else 0.0
+
+    def max_cost(self) -> float:
+        """The largest cost of any pair."""
+        return self._max_cost
+
+
+class StackedExactKernel(KernelOperator):
+    """``diag(K_1, ..., K_B)`` from the stacked ``-C / reg`` (module notes).
+
+    Parameters
+    ----------
+    log_kernel : ndarray, shape (B, n, m)
+        ``-C_k / reg`` of every pair (:func:`stacked_log_kernel`); kept, not copied.
+    reg : float
+    """
+
+    def __init__(self, log_kernel: np.ndarray, reg: float) -> None:
+        info = KernelInfo(
+            "stacked_exact",
+            {"batch": log_kernel.shape[0]},
+            capabilities=frozenset({"exact", "nonnegative", "log_products", "absorb"}),
+        )
+        super().__init__(StackedGeometry(log_kernel, reg), info, np.float64)
+        self.log_kernel = log_kernel
+        self.batch, self.n, self.m = log_kernel.shape
+        self._linear: np.ndarray | None = None
+        #: the last absorbed form built from this kernel (its storage is reused)
+        self.latest: AbsorbedStackedKernel | None = None
+
+    # ------------------------------------------------------------- helpers
+    def stack(self, values: np.ndarray, side: str) -> np.ndarray:
+        """A vector over the rows (``side='rows'``) or columns as ``(B, n)`` or ``(B, m)``."""
+        return values.reshape(self.batch, self.n if side == "rows" else self.m)
+
+    def groups(self) -> list[slice]:
+        """Consecutive pairs whose entries fit :data:`GROUP_ENTRIES`."""
+        step = max(1, GROUP_ENTRIES // max(1, self.n * self.m))
+        return [slice(k, min(k + step, self.batch)) for k in range(0, self.batch, step)]
+
+    def linear(self) -> np.ndarray:
+        """The stacked kernel ``exp(-C / reg)`` (computed on first use)."""
+        if self._linear is None:
+            self._linear = np.exp(self.log_kernel)
+        return self._linear
+
+    # ------------------------------------------------------------ products
+    def matmat(self, V: Any) -> np.ndarray:
+        V = check_operand(V, self.shape[1], "V", vector=False)
+        cols = V.reshape(self.batch, self.m, -1)
+        return np.matmul(self.linear(), cols).reshape(self.shape[0], *V.shape[1:])
+
+    def rmatmat(self, U: Any) -> np.ndarray:
+        U = check_operand(U, self.shape[0], "U", vector=False)
+        rows = U.reshape(self.batch, self.n, -1)
+        out = np.matmul(self.linear().transpose(0, 2, 1), rows)
+        return out.reshape(self.shape[1], *U.shape[1:])
+
+    def _rows(self, index: np.ndarray) -> np.ndarray:
+        out = np.zeros((index.size, self.shape[1]))
+        pair, row = np.divmod(index, self.n)
+        for k, (p, r) in enumerate(zip(pair, row, strict=True)):
+            out[k, p * self.m : (p + 1) * self.m] = np.exp(self.log_kernel[p, r])
+        return out
+
+    def fused_pass(
+        self,
+        side: str,
+        w: np.ndarray,
+        numerator: np.ndarray,
+        *,
+        log: bool = False,
+        exponent: float = 1.0,
+    ) -> FusedPass:
+        ratios_of = log_ratios_and_bad if log else ratios_and_bad
+        if side == "cols":
+            # R = I, as for the exact kernel: the products are K^T u from the rows pass
+            products = np.array(w, dtype=np.float64)
+            ratios, bad = ratios_of(numerator, products, exponent)
+            return FusedPass(products, ratios, ratios, bad)
+        W = self.stack(np.asarray(w, dtype=np.float64), "cols")
+        products = np.empty((self.batch, self.n))
+        ratios = np.empty((self.batch, self.n))
+        bad = np.zeros((self.batch, self.n), dtype=bool)
+        projection = np.empty((self.batch, self.m))
+        numerators = self.stack(numerator, "rows")
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            for g in self.groups():
+                if log:
+                    products[g] = _log_matvec(self.log_kernel[g], W[g])
+                else:
+                    products[g] = np.matmul(self.matrix(g), W[g][:, :, None])[:, :, 0]
+                r, flags = ratios_of(numerators[g].ravel(), products[g].ravel(), exponent)
+                ratios[g], bad[g] = r.reshape(-1, self.n), flags.reshape(-1, self.n)
+                if log:
+                    projection[g] = _log_matvec(self.log_kernel[g].transpose(0, 2, 1), ratios[g])
+                else:
+                    projection[g] = np.matmul(ratios[g][:, None, :], self.matrix(g))[:, 0, :]
+        return FusedPass(products.ravel(), ratios.ravel(), projection.ravel(), bad.ravel())
+
+    def matrix(self, group: slice) -> np.ndarray:
+        """The linear kernels of a group of pairs."""
+        return self.linear()[group]
+
+    def project(
+        self, side: str, values: np.ndarray, index: Any = None, *, log: bool = False
+    ) -> np.ndarray:
+        empty = -np.inf if log else 0.0
+        if index is not None:
+            full = np.full(self.shape[0 if side == "rows" else 1], empty)
+            full[index] = values
+            values = full
+        if side == "cols":
+            return np.array(values, dtype=np.float64)
+        U = self.stack(np.asarray(values, dtype=np.float64), "rows")
+        out = np.empty((self.batch, self.m))
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            for g in self.groups():
+                if log:
+                    out[g] = _log_matvec(self.log_kernel[g].transpose(0, 2, 1), U[g])
+                else:
+                    out[g] = np.matmul(U[g][:, None, :], self.matrix(g))[:, 0, :]
+        return out.ravel()
+
+    def absorbed(
+        self, alpha: np.ndarray, beta: np.ndarray, previous: Any = None
+    ) -> AbsorbedStackedKernel:
+        """``diag(e^alpha) K diag(e^beta)``, pair by pair (see
+        :class:`~sketchot.kernels.exact.AbsorbedExactKernel`)."""
+        self.latest = AbsorbedStackedKernel(self, alpha, beta, previous)
+        return self.latest
+
+
+class AbsorbedStackedKernel(StackedExactKernel):
+    """``exp(alpha_i + beta_j - C_ij / reg)`` of every pair, clamped below at
+    :data:`~sketchot.kernels.exact.LOG_FLOOR` (the absorbed exact kernel, stacked); linear
+    passes only.
+
+    Attributes
+    ----------
+    alpha, beta : ndarray, shape (B n,), (B m,)
+        The absorbed log-scalings.
+    """
+
+    def __init__(
+        self,
+        parent: StackedExactKernel,
+        alpha: np.ndarray,
+        beta: np.ndarray,
+        previous: AbsorbedStackedKernel | None = None,
+    ) -> None:
+        KernelOperator.__init__(
+            self, parent.geometry, KernelInfo("stacked_exact", dict(parent.info.params)),
+            np.float64,
+        )  # fmt: skip
+        self.log_kernel = parent.log_kernel
+        self.batch, self.n, self.m = parent.batch, parent.n, parent.m
+        self.latest = None
+        self.alpha = np.asarray(alpha, dtype=np.float64)
+        self.beta = np.asarray(beta, dtype=np.float64)
+        reuse = previous is not None and previous._linear is not None
+        store = previous._linear if reuse else np.empty_like(self.log_kernel)
+        np.add(self.log_kernel, self.stack(self.alpha, "rows")[:, :, None], out=store)
+        store += self.stack(self.beta, "cols")[:, None, :]
+        np.maximum(store, LOG_FLOOR[np.dtype(np.float64)], out=store)  # -inf too
+        np.exp(store, out=store)
+        self._linear = store
+
+    def fused_pass(self, side, w, numerator, *, log=False, exponent=1.0) -> FusedPass:
+        if log:
+            raise NotImplementedError("an absorbed kernel runs linear passes only")
+        return super().fused_pass(side, w, numerator, exponent=exponent)
+
+    def absorbed(self, alpha, beta, previous=None):
+        raise NotImplementedError("absorb into the parent kernel, not into an absorbed one")
+
+
+def _log_matvec(log_kernel: np.ndarray, log_w: np.ndarray) -> np.ndarray:
+    """``log(K_k exp(w_k))`` for a group of pairs: ``(G, n, m)`` and ``(G, m)`` -> ``(G, n)``,
+    by log-sum-exp (``-inf`` where every term is ``-inf``)."""
+    terms = log_kernel + log_w[:, None, :]
+    top = terms.max(axis=2)
+    safe = np.where(np.isfinite(top), top, 0.0)
+    terms -= safe[:, :, None]
+    np.exp(terms, out=terms)
+    with np.errstate(divide="ignore"):
+        return np.log(terms.sum(axis=2)) + safe

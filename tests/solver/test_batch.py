@@ -1,0 +1,164 @@
+import numpy as np
+import ot
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sketchot
+from sketchot.kernels.stacked import StackedExactKernel, stacked_log_kernel
+from sketchot.solver.batch import BatchResult, chunk_size
+
+
+def pairs(seed, B=12, n=20, m=25, d=2, weighted=True):
+    rng = np.random.default_rng(seed)
+    X = rng.random((B, n, d))
+    Y = rng.random((B, m, d)) * rng.uniform(0.5, 2.0, size=(B, 1, 1)) + 0.3
+    if not weighted:
+        return X, Y, None, None
+    a, b = rng.random((B, n)) + 0.1, rng.random((B, m)) + 0.1
+    return X, Y, a / a.sum(axis=1, keepdims=True), b / b.sum(axis=1, keepdims=True)
+
+
+def centred(f):
+    return f - f.mean()
+
+
+@pytest.mark.parametrize("reg", [0.1, 0.01])
+def test_each_pair_agrees_with_sinkhorn_exact(reg):
+    X, Y, a, b = pairs(0)
+    res = sketchot.sinkhorn_batch(X, Y, a, b, reg=reg, tol=1e-12, max_iter=5000)
+    assert isinstance(res, BatchResult) and len(res) == 12 and res.converged.all()
+    for k in range(len(res)):
+        ref = sketchot.sinkhorn(a[k], b[k], X[k], Y[k], reg=reg, backend="exact", tol=1e-12,
+                                max_iter=5000, anderson=0)  # fmt: skip
+        # both solve the same problem to an L2 marginal residual of 1e-12: they agree far
+        # below the 1e-8 asked (measured about 1e-11)
+        assert res.value[k] == pytest.approx(ref.value, rel=1e-8)
+        assert res.value_linear[k] == pytest.approx(ref.value_linear, rel=1e-8)
+        np.testing.assert_allclose(res.marginals[1][k], ref.marginals[1], atol=1e-10)
+        np.testing.assert_allclose(res.marginals[0][k], ref.marginals[0], atol=1e-10)
+        # potentials are defined up to a constant: compare f = reg log u centred
+        np.testing.assert_allclose(
+            centred(reg * res.potentials[0][k]), centred(reg * ref.potentials[0]), atol=1e-8
+        )
+    assert (res.errors <= res.tol).all() and res.norm == "l2"
+
+
+def test_each_pair_agrees_with_pots_solve_sample():
+    X, Y, a, b = pairs(1, B=6)
+    res = sketchot.solve_sample_batch(X, Y, 0.05, a, b, tol=1e-12, max_iter=5000)
+    for k in range(len(res)):
+        pot = ot.solve_sample(X[k], Y[k], a[k], b[k], reg=0.05, max_iter=5000, tol=1e-12)
+        # POT's value convention is sinkhorn's (<P, M> + reg KL(P | a b^T)); both at 1e-12
+        assert res.value[k] == pytest.approx(float(pot.value), rel=1e-8)
+        assert res.value_linear[k] == pytest.approx(float(pot.value_linear), rel=1e-8)
+
+
+def test_pairs_converge_on_their_own():
+    """Pairs of different spreads need different numbers of iterations; converged pairs
+    leave the stack, and every pair meets the target by its own residual."""
+    rng = np.random.default_rng(2)
+    scales = np.array([0.2, 0.2, 0.5, 0.5, 1.0, 1.0])[:, None, None]
+    X, Y = rng.random((6, 30, 2)) * scales, rng.random((6, 30, 2)) * scales + 0.1
+    res = sketchot.sinkhorn_batch(X, Y, reg=0.01, tol=1e-9, round_iter=20, max_iter=5000)
+    assert res.converged.all() and (res.errors <= 1e-9).all()
+    assert res.n_iter.min() < res.n_iter.max()
+    # the default rule: the accuracy's L1 share; the checks are exhaustive (exact kernels)
+    default = sketchot.sinkhorn_batch(X, Y, reg=0.01, max_iter=5000)
+    assert default.norm == "l1" and default.accuracy_met.all()
+    assert (default.true_kernel_error <= default.accuracy).all()
+
+
+def test_chunks_change_nothing():
+    X, Y, a, b = pairs(3, B=10)
+    whole = sketchot.sinkhorn_batch(X, Y, a, b, reg=0.05, tol=1e-12)
+    per_pair = 24 * 20 * 25
+    assert chunk_size(10, 20, 25, 3 * per_pair) == 3
+    chunked = sketchot.sinkhorn_batch(X, Y, a, b, reg=0.05, tol=1e-12, max_bytes=3 * per_pair)
+    # the same iterations up to when each chunk stops and absorbs: 1e-12 residuals
+    np.testing.assert_allclose(chunked.value, whole.value, rtol=1e-10)
+    with pytest.raises(MemoryError, match="raise max_bytes"):
+        sketchot.sinkhorn_batch(X, Y, reg=0.05, max_bytes=per_pair - 1)
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.permutations(list(range(5))))
+def test_permuting_pairs_permutes_results(order):
+    X, Y, a, b = pairs(4, B=5)
+    base = sketchot.sinkhorn_batch(X, Y, a, b, reg=0.05, tol=1e-12)
+    perm = sketchot.sinkhorn_batch(X[order], Y[order], a[order], b[order], reg=0.05, tol=1e-12)
+    # each pair's fixed point, reached to 1e-12 whatever its neighbours
+    np.testing.assert_allclose(perm.value, base.value[order], rtol=1e-10)
+
+
+def test_zero_weights_and_tiny_reg_stay_finite():
+    X, Y, a, b = pairs(5, B=4)
+    a[:, :3] = 0.0
+    a /= a.sum(axis=1, keepdims=True)
+    # reg 1e-3 on the unit square: exp(-C / reg) underflows; the absorbed iteration holds
+    res = sketchot.sinkhorn_batch(X, Y, a, b, reg=1e-3, max_iter=3000)
+    assert np.isfinite(res.value).all() and np.isfinite(res.value_linear).all()
+    assert np.isneginf(res.potentials[0][:, :3]).all()
+    assert (res.marginals[0][:, :3] == 0).all()
+    ref = sketchot.sinkhorn(a[0], b[0], X[0], Y[0], reg=1e-3, backend="exact", max_iter=3000)
+    # both stop at the accuracy's L1 rule (1e-4): values agree to about that
+    assert res.value[0] == pytest.approx(ref.value, rel=1e-3)
+
+
+def test_stacked_operator_is_the_block_diagonal_kernel():
+    X, Y, _, _ = pairs(6, B=3, n=4, m=5)
+    kernel = StackedExactKernel(stacked_log_kernel(X, Y, 0.5), 0.5)
+    dense = np.zeros((12, 15))
+    for k in range(3):
+        dense[4 * k : 4 * k + 4, 5 * k : 5 * k + 5] = np.exp(-ot.dist(X[k], Y[k]) / 0.5)
+    rng = np.random.default_rng(0)
+    v, u = rng.random(15), rng.random(12)
+    # the centred squared distances: rounding only
+    np.testing.assert_allclose(kernel.to_dense(), dense, rtol=1e-12)
+    np.testing.assert_allclose(kernel.matvec(v), dense @ v, rtol=1e-12)
+    np.testing.assert_allclose(kernel.rmatvec(u), dense.T @ u, rtol=1e-12)
+    linear = kernel.fused_pass("rows", v, u)
+    log = kernel.fused_pass("rows", np.log(v), np.log(u), log=True)
+    np.testing.assert_allclose(np.exp(log.ratios), linear.ratios, rtol=1e-12)
+    np.testing.assert_allclose(np.exp(log.projection), linear.projection, rtol=1e-12)
+    np.testing.assert_allclose(kernel.project("rows", u), dense.T @ u, rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda X, Y: sketchot.sinkhorn_batch(X[0], Y), ValueError, r"shape \(B, n, d\)"),
+        (lambda X, Y: sketchot.sinkhorn_batch(X, Y[:3]), ValueError, "same number of pairs"),
+        (lambda X, Y: sketchot.sinkhorn_batch(X, Y, b=np.ones((4, 25))), ValueError,
+         r"same mass pair by pair \(balanced transport\); pair 0"),
+        (lambda X, Y: sketchot.sinkhorn_batch(X, Y, a=np.ones((4, 3))), ValueError,
+         r"a must be weights of shape \(4, 20\)"),
+        (lambda X, Y: sketchot.sinkhorn_batch(X, Y, anderson=-1), ValueError, "anderson"),
+        (lambda X, Y: sketchot.sinkhorn_batch(X, Y, rank=5), TypeError, "unexpected keyword"),
+        (lambda X, Y: sketchot.sinkhorn_batch(X, Y, reg=0.0), ValueError, "reg must be > 0"),
+    ],
+)  # fmt: skip
+def test_validation_names_the_argument(call, error, message):
+    X, Y, _, _ = pairs(7, B=4, weighted=False)
+    with pytest.raises(error, match=message):
+        call(X, Y)
+
+
+def test_verbose_reports_progress(capsys):
+    X, Y, _, _ = pairs(8, B=4, weighted=False)
+    sketchot.sinkhorn_batch(X, Y, reg=0.1, verbose=True)
+    assert "pairs 4/4, 4 converged" in capsys.readouterr().out
+
+
+def test_without_anderson_each_pair_runs_its_own_iterates():
+    X, Y, a, b = pairs(9, B=5)
+    # reg 0.1: POT's start is underflow-free for the stack as for each pair (at smaller reg
+    # the stack, whose test sees the largest cost and B n rows, may open with one exact
+    # log-domain iteration where a lone pair does not: one iteration ahead)
+    res = sketchot.sinkhorn_batch(X, Y, a, b, reg=0.1, anderson=0, max_iter=30, tol=1e-15)
+    for k in range(5):
+        ref = sketchot.sinkhorn(a[k], b[k], X[k], Y[k], reg=0.1, backend="exact", anderson=0,
+                                max_iter=30, tol=1e-15, warn=False, errors="warn")  # fmt: skip
+        # the same 30 iterations from the same start (absorptions at other times: rounding)
+        assert res.n_iter[k] == ref.n_iter == 30
+        assert res.value[k] == pytest.approx(ref.value, rel=1e-10)
