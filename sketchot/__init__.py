@@ -34,6 +34,7 @@ from .kernels import (
     register_backend,
     unregister_backend,
 )
+from .loss import DivergenceResult, SinkhornDivergence, sinkhorn_divergence
 from .solver import (
     AccuracyWarning,
     InvalidResultError,
@@ -58,6 +59,7 @@ _LAZY = {
     "sample_pixels": "color",
     "save_image": "color",
     "transfer_colors": "color",
+    "SamplesLoss": "nn",
 }
 
 
@@ -76,6 +78,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "AccuracyWarning",
     "Backend",
+    "DivergenceResult",
     "ExactKernel",
     "InvalidResultError",
     "InvalidResultWarning",
@@ -85,6 +88,8 @@ __all__ = [
     "LazyPlan",
     "LowRankKernel",
     "NonPositiveKernelError",
+    "SamplesLoss",
+    "SinkhornDivergence",
     "SinkhornResult",
     "SketchSinkhornTransport",
     "SolverOptions",
@@ -104,6 +109,7 @@ __all__ = [
     "set_num_threads",
     "sinkhorn",
     "sinkhorn2",
+    "sinkhorn_divergence",
     "sinkhorn_kernel",
     "sinkhorn_unbalanced",
     "solve_sample",
