@@ -25,10 +25,10 @@ import time
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-import sketchot  # noqa: E402
+import sketchot
 
 parser = argparse.ArgumentParser(description="Gradient flow of the Sinkhorn divergence")
 parser.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "gradient_flow.png"))
