@@ -86,7 +86,8 @@ class DivergenceResult:
         ``{'ab': ..., 'aa': ..., 'bb': ...}``: the three :class:`SinkhornResult` (empty for
         identical inputs, whose divergence is exactly 0 without a solve).
     warm : dict
-        For each problem, whether its warm start was used (``False``: solved cold).
+        For each problem, whether its warm start was used (``False``: solved cold; ``True``
+        also when the problem had not changed and its previous solve was kept).
     clipped : bool
         Whether a negative value within ``value_error`` was set to 0.
     timings : dict
@@ -269,8 +270,9 @@ class SinkhornDivergence:
     Each call solves the three problems on the previous call's backend and kernel parameters
     from the previous potentials (in cost units, so the weights may change too) and keeps the
     result when it still meets ``accuracy`` and converges; otherwise it solves cold (with
-    ``backend``, ``'auto'`` by default, choosing again). A change of the clouds' sizes starts
-    cold.
+    ``backend``, ``'auto'`` by default, choosing again). A problem whose clouds and weights did
+    not change (``(b, b)`` for a fixed target) keeps its previous solve; a change of the
+    clouds' sizes starts cold.
 
     Parameters
     ----------
@@ -369,6 +371,8 @@ def _solve(P, Q, wp, wq, reg, reg_m, backend, seed, previous, kwargs):
     """One problem: warm from ``previous`` (its backend, parameters, potentials) when that
     meets the accuracy, else cold. Returns ``(result, warm_used, note)``."""
     note = ""
+    if previous is not None and _same_problem(previous, P, Q, wp, wq, reg, reg_m, kwargs):
+        return previous, True, ""  # nothing moved (a fixed target's 'bb'): the same solve
     if previous is not None and previous.kernel.shape == (P.shape[0], Q.shape[0]):
         result = _solve_warm(P, Q, wp, wq, reg, reg_m, seed, previous, kwargs)
         if result.converged and result.accuracy_met is not False:
@@ -381,9 +385,37 @@ def _solve(P, Q, wp, wq, reg, reg_m, backend, seed, previous, kwargs):
     return result, False, note
 
 
-def _solve_warm(P, Q, wp, wq, reg, reg_m, seed, previous, kwargs):
+def _same_problem(previous, P, Q, wp, wq, reg, reg_m, kwargs) -> bool:
+    """Whether ``previous`` solved this very problem (clouds, weights, ``reg``, ``reg_m``) to
+    the accuracy asked now."""
+    g = previous.kernel.geometry
+    target = _options(kwargs).accuracy
+    held = previous.options.get("accuracy")
+    return (
+        previous.converged
+        and previous.accuracy_met is not False
+        and (target is None or (held is not None and held <= target))
+        and previous.reg == reg
+        and previous.reg_m == check_reg_m(reg_m, reg)
+        and g.X.shape == P.shape
+        and g.Y.shape == Q.shape
+        and np.array_equal(g.X, P)
+        and np.array_equal(g.Y, Q)
+        and np.array_equal(previous.a, wp)
+        and np.array_equal(previous.b, wq)
+    )
+
+
+def _options(kwargs: dict[str, Any]) -> SolverOptions:
+    """The solver options among ``kwargs`` (the rest are backend parameters)."""
     names = set(SolverOptions.names())
-    options = SolverOptions(**{k: v for k, v in kwargs.items() if k in names})
+    return SolverOptions(**{k: v for k, v in kwargs.items() if k in names})
+
+
+def _solve_warm(P, Q, wp, wq, reg, reg_m, seed, previous, kwargs):
+    # checks cost nothing (the residual comes from the pass) and a warm start is often
+    # converged after a few iterations: check every one unless told otherwise
+    options = _options({"check_every": 1, **kwargs})
     params = dict(previous.kernel.info.params)
     if "dtype" in kwargs:
         params["dtype"] = kwargs["dtype"]
