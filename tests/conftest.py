@@ -59,3 +59,9 @@ def dense_divergence():
     """The dense float64 log-domain reference of the Sinkhorn divergence (tests of
     :mod:`sketchot.loss` and :mod:`sketchot.nn`)."""
     return _dense_divergence
+
+
+@pytest.fixture
+def dense_ot():
+    """The dense float64 log-domain reference of the entropic OT objective."""
+    return _dense_ot

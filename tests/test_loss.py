@@ -91,6 +91,22 @@ def test_unbalanced_weight_gradients_in_every_direction(dense_divergence):
 
 
 @pytest.mark.parametrize("reg_m", [None, 0.7])
+def test_without_debiasing_the_gradients_are_those_of_ot(dense_ot, reg_m):
+    X, Y, a, b = clouds(15, mass_b=1.0 if reg_m is None else 1.6)
+    res = sketchot.sinkhorn_divergence(X, Y, a, b, reg=0.1, reg_m=reg_m, debias=False, **TIGHT)
+    assert res.value == pytest.approx(dense_ot(X, Y, a, b, 0.1, reg_m), abs=1e-10)  # as above
+    rng = np.random.default_rng(16)
+    dX, da, db = (rng.standard_normal(v.shape) for v in (X, a, b))
+    if reg_m is None:  # balanced: changes that keep sum(a) = sum(b)
+        da, db = da - da.mean(), db - db.mean()
+    fd_X = _central(lambda Z: dense_ot(Z, Y, a, b, 0.1, reg_m), X, dX)
+    fd_w = _central(lambda t: dense_ot(X, Y, a + t * da, b + t * db, 0.1, reg_m), 0.0, 1.0)
+    # central differences at h = 1e-5, as above
+    assert np.sum(res.grad_X * dX) == pytest.approx(fd_X, abs=1e-7)
+    assert res.grad_a @ da + res.grad_b @ db == pytest.approx(fd_w, abs=1e-7)
+
+
+@pytest.mark.parametrize("reg_m", [None, 0.7])
 def test_zero_weights_get_the_continuous_extension(dense_divergence, reg_m):
     X, Y, a, b = clouds(8)
     a[3] = 0.0
