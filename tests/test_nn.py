@@ -110,3 +110,11 @@ def test_importing_sketchot_does_not_import_torch():
     code = "import sys, sketchot; sketchot.sinkhorn_divergence; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensors_round_trip_through_the_host():
+    X, Y, a, b = (t.detach().cuda().requires_grad_() for t in tensors(7))
+    value = sketchot.nn.sinkhorn_divergence(X, Y, a, b, reg=0.1, backend="exact")
+    value.backward()
+    assert value.device == X.device and X.grad.device == X.device and a.grad.is_cuda
