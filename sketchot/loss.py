@@ -110,6 +110,11 @@ class DivergenceResult:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def converged(self) -> bool:
+        """Whether every solve stopped on its tolerance (``True`` for identical inputs)."""
+        return all(result.converged for result in self.results.values())
+
+    @property
     def backend(self) -> str:
         """The cross problem's backend (``'none'`` for identical inputs)."""
         result = self.results.get("ab")

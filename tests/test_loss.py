@@ -210,6 +210,6 @@ def test_errors_name_the_argument():
 def test_result_repr_and_backend():
     X, Y, a, b = clouds(14)
     res = sketchot.sinkhorn_divergence(X, Y, a, b, reg=0.1, backend="exact")
-    assert isinstance(res, DivergenceResult) and res.backend == "exact"
+    assert isinstance(res, DivergenceResult) and res.backend == "exact" and res.converged
     assert "DivergenceResult(value=" in repr(res)
     assert set(res.timings) == {"solve", "gradient"}
