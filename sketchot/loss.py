@@ -258,10 +258,14 @@ def sinkhorn_divergence(
             out.notes.append(f"S = {out.value:.3e} < 0 within its error: clipped to 0")
             out.value, out.clipped = 0.0, True
         else:
+            why = (
+                "no error estimate (accuracy=None: no true-kernel check)"
+                if math.isnan(out.value_error)
+                else f"beyond its estimated error {out.value_error:.2e}: the solves are not "
+                f"accurate enough (true-kernel marginal error {out.accuracy:.2e})"
+            )
             warnings.warn(
-                f"sinkhorn_divergence: S = {out.value:.3e} < 0 beyond its estimated error "
-                f"{out.value_error:.2e}: the solves are not accurate enough (true-kernel "
-                f"marginal error {out.accuracy:.2e}); lower accuracy= or tol=",
+                f"sinkhorn_divergence: S = {out.value:.3e} < 0 with {why}; lower accuracy= or tol=",
                 AccuracyWarning,
                 stacklevel=2,
             )

@@ -125,6 +125,20 @@ def test_zero_weights_get_the_continuous_extension(dense_divergence, reg_m):
     assert res.grad_a @ d == pytest.approx(fd, abs=1e-5)
 
 
+def test_negative_values_are_clipped_within_their_error_and_warned_beyond():
+    rng = np.random.default_rng(3)
+    X = rng.random((60, 2))
+    Y = X + 1e-3 * rng.standard_normal(X.shape)
+    # two iterations leave the solves inaccurate: S = -4.4e-7 against an error of 2.3e-2
+    loose = {"backend": "exact", "max_iter": 2, "warn": False}
+    res = sketchot.sinkhorn_divergence(X, Y, reg=0.1, accuracy=0.5, **loose)
+    assert res.clipped and res.value == 0.0 and res.value_error > 4.4e-7
+    assert any("clipped to 0" in note for note in res.notes)
+    with pytest.warns(sketchot.AccuracyWarning, match="< 0 with no error estimate"):
+        res = sketchot.sinkhorn_divergence(X, Y, reg=0.1, accuracy=None, **loose)
+    assert not res.clipped and res.value < 0
+
+
 @pytest.mark.parametrize("backend", ["exact", "nystrom", "auto"])
 def test_identical_inputs_give_exactly_zero(backend):
     X, _, a, _ = clouds(9)
