@@ -51,7 +51,15 @@ import numpy as np
 
 from ._validation import check_bool, check_float, check_matrix, check_rng, check_weights
 from .api import make_kernel, sinkhorn
-from .solver import AccuracyWarning, LazyPlan, SinkhornResult, SolverOptions, make_problem
+from .solver import (
+    AccuracyWarning,
+    InvalidResultError,
+    LazyPlan,
+    NonPositiveKernelError,
+    SinkhornResult,
+    SolverOptions,
+    make_problem,
+)
 from .solver.problem import check_reg_m
 from .solver.sinkhorn import solve
 
@@ -383,13 +391,19 @@ def _solve(P, Q, wp, wq, reg, reg_m, backend, seed, previous, kwargs):
     if previous is not None and _same_problem(previous, P, Q, wp, wq, reg, reg_m, kwargs):
         return previous, True, ""  # nothing moved (a fixed target's 'bb'): the same solve
     if previous is not None and previous.kernel.shape == (P.shape[0], Q.shape[0]):
-        result = _solve_warm(P, Q, wp, wq, reg, reg_m, seed, previous, kwargs)
-        if result.converged and result.accuracy_met is not False:
-            return result, True, ""
-        note = (
-            f"warm start on {previous.backend!r} {result.status}, true-kernel error "
-            f"{_accuracy(result):.2e}: solved cold"
-        )
+        try:
+            result = _solve_warm(P, Q, wp, wq, reg, reg_m, seed, previous, kwargs)
+        except (InvalidResultError, NonPositiveKernelError) as error:  # a start far off
+            note = (
+                f"warm start on {previous.backend!r} failed ({type(error).__name__}): solved cold"
+            )
+        else:
+            if result.converged and result.accuracy_met is not False and _possible(result):
+                return result, True, ""
+            note = (
+                f"warm start on {previous.backend!r} {result.status}, true-kernel error "
+                f"{_accuracy(result):.2e}: solved cold"
+            )
     result = sinkhorn(wp, wq, P, Q, reg, backend, reg_m=reg_m, rng=seed, **kwargs)
     return result, False, note
 
@@ -412,6 +426,17 @@ def _same_problem(previous, P, Q, wp, wq, reg, reg_m, kwargs) -> bool:
         and np.array_equal(g.Y, Q)
         and np.array_equal(previous.a, wp)
         and np.array_equal(previous.b, wq)
+    )
+
+
+def _possible(result: SinkhornResult) -> bool:
+    """Finite potentials, cost and mass (a warm start far from the solution can break down)."""
+    return bool(
+        np.isfinite(result.value_linear)
+        and np.isfinite(result.mass)
+        and result.mass > 0
+        and np.all(np.isfinite(result.potentials[0][result.a > 0]))
+        and np.all(np.isfinite(result.potentials[1][result.b > 0]))
     )
 
 

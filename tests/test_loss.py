@@ -207,6 +207,20 @@ def test_a_warm_start_that_misses_the_accuracy_is_solved_cold():
     assert any(note.startswith("ab: warm start") for note in again.notes)
 
 
+def test_a_warm_start_that_breaks_down_is_solved_cold():
+    """Fresh clouds with the previous potentials at a small reg: the warm iteration breaks
+    down (an impossible result); the loss solves cold instead of raising."""
+    rng = np.random.default_rng(0)
+    Y = rng.standard_normal((300, 2)) @ np.array([[0.3, 0.0], [0.25, 0.08]]).T + 0.5
+    loss = sketchot.SinkhornDivergence(reg=0.005, backend="exact")
+    notes = []
+    for _ in range(4):
+        res = loss(0.5 * rng.standard_normal((300, 2)) + 0.5, Y)
+        notes += res.notes
+        assert res.converged and np.isfinite(res.value)
+    assert any("failed (InvalidResultError): solved cold" in note for note in notes)
+
+
 def test_errors_name_the_argument():
     X, Y, a, b = clouds(13)
     with pytest.raises(ValueError, match="reg_m must be None or one penalty"):
