@@ -48,7 +48,7 @@ def test_float32_in_float32_out_and_only_requested_gradients():
 
 def test_samples_loss_is_geomloss_convention(dense_divergence):
     """GeomLoss: cost ||x - y||^2 / 2, eps = blur^2, rho = reach^2; its divergence from the
-    dense reference with that cost (not from geomloss itself, not installed here)."""
+    dense reference with that cost (geomloss itself: the test below, when installed)."""
     X, Y, a, b = tensors(2)
     b2 = (1.5 * b).detach().requires_grad_()
     loss = sketchot.SamplesLoss("sinkhorn", p=2, blur=0.3, reach=0.6, **TIGHT)
