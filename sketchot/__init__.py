@@ -10,7 +10,10 @@ optimal transport) and :mod:`sketchot.gibbs` (true-kernel values) -> :mod:`sketc
 iteration, repairs, checks) -> :mod:`sketchot.da` (POT-style estimator) and
 :mod:`sketchot.color` (colour transfer). :mod:`sketchot.distributed` holds the same layers
 on Dask arrays; :mod:`sketchot.api`, on top, is where the public entries send Dask inputs
-there and everything else to the in-memory layers.
+there and everything else to the in-memory layers. :mod:`sketchot.loss` (the Sinkhorn
+divergence and its gradients, ``sinkhorn_divergence``) sits on the public entries, and
+:mod:`sketchot.nn` (its PyTorch autograd function and ``SamplesLoss``, loaded on first use so
+that ``import sketchot`` never imports torch) on top of it.
 """
 
 from ._parallel import get_num_threads, set_num_threads, thread_limit
@@ -36,6 +39,7 @@ from .kernels import (
     register_backend,
     unregister_backend,
 )
+from .loss import DivergenceResult, SinkhornDivergence, sinkhorn_divergence
 from .solver import (
     AccuracyWarning,
     InvalidResultError,
@@ -60,6 +64,7 @@ _LAZY = {
     "sample_pixels": "color",
     "save_image": "color",
     "transfer_colors": "color",
+    "SamplesLoss": "nn",
 }
 
 
@@ -80,6 +85,7 @@ __all__ = [
     "Backend",
     "BarycenterResult",
     "BatchResult",
+    "DivergenceResult",
     "ExactKernel",
     "InvalidResultError",
     "InvalidResultWarning",
@@ -89,6 +95,8 @@ __all__ = [
     "LazyPlan",
     "LowRankKernel",
     "NonPositiveKernelError",
+    "SamplesLoss",
+    "SinkhornDivergence",
     "SinkhornResult",
     "SketchSinkhornTransport",
     "SolverOptions",
@@ -110,6 +118,7 @@ __all__ = [
     "sinkhorn",
     "sinkhorn2",
     "sinkhorn_batch",
+    "sinkhorn_divergence",
     "sinkhorn_kernel",
     "sinkhorn_unbalanced",
     "solve_sample",

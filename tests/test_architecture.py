@@ -22,7 +22,7 @@ LAYERS = {
     "sketch": 1,
     "distributed.geometry": 1, "kernels": 2, "distributed.kernels": 2,
     "distributed.builders": 2, "solver": 3, "distributed.solver": 3, "distributed": 3,
-    "da": 4, "color": 4, "api": 5, "barycenter": 6, "batch": 6,
+    "da": 4, "color": 4, "api": 5, "barycenter": 6, "batch": 6, "loss": 6, "nn": 7,
 }  # fmt: skip
 BACKEND_MODULES = {"exact", "rff", "nystrom", "polyts", "local"}
 SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent != PACKAGE)

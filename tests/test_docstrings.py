@@ -26,7 +26,7 @@ MODULES = sorted(
 )
 
 #: Top-level modules of the optional extras (pyproject.toml), by extra.
-OPTIONAL_MODULES = {"dask": "dask", "distributed": "dask"}
+OPTIONAL_MODULES = {"dask": "dask", "distributed": "dask", "torch": "torch"}
 
 
 def import_or_skip(name: str):

@@ -1,0 +1,377 @@
+"""The Sinkhorn divergence as a loss: correctness of value and gradient, and time per step.
+
+Data: uniform points in ``[0, 1]^3`` (``X`` and ``Y`` drawn independently from
+``default_rng(seed)``), uniform weights, ``reg`` absolute (0.1 and 0.01), squared Euclidean
+cost, the balanced debiased divergence ``S = OT(a, b) - OT(a, a) / 2 - OT(b, b) / 2`` with
+``OT`` the entropic objective (``<P, C> + reg KL(P | a b^T)``, POT's ``value``).
+
+Correctness (``n = --n-ref`` per side, default 2000): against a float64 log-domain dense
+reference computed here (alternate log-sum-exp updates for the cross problem, the averaged
+symmetric update ``f <- (f + T(f)) / 2`` for the symmetric ones, to ``1e-12`` on the
+potentials; value from the dense plan, gradients from the dense plans by the envelope
+formulas of :mod:`sketchot.loss`): ``sketchot.sinkhorn_divergence`` with the exact backend
+(``tol=1e-12``) and with the defaults (``backend='auto'``, ``accuracy=1e-3``). Reported: the
+value's absolute error next to its own ``value_error`` estimate, the relative L2 errors of
+``grad_X`` and ``grad_a``, and the certified true-kernel marginal error of the three solves.
+Also at this size: GeomLoss (``tensorized``, ``scaling`` 0.5 and 0.9, where installed; its
+value and gradient times 2, its cost being ``||x - y||^2 / 2`` at ``blur = sqrt(reg / 2)``)
+and POT (below).
+
+Speed (``n = --n`` per side, default 1e4): loss plus gradient per step of a short gradient flow
+``X <- X - lr n grad_X`` (``lr = 0.05``: each point moves 10% of the way to its barycentric
+target) for
+
+``sketchot cold``
+    ``sketchot.sinkhorn_divergence(X, Y, reg=reg, rng=seed)`` (``backend='auto'``) on each
+    step's clouds, from scratch.
+``sketchot warm``
+    ``sketchot.SinkhornDivergence(reg=reg, rng=seed)`` called on the same clouds: from the
+    previous step's potentials and kernel choice when they still meet the accuracy.
+``POT``
+    ``ot.solve_sample(X, Y, reg=reg, debias=True, tol=1e-6)`` on torch float64 tensors with
+    ``grad='envelope'`` and ``.backward()`` (dense ``n x n``: loss and gradient), step 0
+    only.
+
+each with its gradient's relative L2 error against sketchot's exact backend at ``tol=1e-9``
+(the reference at this size; first step's clouds). Times are one run each on a shared
+2-core machine: noisy.
+
+    python benchmarks/loss.py --quick   # n-ref 1000 reg 0.1 (POT too); n 1e4 reg 0.1, 3
+                                        # steps, without the exact reference and POT there
+    python benchmarks/loss.py           # n-ref 2000 and n 1e4 at reg 0.1 and 0.01, 5 steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _results import md_table, timed, write_json, write_text
+from scipy.special import logsumexp
+
+import sketchot
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+LR = 0.05
+REF_TOL = 1e-12
+
+
+# ---------------------------------------------------------------- dense reference
+def _sq_dist(P: np.ndarray, Q: np.ndarray) -> np.ndarray:
+    return np.maximum((P**2).sum(1)[:, None] + (Q**2).sum(1)[None, :] - 2.0 * P @ Q.T, 0.0)
+
+
+def _dense_problem(P, Q, a, b, reg, symmetric):
+    """Potentials ``(f, g)`` and the dense plan of one problem, float64 log domain."""
+    C = _sq_dist(P, Q)
+    log_a, log_b = np.log(a), np.log(b)
+    f, g = np.zeros(len(a)), np.zeros(len(b))
+    for _ in range(100_000):
+        if symmetric:  # the averaged symmetric iteration: f = g throughout
+            new = 0.5 * (f - reg * logsumexp(log_a[None, :] + (f[None, :] - C) / reg, axis=1))
+            done = np.abs(new - f).max() < REF_TOL
+            f = g = new
+        else:
+            f = -reg * logsumexp(log_b[None, :] + (g[None, :] - C) / reg, axis=1)
+            new = -reg * logsumexp(log_a[:, None] + (f[:, None] - C) / reg, axis=0)
+            done = np.abs(new - g).max() < REF_TOL
+            g = new
+        if done:
+            break
+    log_ratio = (f[:, None] + g[None, :] - C) / reg  # log(P / a b^T)
+    plan = np.exp(log_a[:, None] + log_b[None, :] + log_ratio)
+    value = float((plan * C).sum() + reg * ((plan * log_ratio).sum() - plan.sum() + 1.0))
+    return f, g, plan, value
+
+
+def dense_reference(X, Y, reg):
+    """Value and gradients of the balanced divergence from dense float64 plans."""
+    n, m = len(X), len(Y)
+    a, b = np.full(n, 1.0 / n), np.full(m, 1.0 / m)
+    f_ab, g_ab, P_ab, v_ab = _dense_problem(X, Y, a, b, reg, False)
+    f_aa, _, P_aa, v_aa = _dense_problem(X, X, a, a, reg, True)
+    f_bb, _, _, v_bb = _dense_problem(Y, Y, b, b, reg, True)
+    value = v_ab - 0.5 * (v_aa + v_bb)
+    r_ab = P_ab.sum(1)
+    grad_X = 2.0 * (r_ab[:, None] * X - P_ab @ Y) - 2.0 * (P_aa.sum(1)[:, None] * X - P_aa @ X)
+    grad_a, grad_b = f_ab - f_aa, g_ab - f_bb
+    k = (b @ grad_b - a @ grad_a) / 2.0  # the shift convention of sketchot.loss
+    return {"value": value, "grad_X": grad_X, "grad_a": grad_a + k, "grad_b": grad_b - k}
+
+
+def rel(x: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.linalg.norm(x - ref) / np.linalg.norm(ref))
+
+
+def correctness(n: int, reg: float, seed: int, with_pot: bool) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    X, Y = rng.random((n, 3)), rng.random((n, 3))
+    seconds, ref = timed(lambda: dense_reference(X, Y, reg))
+    print(f"  dense reference n={n} reg={reg}: {seconds:.1f} s", flush=True)
+    rows = []
+    for label, kwargs in (
+        ("exact, tol 1e-12", {"backend": "exact", "tol": 1e-12, "max_iter": 100_000}),
+        ("default (auto)", {"rng": seed}),
+    ):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            seconds, res = timed(
+                lambda kw=kwargs: sketchot.sinkhorn_divergence(X, Y, reg=reg, **kw)
+            )
+        rows.append(
+            {
+                "n": n, "reg": reg, "method": label, "seconds": seconds,
+                "backends": [r.backend for r in res.results.values()],
+                "value": res.value, "value_ref": ref["value"],
+                "value_abs_error": abs(res.value - ref["value"]),
+                "value_error_estimate": res.value_error,
+                "grad_X_rel_error": rel(res.grad_X, ref["grad_X"]),
+                "grad_a_rel_error": rel(res.grad_a, ref["grad_a"]),
+                "certified_marginal_error": res.accuracy,
+            }
+        )  # fmt: skip
+        print(f"  {label}: {rows[-1]}", flush=True)
+    for scaling in (0.5, 0.9):
+        step = geomloss_step(X, Y, reg, scaling)
+        if step is None:
+            break
+        seconds, value, grad = step
+        rows.append(
+            {
+                "n": n, "reg": reg, "method": f"GeomLoss tensorized, scaling {scaling}",
+                "seconds": seconds, "backends": ["dense"], "value": value,
+                "value_ref": ref["value"], "value_abs_error": abs(value - ref["value"]),
+                "value_error_estimate": float("nan"),
+                "grad_X_rel_error": rel(grad, ref["grad_X"]),
+                "grad_a_rel_error": float("nan"), "certified_marginal_error": float("nan"),
+            }
+        )  # fmt: skip
+        print(f"  GeomLoss: {rows[-1]}", flush=True)
+    if with_pot:
+        seconds, value, grad = pot_step(X, Y, reg)
+        rows.append(
+            {
+                "n": n, "reg": reg, "method": "POT solve_sample(debias=True), torch",
+                "seconds": seconds, "backends": ["dense"], "value": value,
+                "value_ref": ref["value"], "value_abs_error": abs(value - ref["value"]),
+                "value_error_estimate": float("nan"),
+                "grad_X_rel_error": rel(grad, ref["grad_X"]),
+                "grad_a_rel_error": float("nan"), "certified_marginal_error": float("nan"),
+            }
+        )  # fmt: skip
+        print(f"  POT: {rows[-1]}", flush=True)
+    return rows
+
+
+# --------------------------------------------------------------------------- speed
+def pot_step(X, Y, reg):
+    """POT's debiased divergence and its gradient (torch, dense, envelope gradient)."""
+    import ot
+    import torch
+
+    x = torch.tensor(X, requires_grad=True)
+    y = torch.tensor(Y)
+
+    def run():
+        res = ot.solve_sample(x, y, reg=reg, debias=True, tol=1e-6, grad="envelope")
+        res.value.backward()
+        return res
+
+    seconds, res = timed(run)
+    return seconds, float(res.value.detach()), x.grad.numpy().copy()
+
+
+def geomloss_step(X, Y, reg, scaling):
+    """GeomLoss's divergence and gradient (torch, tensorized), in sketchot's units: its cost
+    is ``||x - y||^2 / 2`` at ``blur = sqrt(reg / 2)``, so ``S = 2 x`` its value. ``None``
+    when geomloss is not installed."""
+    try:
+        import geomloss
+        import torch
+    except ImportError:
+        return None
+    x = torch.tensor(X, requires_grad=True)
+    y = torch.tensor(Y)
+    loss = geomloss.SamplesLoss(
+        "sinkhorn", p=2, blur=np.sqrt(reg / 2), scaling=scaling, backend="tensorized"
+    )
+
+    def run():
+        value = loss(x, y)
+        value.backward()
+        return value
+
+    seconds, value = timed(run)
+    return seconds, 2.0 * float(value.detach()), 2.0 * x.grad.numpy()
+
+
+def speed(n: int, reg: float, seed: int, steps: int, reference: bool) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    X, Y = rng.random((n, 3)), rng.random((n, 3))
+    seconds, exact = float("nan"), None
+    if reference:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            seconds, exact = timed(
+                lambda: sketchot.sinkhorn_divergence(X, Y, reg=reg, backend="exact", tol=1e-9)
+            )
+        print(f"  exact reference n={n} reg={reg}: {seconds:.1f} s", flush=True)
+    loss = sketchot.SinkhornDivergence(reg=reg, rng=seed)
+    cells: list[dict[str, Any]] = []
+    Z = X.copy()
+    for step in range(steps):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cpu = time.process_time()
+            t_cold, cold = timed(lambda Z=Z: sketchot.sinkhorn_divergence(Z, Y, reg=reg, rng=seed))
+            cpu_cold = time.process_time() - cpu
+            before = dict(loss.last.results) if loss.last is not None else {}
+            t_warm, warm = timed(lambda Z=Z: loss(Z, Y))
+            cpu_warm = time.process_time() - cpu - cpu_cold
+        cell = {
+            "step": step, "cold_seconds": t_cold, "warm_seconds": t_warm,
+            "cold_cpu_seconds": cpu_cold, "warm_cpu_seconds": cpu_warm,
+            "cold_backends": [r.backend for r in cold.results.values()],
+            "warm_backends": [r.backend for r in warm.results.values()],
+            "warm_used": warm.warm, "cold_value": cold.value, "warm_value": warm.value,
+            "warm_iterations": [  # a kept solve (nothing moved) ran none
+                0 if before.get(k) is r else r.n_iter for k, r in warm.results.items()
+            ],
+            "cold_iterations": [r.n_iter for r in cold.results.values()],
+            "warm_accuracy": warm.accuracy, "cold_accuracy": cold.accuracy,
+        }  # fmt: skip
+        if step == 0 and exact is not None:
+            cell["cold_grad_rel_error"] = rel(cold.grad_X, exact.grad_X)
+            cell["warm_grad_rel_error"] = rel(warm.grad_X, exact.grad_X)
+            cell["exact_value"] = exact.value
+        cells.append(cell)
+        print(f"  step {step}: cold {t_cold:.2f} s, warm {t_warm:.2f} s", flush=True)
+        Z = Z - LR * n * warm.grad_X
+    out = {"n": n, "reg": reg, "exact_seconds": seconds, "steps": cells}
+    if reference:
+        t_pot, value, grad = pot_step(X, Y, reg)
+        out["pot"] = {
+            "seconds": t_pot, "value": value, "grad_rel_error": rel(grad, exact.grad_X),
+            "value_abs_error": abs(value - exact.value),
+        }  # fmt: skip
+        print(f"  POT: {out['pot']}", flush=True)
+    return out
+
+
+# -------------------------------------------------------------------------- report
+def report(correct: list[dict[str, Any]], speeds: list[dict[str, Any]]) -> str:
+    lines = ["## Correctness against the dense float64 log-domain reference", ""]
+    lines += md_table(
+        ["n", "reg", "method", "backends", "s", "|value err|", "value_error est.",
+         "grad_X rel err", "grad_a rel err", "certified marginal err"],
+        [
+            [r["n"], r["reg"], r["method"], "/".join(r["backends"]), f"{r['seconds']:.2f}",
+             f"{r['value_abs_error']:.1e}", f"{r['value_error_estimate']:.1e}",
+             f"{r['grad_X_rel_error']:.1e}", f"{r['grad_a_rel_error']:.1e}",
+             f"{r['certified_marginal_error']:.1e}"]
+            for r in correct
+        ],
+        "rrl-rrrrrr",
+    )  # fmt: skip
+    lines += ["", "## Loss + gradient per step (s), gradient flow on uniform [0, 1]^3", ""]
+    rows = []
+    for s in speeds:
+        for c in s["steps"]:
+            rows.append(
+                [s["n"], s["reg"], c["step"],
+                 f"{c['cold_seconds']:.2f} ({c['cold_cpu_seconds']:.1f})",
+                 "/".join(c["cold_backends"]), sum(c["cold_iterations"]),
+                 f"{c['warm_seconds']:.2f} ({c['warm_cpu_seconds']:.1f})",
+                 "/".join(c["warm_backends"]), sum(c["warm_iterations"]),
+                 "".join("w" if used else "c" for used in c["warm_used"].values()),
+                 f"{c.get('cold_grad_rel_error', float('nan')):.1e}",
+                 f"{c.get('warm_grad_rel_error', float('nan')):.1e}"]
+            )  # fmt: skip
+        if "pot" in s:
+            p = s["pot"]
+            rows.append(
+                [s["n"], s["reg"], 0, f"POT {p['seconds']:.2f}", "dense torch", "", "", "",
+                 "", "", f"{p['grad_rel_error']:.1e}", ""]
+            )  # fmt: skip
+    lines += md_table(
+        ["n", "reg", "step", "cold s (cpu s)", "cold backends", "cold its", "warm s (cpu s)",
+         "warm backends", "warm its", "warm used (ab/aa/bb)", "cold grad err",
+         "warm grad err"],
+        rows, "rrrrlrrlrlrr",
+    )  # fmt: skip
+    for s in speeds:
+        later = s["steps"][1:]
+        if later:
+            cold = sum(c["cold_seconds"] for c in later)
+            warm = sum(c["warm_seconds"] for c in later)
+            cpu_cold = sum(c["cold_cpu_seconds"] for c in later)
+            cpu_warm = sum(c["warm_cpu_seconds"] for c in later)
+            its_cold = sum(sum(c["cold_iterations"]) for c in later)
+            its_warm = sum(sum(c["warm_iterations"]) for c in later)
+            lines.append(
+                f"\nn={s['n']} reg={s['reg']}: steps 1-{len(later)}: cold {cold:.1f} s (cpu "
+                f"{cpu_cold:.1f} s, {its_cold} iterations), warm {warm:.1f} s (cpu "
+                f"{cpu_warm:.1f} s, {its_warm} iterations): saved {100 * (1 - warm / cold):.0f}% "
+                f"of the wall time, {100 * (1 - cpu_warm / cpu_cold):.0f}% of the cpu time"
+                + (
+                    f"; the exact backend (reference) took {s['exact_seconds']:.1f} s"
+                    if np.isfinite(s["exact_seconds"])
+                    else ""
+                )
+            )
+    lines.append(
+        "\nGradient errors: relative L2 error of grad_X against sketchot's exact backend at "
+        "tol=1e-9 (step 0). 'its': Sinkhorn iterations of the three solves (none for a "
+        "kept solve). One run per cell on a shared 2-core machine (cpu s: the process's "
+        "cpu time, less sensitive to the other load)."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a run under 2 minutes")
+    parser.add_argument("--n-ref", type=int, default=None)
+    parser.add_argument("--n", type=int, default=10_000)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--regs", type=float, nargs="+", default=None)
+    parser.add_argument(
+        "--no-pot", action="store_true", help="leave POT and the exact reference at --n out"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--out", default=None, help="file stem under benchmarks/results (default loss[_quick])"
+    )
+    args = parser.parse_args(argv)
+    n_ref = args.n_ref or (1000 if args.quick else 2000)
+    steps = args.steps or (3 if args.quick else 5)
+    regs = args.regs or ([0.1] if args.quick else [0.1, 0.01])
+    stem = args.out or ("loss_quick" if args.quick else "loss")
+    start = time.perf_counter()
+    correct, speeds = [], []
+    for reg in regs:
+        print(f"correctness, reg={reg}", flush=True)
+        correct += correctness(n_ref, reg, args.seed, not args.no_pot)
+    for reg in regs:
+        print(f"speed, reg={reg}", flush=True)
+        speeds.append(speed(args.n, reg, args.seed, steps, not (args.quick or args.no_pot)))
+    text = report(correct, speeds)
+    print(text)
+    data = {
+        "correctness": correct, "speed": speeds, "argv": sys.argv[1:],
+        "seconds": time.perf_counter() - start, "machine": platform.platform(),
+        "cpus": os.cpu_count(), "sketchot": sketchot.__version__,
+    }  # fmt: skip
+    write_json(RESULTS_DIR / f"{stem}.json", data)
+    write_text(RESULTS_DIR / f"{stem}.md", text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""PyTorch front of :mod:`sketchot.loss`: the Sinkhorn divergence as an autograd function and a
+``torch.nn.Module`` in the manner of GeomLoss's ``SamplesLoss``.
+
+Needs PyTorch (``pip install "sketchot[torch]"``); ``import sketchot`` never imports it, this
+module is loaded on first use of ``sketchot.SamplesLoss`` or ``sketchot.nn``.
+
+The solve runs in NumPy float64 on the host (tensors on another device are copied to the host
+and the value and gradients copied back; float32 tensors get float32 results). The backward
+pass is the envelope-theorem gradient of :func:`sketchot.sinkhorn_divergence` (no unrolled
+iterations, memory ``O((n + m) (r + d))``), multiplied by the incoming gradient; it is not
+differentiable again (no second derivatives).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .loss import DivergenceResult, SinkhornDivergence
+
+#: GeomLoss's ``backend`` names; sketchot chooses its kernel with ``backend='auto'`` for them.
+GEOMLOSS_BACKENDS = ("tensorized", "online", "multiscale")
+
+
+class SinkhornDivergenceFunction(torch.autograd.Function):
+    """``S(X, Y, a, b)`` as an autograd function: ``apply(X, Y, a, b, solve)`` with ``solve``
+    a callable ``(X, Y, a, b) -> DivergenceResult`` on float64 arrays (``a``, ``b`` may be
+    ``None``: uniform). Returns a 0-d tensor of ``X``'s dtype and device; the result of the
+    solve is kept in ``solve.last`` when ``solve`` has that attribute
+    (:class:`~sketchot.SinkhornDivergence` does)."""
+
+    @staticmethod
+    def forward(ctx, X, Y, a, b, solve):
+        inputs = (X, Y, a, b)
+        arrays = [None if t is None else t.detach().cpu().to(torch.float64).numpy() for t in inputs]
+        result = solve(*arrays)
+        ctx.grads = (result.grad_X, result.grad_Y, result.grad_a, result.grad_b)
+        ctx.meta = [None if t is None else (t.dtype, t.device) for t in inputs]
+        return torch.tensor(result.value, dtype=X.dtype, device=X.device)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):
+        grads = []
+        for needed, grad, meta in zip(ctx.needs_input_grad[:4], ctx.grads, ctx.meta, strict=True):
+            if not needed or meta is None:
+                grads.append(None)
+                continue
+            dtype, device = meta
+            grads.append(grad_output.to(dtype) * torch.as_tensor(grad, dtype=dtype, device=device))
+        return (*grads, None)
+
+
+def sinkhorn_divergence(
+    X: torch.Tensor,
+    Y: torch.Tensor,
+    a: torch.Tensor | None = None,
+    b: torch.Tensor | None = None,
+    reg: float = 1.0,
+    reg_m: Any = None,
+    backend: str = "auto",
+    *,
+    loss: SinkhornDivergence | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """:func:`sketchot.sinkhorn_divergence` on tensors, differentiable w.r.t. ``X``, ``Y``,
+    ``a`` and ``b``: a 0-d tensor whose ``backward()`` fills their ``.grad``.
+
+    Parameters
+    ----------
+    X, Y : Tensor, shape (n, d), (m, d)
+        Point clouds (float32 or float64, any device; solved on the host in float64).
+    a, b : Tensor of shape (n,), (m,) or None
+        Weights (``None``: uniform).
+    reg, reg_m, backend, **kwargs
+        As in :func:`sketchot.sinkhorn_divergence` (the cost is ``||x - y||^2``).
+    loss : SinkhornDivergence, optional
+        A loss object to solve with (warm starts across calls); it then fixes ``reg``,
+        ``reg_m``, ``backend`` and the options, and the others must be left out.
+
+    Returns
+    -------
+    Tensor
+        0-d, ``X``'s dtype and device.
+
+    Examples
+    --------
+    >>> import torch, sketchot.nn
+    >>> g = torch.Generator().manual_seed(0)
+    >>> X = torch.rand(200, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    >>> Y = torch.rand(150, 2, generator=g, dtype=torch.float64) + 0.5
+    >>> value = sketchot.nn.sinkhorn_divergence(X, Y, reg=0.1, backend="exact")
+    >>> value.backward()
+    >>> value.ndim, X.grad.shape
+    (0, torch.Size([200, 2]))
+    """
+    if loss is None:
+        loss = SinkhornDivergence(reg, reg_m, backend, **kwargs)
+    elif kwargs or reg_m is not None or backend != "auto" or reg != 1.0:
+        raise TypeError(
+            "pass either loss= (a SinkhornDivergence, which fixes reg, reg_m, backend and the "
+            "options) or those parameters, not both"
+        )
+    _check_tensors(X=X, Y=Y, a=a, b=b)
+    return SinkhornDivergenceFunction.apply(X, Y, a, b, loss)
+
+
+class SamplesLoss(torch.nn.Module):
+    """The Sinkhorn divergence as a ``torch.nn.Module`` with GeomLoss's parameters and number.
+
+    ``SamplesLoss("sinkhorn", p=2, blur=0.05)`` here returns what GeomLoss's
+    ``geomloss.SamplesLoss("sinkhorn", p=2, blur=0.05)`` returns: GeomLoss's cost for
+    ``p = 2`` is ``||x - y||^2 / 2`` and its temperature ``blur^p``, so its divergence is
+    ``S / 2`` with :func:`sketchot.sinkhorn_divergence`'s ``S`` at ``reg = 2 blur^2`` and
+    ``reg_m = 2 reach^2`` (cost ``||x - y||^2``). Only ``loss='sinkhorn'`` and ``p=2``.
+
+    Parameters
+    ----------
+    loss : str, default='sinkhorn'
+        Only ``'sinkhorn'``.
+    p : int, default=2
+        Only 2 (the squared Euclidean cost).
+    blur : float, default=0.05
+        GeomLoss's blur: ``reg = 2 blur^2``.
+    reach : float or None, default=None
+        GeomLoss's reach (unbalanced transport): ``reg_m = 2 reach^2``; ``None`` balanced.
+    debias : bool, default=True
+        ``False``: ``OT(a, b) / 2`` alone.
+    scaling : float, optional
+        Accepted for GeomLoss compatibility and ignored: sketchot's accuracy is set by
+        ``accuracy=`` (the true-kernel check), not by an annealing schedule.
+    backend : str, default='auto'
+        A sketchot backend; GeomLoss's ``'tensorized'``, ``'online'``, ``'multiscale'`` mean
+        ``'auto'``.
+    warm_start : bool, default=True
+        Solve each call from the previous call's potentials and kernel choice (per batch
+        item) when that meets the accuracy (:class:`~sketchot.SinkhornDivergence`).
+    rng : None, int, Generator
+        Randomness of the approximate kernels.
+    **kwargs
+        Solver options of :func:`sketchot.sinkhorn` (``accuracy``, ``tol``, ...).
+
+    Attributes
+    ----------
+    last : list of DivergenceResult
+        The last call's results (one per batch item): accuracy, backends, timings.
+
+    Notes
+    -----
+    ``forward(x, y)`` or ``forward(a, x, b, y)`` (GeomLoss's order) with ``x`` of shape
+    ``(n, d)`` or ``(B, n, d)`` and weights ``(n,)`` or ``(B, n)``; a batch is solved item
+    by item and returns shape ``(B,)``.
+
+    Examples
+    --------
+    >>> import torch, sketchot
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.rand(200, 2, generator=g, requires_grad=True)
+    >>> y = torch.rand(150, 2, generator=g) + 0.5
+    >>> loss = sketchot.SamplesLoss("sinkhorn", p=2, blur=0.2, backend="exact")
+    >>> value = loss(x, y)
+    >>> value.backward()
+    >>> value.dtype, x.grad.shape
+    (torch.float32, torch.Size([200, 2]))
+    """
+
+    def __init__(
+        self,
+        loss: str = "sinkhorn",
+        p: int = 2,
+        blur: float = 0.05,
+        reach: float | None = None,
+        debias: bool = True,
+        scaling: float | None = None,
+        backend: str = "auto",
+        *,
+        warm_start: bool = True,
+        rng: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__()
+        if loss != "sinkhorn":
+            raise ValueError(f"loss must be 'sinkhorn' (the only one sketchot has); got {loss!r}")
+        if p != 2:
+            raise NotImplementedError(
+                f"p must be 2 (the squared Euclidean cost of sketchot's kernels); got p={p!r}"
+            )
+        if not (isinstance(blur, int | float) and blur > 0):
+            raise ValueError(f"blur must be a positive number; got {blur!r}")
+        if reach is not None and not (isinstance(reach, int | float) and reach > 0):
+            raise ValueError(f"reach must be None or a positive number; got {reach!r}")
+        del scaling
+        self.blur, self.reach, self.debias = float(blur), reach, bool(debias)
+        self.reg = 2.0 * self.blur**2
+        self.reg_m = None if reach is None else 2.0 * float(reach) ** 2
+        self.backend = "auto" if backend in GEOMLOSS_BACKENDS else backend
+        self.warm_start, self.rng, self.kwargs = bool(warm_start), rng, kwargs
+        self._losses: list[SinkhornDivergence] = []
+        self.last: list[DivergenceResult] = []
+
+    def _loss(self, index: int) -> SinkhornDivergence:
+        options = dict(debias=self.debias, rng=self.rng, **self.kwargs)
+        while len(self._losses) <= index:
+            self._losses.append(SinkhornDivergence(self.reg, self.reg_m, self.backend, **options))
+        loss = self._losses[index]
+        if not self.warm_start:
+            loss.reset()
+        return loss
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        """``forward(x, y)`` or ``forward(a, x, b, y)``; see the class notes."""
+        if len(args) == 2:
+            (x, y), a, b = args, None, None
+        elif len(args) == 4:
+            a, x, b, y = args
+        else:
+            raise TypeError(
+                f"SamplesLoss takes (x, y) or (a, x, b, y) (GeomLoss's order); got {len(args)} "
+                "arguments"
+            )
+        _check_tensors(x=x, y=y, a=a, b=b)
+        if x.dim() == 2:
+            value = SinkhornDivergenceFunction.apply(x, y, a, b, self._loss(0))
+            self.last = [self._losses[0].last]
+            return 0.5 * value
+        if x.dim() != 3 or y.dim() != 3 or x.shape[0] != y.shape[0]:
+            raise ValueError(
+                "batched clouds must have shapes (B, n, d) and (B, m, d) with the same B; got "
+                f"x {tuple(x.shape)} and y {tuple(y.shape)}"
+            )
+        values = []
+        for k in range(x.shape[0]):
+            ak = None if a is None else a[k]
+            bk = None if b is None else b[k]
+            values.append(SinkhornDivergenceFunction.apply(x[k], y[k], ak, bk, self._loss(k)))
+        self.last = [loss.last for loss in self._losses[: x.shape[0]]]
+        return 0.5 * torch.stack(values)
+
+    def extra_repr(self) -> str:
+        return (
+            f"blur={self.blur:g} (reg={self.reg:g}), reach={self.reach!r}, "
+            f"debias={self.debias}, backend={self.backend!r}"
+        )
+
+
+def _check_tensors(**tensors: Any) -> None:
+    for name, value in tensors.items():
+        if value is None and name in ("a", "b"):
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor; got {type(value).__name__}")
+        if not value.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor; got dtype {value.dtype}")
+
+
+__all__ = [
+    "GEOMLOSS_BACKENDS",
+    "SamplesLoss",
+    "SinkhornDivergenceFunction",
+    "sinkhorn_divergence",
+]

@@ -1,0 +1,243 @@
+"""sketchot.sinkhorn_divergence: value and gradients against a dense float64 reference and
+finite differences, the identities of a divergence, warm starts and the errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sketchot
+from sketchot.loss import DivergenceResult
+
+# The exact backend run to this tol: the potentials are then accurate to about 1e-12 (cost
+# units), far below every tolerance below.
+TIGHT = {"backend": "exact", "tol": 1e-13, "max_iter": 100_000}
+
+
+def clouds(seed: int, n: int = 30, m: int = 24, d: int = 2, mass_b: float = 1.0):
+    rng = np.random.default_rng(seed)
+    X = rng.random((n, d))
+    Y = 0.8 * rng.random((m, d)) + 0.3
+    a = rng.random(n) + 0.2
+    b = rng.random(m) + 0.2
+    return X, Y, a / a.sum(), mass_b * b / b.sum()
+
+
+@pytest.mark.parametrize(("reg_m", "mass_b"), [(None, 1.0), (0.7, 1.6)])
+def test_value_matches_the_dense_reference(dense_divergence, reg_m, mass_b):
+    X, Y, a, b = clouds(0, mass_b=mass_b)
+    res = sketchot.sinkhorn_divergence(X, Y, a, b, reg=0.1, reg_m=reg_m, **TIGHT)
+    # both converged to ~1e-13 on the potentials: values agree to rounding of O(1) sums
+    assert res.value == pytest.approx(dense_divergence(X, Y, a, b, 0.1, reg_m), abs=1e-10)
+    assert res.value > 0 and res.value_error < 1e-9 and res.accuracy < 1e-9
+
+
+def test_value_is_the_three_solves_values():
+    X, Y, a, b = clouds(1)
+    res = sketchot.sinkhorn_divergence(X, Y, a, b, reg=0.2, **TIGHT)
+    values = {k: r.value for k, r in res.results.items()}
+    assert res.value == pytest.approx(
+        values["ab"] - 0.5 * (values["aa"] + values["bb"]), rel=1e-14
+    )  # the same numbers summed: rounding only
+    alone = sketchot.sinkhorn_divergence(X, Y, a, b, reg=0.2, debias=False, **TIGHT)
+    assert alone.value == pytest.approx(values["ab"], rel=1e-12)  # the same solve, run again
+    assert set(alone.results) == {"ab"}
+
+
+def _central(fun, x, direction, h=1e-5):
+    return (fun(x + h * direction) - fun(x - h * direction)) / (2 * h)
+
+
+@pytest.mark.parametrize(("reg_m", "mass_b"), [(None, 1.0), (0.7, 1.6)])
+def test_position_gradients_match_finite_differences(dense_divergence, reg_m, mass_b):
+    X, Y, a, b = clouds(2, mass_b=mass_b)
+    res = sketchot.sinkhorn_divergence(X, Y, a, b, reg=0.1, reg_m=reg_m, **TIGHT)
+    rng = np.random.default_rng(3)
+    for _ in range(2):
+        dX, dY = rng.standard_normal(X.shape), rng.standard_normal(Y.shape)
+        fd_X = _central(lambda Z: dense_divergence(Z, Y, a, b, 0.1, reg_m), X, dX)
+        fd_Y = _central(lambda Z: dense_divergence(X, Z, a, b, 0.1, reg_m), Y, dY)
+        # central differences at h = 1e-5: truncation ~h^2 |S'''| ~ 1e-9, rounding ~1e-16/h
+        assert np.sum(res.grad_X * dX) == pytest.approx(fd_X, abs=1e-7)
+        assert np.sum(res.grad_Y * dY) == pytest.approx(fd_Y, abs=1e-7)
+
+
+def test_balanced_weight_gradients_along_mass_preserving_changes(dense_divergence):
+    X, Y, a, b = clouds(4)
+    res = sketchot.sinkhorn_divergence(X, Y, a, b, reg=0.1, **TIGHT)
+    rng = np.random.default_rng(5)
+    da, db = rng.standard_normal(a.shape), rng.standard_normal(b.shape)
+    da -= da.mean()
+    db -= db.mean()
+    fd = _central(lambda t: dense_divergence(X, Y, a + t * da, b + t * db, 0.1), 0.0, 1.0)
+    # as above: central differences at h = 1e-5
+    assert res.grad_a @ da + res.grad_b @ db == pytest.approx(fd, abs=1e-7)
+    # a change of both masses alike (sum(a) = sum(b) kept): <a, grad_a> + <b, grad_b> = S
+    fd = _central(lambda t: dense_divergence(X, Y, a * (1 + t), b * (1 + t), 0.1), 0.0, 1.0)
+    assert res.grad_a @ a + res.grad_b @ b == pytest.approx(fd, abs=1e-7)
+    # the shift convention: <a, grad_a> = <b, grad_b> (= S / 2 at convergence)
+    assert res.grad_a @ a == pytest.approx(res.grad_b @ b, abs=1e-12)
+
+
+def test_unbalanced_weight_gradients_in_every_direction(dense_divergence):
+    X, Y, a, b = clouds(6, mass_b=1.6)
+    res = sketchot.sinkhorn_divergence(X, Y, a, b, reg=0.1, reg_m=0.7, **TIGHT)
+    rng = np.random.default_rng(7)
+    da, db = rng.standard_normal(a.shape), rng.standard_normal(b.shape)
+    fd = _central(lambda t: dense_divergence(X, Y, a + t * da, b + t * db, 0.1, 0.7), 0.0, 1.0)
+    assert res.grad_a @ da + res.grad_b @ db == pytest.approx(fd, abs=1e-7)  # as above
+
+
+@pytest.mark.parametrize("reg_m", [None, 0.7])
+def test_without_debiasing_the_gradients_are_those_of_ot(dense_ot, reg_m):
+    X, Y, a, b = clouds(15, mass_b=1.0 if reg_m is None else 1.6)
+    res = sketchot.sinkhorn_divergence(X, Y, a, b, reg=0.1, reg_m=reg_m, debias=False, **TIGHT)
+    assert res.value == pytest.approx(dense_ot(X, Y, a, b, 0.1, reg_m), abs=1e-10)  # as above
+    rng = np.random.default_rng(16)
+    dX, da, db = (rng.standard_normal(v.shape) for v in (X, a, b))
+    if reg_m is None:  # balanced: changes that keep sum(a) = sum(b)
+        da, db = da - da.mean(), db - db.mean()
+    fd_X = _central(lambda Z: dense_ot(Z, Y, a, b, 0.1, reg_m), X, dX)
+    fd_w = _central(lambda t: dense_ot(X, Y, a + t * da, b + t * db, 0.1, reg_m), 0.0, 1.0)
+    # central differences at h = 1e-5, as above
+    assert np.sum(res.grad_X * dX) == pytest.approx(fd_X, abs=1e-7)
+    assert res.grad_a @ da + res.grad_b @ db == pytest.approx(fd_w, abs=1e-7)
+
+
+@pytest.mark.parametrize("reg_m", [None, 0.7])
+def test_zero_weights_get_the_continuous_extension(dense_divergence, reg_m):
+    X, Y, a, b = clouds(8)
+    a[3] = 0.0
+    a /= a.sum()
+    res = sketchot.sinkhorn_divergence(X, Y, a, b, reg=0.1, reg_m=reg_m, **TIGHT)
+    assert np.all(np.isfinite(res.grad_a)) and np.all(res.grad_X[3] == 0.0)
+    # moving mass h onto the zero weight (from point 0; balanced keeps the mass): one-sided
+    # differences at h = 1e-6, truncation ~h |S''| ~ 1e-6
+    d = np.zeros_like(a)
+    d[3] = 1.0
+    if reg_m is None:
+        d[0] = -1.0
+    h = 1e-6
+    base = dense_divergence(X, Y, a, b, 0.1, reg_m)
+    fd = (dense_divergence(X, Y, a + h * d, b, 0.1, reg_m) - base) / h
+    assert res.grad_a @ d == pytest.approx(fd, abs=1e-5)
+
+
+def test_negative_values_are_clipped_within_their_error_and_warned_beyond():
+    rng = np.random.default_rng(3)
+    X = rng.random((60, 2))
+    Y = X + 1e-3 * rng.standard_normal(X.shape)
+    # two iterations leave the solves inaccurate: S = -4.4e-7 against an error of 2.3e-2
+    loose = {"backend": "exact", "max_iter": 2, "warn": False}
+    res = sketchot.sinkhorn_divergence(X, Y, reg=0.1, accuracy=0.5, **loose)
+    assert res.clipped and res.value == 0.0 and res.value_error > 4.4e-7
+    assert any("clipped to 0" in note for note in res.notes)
+    with pytest.warns(sketchot.AccuracyWarning, match="< 0 with no error estimate"):
+        res = sketchot.sinkhorn_divergence(X, Y, reg=0.1, backend="exact", tol=0.1, accuracy=None)
+    assert not res.clipped and res.value < 0
+
+
+@pytest.mark.parametrize("backend", ["exact", "nystrom", "auto"])
+def test_identical_inputs_give_exactly_zero(backend):
+    X, _, a, _ = clouds(9)
+    res = sketchot.sinkhorn_divergence(X, X.copy(), a, a.copy(), reg=0.1, backend=backend)
+    assert res.value == 0.0
+    for grad in (res.grad_X, res.grad_Y, res.grad_a, res.grad_b):
+        assert not grad.any()
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    reg=st.sampled_from([0.05, 0.3, 1.0]),
+    reg_m=st.sampled_from([None, 0.5]),
+)
+def test_symmetric_and_non_negative(seed, reg, reg_m):
+    X, Y, a, b = clouds(seed, n=12, m=9, mass_b=1.0 if reg_m is None else 0.7)
+    forward = sketchot.sinkhorn_divergence(X, Y, a, b, reg=reg, reg_m=reg_m, **TIGHT)
+    backward = sketchot.sinkhorn_divergence(Y, X, b, a, reg=reg, reg_m=reg_m, **TIGHT)
+    # the same three problems, transposed: equal up to the solves' tol
+    assert forward.value == pytest.approx(backward.value, abs=1e-10)
+    assert forward.value >= 0.0
+    np.testing.assert_allclose(forward.grad_X, backward.grad_Y, atol=1e-9)
+    np.testing.assert_allclose(forward.grad_a, backward.grad_b, atol=1e-9)
+
+
+def test_approximate_backend_within_its_accuracy():
+    rng = np.random.default_rng(10)
+    X, Y = rng.random((400, 3)), rng.random((300, 3)) + 0.2
+    exact = sketchot.sinkhorn_divergence(X, Y, reg=0.5, **TIGHT)
+    approx = sketchot.sinkhorn_divergence(
+        X, Y, reg=0.5, backend="nystrom", rng=0, accuracy=1e-4, rank="auto"
+    )
+    assert approx.accuracy <= 1e-4 and approx.backend == "nystrom"
+    # value_error is a first-order estimate: allow a factor 10 for the second-order rest
+    # (measured: error 1.8e-6 against an estimate 7.3e-6)
+    assert abs(approx.value - exact.value) <= 10 * approx.value_error + 1e-12
+    rel = np.linalg.norm(approx.grad_X - exact.grad_X) / np.linalg.norm(exact.grad_X)
+    # marginal errors below 1e-4 move the plan's rows by about that much (measured 2.6e-5)
+    assert rel < 1e-3
+
+
+def test_warm_start_reuses_backend_and_potentials():
+    X, Y, a, b = clouds(11, n=60, m=50)
+    loss = sketchot.SinkhornDivergence(reg=0.1, backend="exact", tol=1e-11)
+    first = loss(X, Y, a, b)
+    moved = X - 0.01 * first.grad_X / np.abs(first.grad_X).max()
+    second = loss(moved, Y, a, b)
+    assert second.warm == {"ab": True, "aa": True, "bb": True}
+    cold = sketchot.sinkhorn_divergence(moved, Y, a, b, reg=0.1, backend="exact", tol=1e-11)
+    assert second.value == pytest.approx(cold.value, abs=1e-9)  # both converged to tol 1e-11
+    # 'bb' did not move: the warm start is its fixed point already
+    assert second.results["bb"].n_iter <= cold.results["bb"].n_iter
+    loss.reset()
+    assert loss(moved, Y, a, b).warm == {"ab": False, "aa": False, "bb": False}
+
+
+def test_a_warm_start_that_misses_the_accuracy_is_solved_cold():
+    X, Y, a, b = clouds(12, n=60, m=50)
+    first = sketchot.sinkhorn_divergence(X, Y, a, b, reg=0.1, backend="exact")
+    again = sketchot.sinkhorn_divergence(
+        X + 0.3, Y, a, b, reg=0.1, backend="exact", max_iter=1, warm_start=first, warn=False
+    )
+    # 'aa' (translated: the same potentials) and 'bb' (unchanged) start at their fixed point
+    assert again.warm == {"ab": False, "aa": True, "bb": True}
+    assert any(note.startswith("ab: warm start") for note in again.notes)
+
+
+def test_a_warm_start_that_breaks_down_is_solved_cold():
+    """Fresh clouds with the previous potentials at a small reg: the warm iteration breaks
+    down (an impossible result); the loss solves cold instead of raising."""
+    rng = np.random.default_rng(0)
+    Y = rng.standard_normal((300, 2)) @ np.array([[0.3, 0.0], [0.25, 0.08]]).T + 0.5
+    loss = sketchot.SinkhornDivergence(reg=0.005, backend="exact")
+    notes = []
+    for _ in range(4):
+        res = loss(0.5 * rng.standard_normal((300, 2)) + 0.5, Y)
+        notes += res.notes
+        assert res.converged and np.isfinite(res.value)
+    assert any("failed (InvalidResultError): solved cold" in note for note in notes)
+
+
+def test_errors_name_the_argument():
+    X, Y, a, b = clouds(13)
+    with pytest.raises(ValueError, match="reg_m must be None or one penalty"):
+        sketchot.sinkhorn_divergence(X, Y, reg=0.1, reg_m=(1.0, 2.0))
+    with pytest.raises(TypeError, match="warm_start must be a DivergenceResult"):
+        sketchot.sinkhorn_divergence(X, Y, reg=0.1, warm_start=3)
+    with pytest.raises(ValueError, match="reg"):
+        sketchot.sinkhorn_divergence(X, Y, reg=-1.0)
+    with pytest.raises(ValueError, match="Y"):
+        sketchot.sinkhorn_divergence(X, Y[:, :1], reg=0.1)
+    with pytest.raises(ValueError, match="same total mass"):
+        sketchot.sinkhorn_divergence(X, Y, a, 2 * b, reg=0.1, backend="exact")
+
+
+def test_result_repr_and_backend():
+    X, Y, a, b = clouds(14)
+    res = sketchot.sinkhorn_divergence(X, Y, a, b, reg=0.1, backend="exact")
+    assert isinstance(res, DivergenceResult) and res.backend == "exact" and res.converged
+    assert "DivergenceResult(value=" in repr(res)
+    assert set(res.timings) == {"solve", "gradient"}
