@@ -41,7 +41,9 @@ approach to barycenters in Wasserstein space", J. Math. Anal. Appl. 441(2), 2016
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +58,7 @@ from ._validation import (
     check_rng,
     check_weights,
     describe,
+    user_stacklevel,
 )
 from .kernels import build_kernel
 from .solver.auto import solve_auto
@@ -167,7 +170,7 @@ def barycenter(
     backend: str = "auto",
     rng: Any = None,
     inner_max_iter: int = 1000,
-    inner_tol: float | None = POT_INNER_TOL,
+    inner_tol: float | None = None,
     warm_start: bool = True,
     verbose: bool = False,
     **kwargs: Any,
@@ -203,9 +206,11 @@ def barycenter(
         Randomness of the initial support, the approximate kernels and the checks.
     inner_max_iter : int, default=1000
         ``max_iter`` of each Sinkhorn solve (POT's ``numInnerItermax``).
-    inner_tol : float or None, default=1e-9
-        ``tol`` of each solve (POT's inner ``stopThr``, the L2 column-marginal error);
-        ``None``: the accuracy's rule of :class:`~sketchot.SolverOptions`.
+    inner_tol : float or None, default=None
+        ``tol`` of each solve. ``None``: stop each solve at the accuracy asked for (the rule of
+        :class:`~sketchot.SolverOptions`); a float: POT's inner ``stopThr`` (the L2
+        column-marginal error; POT's default is :data:`POT_INNER_TOL`), e.g. to reproduce
+        POT's iterates.
     warm_start : bool, default=True
         Start each solve from the previous outer step's potentials (and kernel choice).
     verbose : bool, default=False
@@ -279,6 +284,8 @@ def barycenter(
                 f"sketchot.barycenter: step {n_iter:3d}  displacement {displacement:.3e}  "
                 f"inner iterations {counts}  {time.perf_counter() - begin:.2f} s"
             )
+    if not converged and options.warn:
+        warnings.warn(_not_converged(displacements, tol), UserWarning, stacklevel=user_stacklevel())
     begin = time.perf_counter()
     results = [
         solver.solve(Z, k, clouds[k], c, weights[k], reg, options, warm[k]) for k in range(K)
@@ -290,6 +297,20 @@ def barycenter(
         displacements=displacements, converged=converged, inner_iterations=inner, tol=tol,
         timings={"total": time.perf_counter() - start, "solves": solving}, notes=notes,
     )  # fmt: skip
+
+
+def _not_converged(displacements: list[float], tol: float) -> str:
+    """The warning of a fixed point stopped at ``max_iter``: where it stopped and the ratio of
+    its last two displacements (its rate slows down near the fixed point, so no number of
+    further steps is promised)."""
+    last = displacements[-1]
+    rate = displacements[-1] / displacements[-2] if len(displacements) > 1 else math.nan
+    return (
+        f"sketchot.barycenter stopped after {len(displacements)} outer steps (max_iter) with a "
+        f"displacement ||Z_new - Z||^2 = {last:.3g} > tol = {tol:g} (the last step's ratio "
+        f"{rate:.3g}); continue from where it stopped with X_init=result.X, or pass a larger "
+        "max_iter or tol"
+    )
 
 
 class _Solver:

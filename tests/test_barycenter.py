@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sketchot
-from sketchot.barycenter import BarycenterResult
+from sketchot.barycenter import POT_INNER_TOL, BarycenterResult
 
 
 def three_clouds(seed, d=2):
@@ -32,7 +32,15 @@ def test_exact_agrees_with_pot(stop):
         clouds, weights, X0, reg, weights=lambdas, numItermax=steps, stopThr=thr, log=True
     )
     res = sketchot.barycenter(
-        clouds, weights, lambdas, reg=reg, X_init=X0, max_iter=steps, tol=thr, backend="exact"
+        clouds,
+        weights,
+        lambdas,
+        reg=reg,
+        X_init=X0,
+        max_iter=steps,
+        tol=thr,
+        backend="exact",
+        inner_tol=POT_INNER_TOL,
     )
     assert res.n_iter == len(log["displacement_square_norms"])
     # same fixed point from the same start, inner solves both at POT's 1e-9: the issue asks
@@ -63,7 +71,14 @@ def test_one_cloud_with_itself_is_the_self_map_fixed_point():
     Y, w = clouds[0], weights[0]
     # reg 0.05: the self-map iteration converges in about 100 steps (at reg >= 0.2 the support
     # keeps drifting towards the mean for hundreds: the entropic map shrinks clouds)
-    kwargs = {"reg": 0.05, "X_init": X0, "backend": "exact", "tol": 1e-11, "max_iter": 200}
+    kwargs = {
+        "reg": 0.05,
+        "X_init": X0,
+        "backend": "exact",
+        "tol": 1e-11,
+        "max_iter": 200,
+        "inner_tol": POT_INNER_TOL,
+    }  # an outer tol of 1e-11 needs tight inner solves
     twice = sketchot.barycenter([Y, Y], [w, w], **kwargs)
     once = sketchot.barycenter([Y], [w], **kwargs)
     assert once.converged
@@ -94,7 +109,8 @@ def test_permuting_the_measures_with_their_weights_changes_nothing(order, seed):
 
 def test_warm_start_saves_inner_iterations_and_changes_nothing():
     clouds, weights, X0 = three_clouds(3)
-    kwargs = {"reg": 0.2, "X_init": X0, "backend": "exact", "max_iter": 8, "tol": 0.0}
+    kwargs = {"reg": 0.2, "X_init": X0, "backend": "exact", "max_iter": 8, "tol": 0.0,
+              "inner_tol": POT_INNER_TOL}  # fmt: skip
     warm = sketchot.barycenter(clouds, weights, **kwargs)
     cold = sketchot.barycenter(clouds, weights, warm_start=False, **kwargs)
     # both solve every transport to the inner 1e-9: the supports agree to about that
@@ -176,3 +192,17 @@ def test_clouds_must_be_a_sequence_of_one_dimension():
         sketchot.barycenter([rng.random((10, 2)), rng.random((10, 3))])
     with pytest.raises(ValueError, match="at least one point cloud"):
         sketchot.barycenter([])
+
+
+def test_stopping_at_max_iter_warns_and_continuing_from_x_init_gets_closer():
+    """The advice of the warning, followed: a second call from ``X_init=result.X`` continues
+    the same fixed point (its first displacement is below the last one of the first call's
+    warm-up, and it keeps decreasing)."""
+    rng = np.random.default_rng(3)
+    clouds = [rng.normal(size=(200, 2)), rng.normal(size=(150, 2)) + 3.0]
+    with pytest.warns(UserWarning, match=r"stopped after 5 outer steps .* X_init=result.X"):
+        first = sketchot.barycenter(clouds, n_support=60, reg=0.1, rng=0, max_iter=5)
+    assert not first.converged
+    with pytest.warns(UserWarning, match="stopped after 5 outer steps"):
+        more = sketchot.barycenter(clouds, reg=0.1, X_init=first.X, max_iter=5, rng=0)
+    assert more.displacements[-1] < first.displacements[-1]

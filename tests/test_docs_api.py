@@ -15,6 +15,7 @@ MODULES = [
     "sketchot.solver",
     "sketchot.distributed",
     "sketchot.color",
+    "sketchot.nn",
 ]
 
 
@@ -60,8 +61,9 @@ def import_or_skip(name: str):
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] == "dask":
-            pytest.skip(f"{name} needs the optional extra sketchot[dask]")
+        extra = (exc.name or "").split(".")[0]
+        if extra in ("dask", "torch"):
+            pytest.skip(f"{name} needs the optional extra sketchot[{extra}]")
         raise
 
 
