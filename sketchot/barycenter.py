@@ -234,9 +234,9 @@ def barycenter(
     >>> import numpy as np, sketchot
     >>> rng = np.random.default_rng(0)
     >>> clouds = [rng.normal(size=(200, 2)), rng.normal(size=(150, 2)) + [4.0, 0.0]]
-    >>> res = sketchot.barycenter(clouds, reg=0.5, n_support=100, max_iter=20, rng=0)
-    >>> res.X.shape, res.n_iter, res.backends
-    ((100, 2), 20, ['exact', 'exact'])
+    >>> res = sketchot.barycenter(clouds, reg=0.1, n_support=100, tol=1e-3, rng=0)
+    >>> res.X.shape, res.converged, res.n_iter, res.backends
+    ((100, 2), True, 27, ['exact', 'exact'])
     >>> print(np.round(res.X.mean(axis=0), 1))    # halfway between the two means
     [1.9 0. ]
     """
