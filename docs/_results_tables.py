@@ -1,0 +1,62 @@
+"""The benchmark pages' tables, generated at build time from the committed outputs.
+
+``benchmarks/results/NAME.md`` (what a script printed) becomes
+``docs/benchmarks/generated/NAME.rst`` (git ignores it), which a page includes: a number
+in the site is the number the script printed, with no copy to fall out of date.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+#: The outputs included by the benchmark pages.
+INCLUDED = ("sinkhorn_speed_quick", "small_reg_quick", "dask_scale_quick")
+
+
+def _inline(text: str) -> str:
+    """Markdown inline code to reStructuredText literals."""
+    return re.sub(r"(?<!`)`([^`]+)`(?!`)", r"``\1``", text)
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def md_to_rst(markdown: str) -> str:
+    """Tables as ``list-table`` directives, bullets and paragraphs as they are, headings
+    dropped (the page has its own)."""
+    out: list[str] = []
+    table: list[list[str]] = []
+
+    def flush() -> None:
+        if not table:
+            return
+        out.extend(["", ".. list-table::", "   :header-rows: 1", "   :class: sk-numbers", ""])
+        for row in table:
+            for k, cell in enumerate(row):
+                out.append(f"   {'* -' if k == 0 else '  -'} {_inline(cell)}".rstrip())
+        out.append("")
+        table.clear()
+
+    for line in markdown.splitlines():
+        if line.startswith("|"):
+            if not re.fullmatch(r"\|[\s:|-]+\|?", line.strip()):
+                table.append(_cells(line))
+            continue
+        flush()
+        if line.startswith("#"):
+            continue
+        out.append(_inline(line))
+    flush()
+    return "\n".join(out).strip() + "\n"
+
+
+def write_tables(results: Path, target: Path) -> None:
+    """Write ``target/NAME.rst`` for every name of :data:`INCLUDED`."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in INCLUDED:
+        text = md_to_rst((results / f"{name}.md").read_text())
+        path = target / f"{name}.rst"
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
