@@ -11,7 +11,12 @@ import re
 from pathlib import Path
 
 #: The outputs included by the benchmark pages.
-INCLUDED = ("sinkhorn_speed_quick", "small_reg_quick", "dask_scale_quick")
+INCLUDED = (
+    "sinkhorn_speed_quick",
+    "small_reg_quick",
+    "dask_scale_quick",
+    "polyts_improved_quick",
+)
 
 
 def _inline(text: str) -> str:
