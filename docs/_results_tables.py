@@ -16,6 +16,7 @@ INCLUDED = (
     "small_reg_quick",
     "dask_scale_quick",
     "polyts_improved_quick",
+    "unbalanced_quick",
 )
 
 
