@@ -367,6 +367,18 @@ def matrix_fused_pass(
     )
 
 
+def identity_pass(
+    w: np.ndarray, numerator: np.ndarray, *, log: bool = False, exponent: float = 1.0
+) -> FusedPass:
+    """The columns pass of an operator with ``R = I`` (``K = L``: exact, block-local,
+    stacked): the products are ``w`` itself (``K^T u`` from the previous rows pass) and the
+    projection is the ratios."""
+    products = np.array(w, dtype=np.float64)
+    ratios_of = log_ratios_and_bad if log else ratios_and_bad
+    ratios, bad = ratios_of(numerator, products, exponent)
+    return FusedPass(products, ratios, ratios, bad)
+
+
 def dense_fused_pass(
     K: np.ndarray, w: np.ndarray, numerator: np.ndarray, exponent: float = 1.0
 ) -> FusedPass:

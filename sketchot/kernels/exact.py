@@ -32,8 +32,8 @@ from .base import (
     blocked_fused_pass,
     check_operand,
     dense_fused_pass,
+    identity_pass,
     log_ratios_and_bad,
-    ratios_and_bad,
 )
 from .registry import register_backend
 
@@ -153,16 +153,12 @@ class ExactKernel(KernelOperator):
         log: bool = False,
         exponent: float = 1.0,
     ) -> FusedPass:
-        ratios_of = log_ratios_and_bad if log else ratios_and_bad
         if side == "cols":
-            # R = I: the products are w itself (K^T u from the previous rows pass).
-            products = np.array(w, dtype=np.float64)
-            ratios, bad = ratios_of(numerator, products, exponent)
-            return FusedPass(products, ratios, ratios, bad)
+            return identity_pass(w, numerator, log=log, exponent=exponent)
         if log:
             g = self.geometry
             products = gibbs_log_matvec(g.Xc, g.Yc, g.reg, w, g.cost)
-            ratios, bad = ratios_of(numerator, products, exponent)
+            ratios, bad = log_ratios_and_bad(numerator, products, exponent)
             back = gibbs_log_matvec(g.Yc, g.Xc, g.reg, ratios, g.cost.transposed())
             return FusedPass(products, ratios, back, bad)
         if self._dense is not None:

@@ -26,6 +26,7 @@ from .base import (
     KernelInfo,
     KernelOperator,
     check_operand,
+    identity_pass,
     log_ratios_and_bad,
     ratios_and_bad,
 )
@@ -112,17 +113,13 @@ class LocalPolyKernel(KernelOperator):
         exponent: float = 1.0,
     ) -> FusedPass:
         if side == "cols":
-            products = np.array(w, dtype=np.float64)
-        elif log:
-            products = self.expansion.log_matvec(w)
-        else:
-            products = self.expansion.matmat(w)
+            return identity_pass(w, numerator, log=log, exponent=exponent)
         if log:
+            products = self.expansion.log_matvec(w)
             ratios, bad = log_ratios_and_bad(numerator, products, exponent)
         else:
+            products = self.expansion.matmat(w)
             ratios, bad = ratios_and_bad(numerator, products, exponent)
-        if side == "cols":
-            return FusedPass(products, ratios, ratios, bad)
         projection = self.expansion.log_rmatvec(ratios) if log else self.expansion.rmatmat(ratios)
         return FusedPass(products, ratios, projection, bad)
 

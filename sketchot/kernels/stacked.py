@@ -29,6 +29,7 @@ from .base import (
     KernelInfo,
     KernelOperator,
     check_operand,
+    identity_pass,
     log_ratios_and_bad,
     ratios_and_bad,
 )
@@ -138,10 +139,7 @@ class StackedExactKernel(KernelOperator):
     ) -> FusedPass:
         ratios_of = log_ratios_and_bad if log else ratios_and_bad
         if side == "cols":
-            # R = I, as for the exact kernel: the products are K^T u from the rows pass
-            products = np.array(w, dtype=np.float64)
-            ratios, bad = ratios_of(numerator, products, exponent)
-            return FusedPass(products, ratios, ratios, bad)
+            return identity_pass(w, numerator, log=log, exponent=exponent)
         W = self.stack(np.asarray(w, dtype=np.float64), "cols")
         products = np.empty((self.batch, self.n))
         ratios = np.empty((self.batch, self.n))
