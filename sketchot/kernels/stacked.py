@@ -6,9 +6,9 @@ exp(-||x_ki - y_kj||^2 / reg)``, stored as one ``(B, n, m)`` array. Sinkhorn's u
 row by row and column by column, so Sinkhorn on the block-diagonal kernel with the
 concatenated weights IS the ``B`` independent Sinkhorn iterations: the one engine
 (:func:`sketchot.solver.engine.iterate`) solves the whole batch, one fused pass per half-step
-over every pair (batched products). Only the engine's stopping test mixes the pairs (one norm
-over the concatenation): :mod:`sketchot.solver.batch` sets its tolerance so that it bounds
-every pair's own residual, and checks each pair.
+over every pair (batched products). It declares ``'block_diagonal'``, so that the engine
+measures each pair's residual and mixes each pair's iterates on its own: nothing mixes the
+pairs.
 
 It declares the exact kernel's capabilities (``'exact'``, ``'nonnegative'``,
 ``'log_products'``, ``'absorb'``): the engine runs the absorption-stabilised iteration
@@ -29,13 +29,13 @@ from .base import (
     KernelInfo,
     KernelOperator,
     check_operand,
+    fast_ratios_and_bad,
     identity_pass,
     log_ratios_and_bad,
-    ratios_and_bad,
 )
 from .exact import LOG_FLOOR
 
-#: Entries of the pairs that one group of a pass reads (its two products then hit the cache).
+#: Entries of the pairs that one group of a log-domain pass reads (its temporary's size).
 GROUP_ENTRIES = 1 << 18
 
 
@@ -84,7 +84,9 @@ class StackedExactKernel(KernelOperator):
         info = KernelInfo(
             "stacked_exact",
             {"batch": log_kernel.shape[0]},
-            capabilities=frozenset({"exact", "nonnegative", "log_products", "absorb"}),
+            capabilities=frozenset(
+                {"exact", "nonnegative", "log_products", "absorb", "block_diagonal"}
+            ),
         )
         super().__init__(StackedGeometry(log_kernel, reg), info, np.float64)
         self.log_kernel = log_kernel
@@ -137,32 +139,33 @@ class StackedExactKernel(KernelOperator):
         log: bool = False,
         exponent: float = 1.0,
     ) -> FusedPass:
-        ratios_of = log_ratios_and_bad if log else ratios_and_bad
         if side == "cols":
             return identity_pass(w, numerator, log=log, exponent=exponent)
+        if log:
+            return self._log_pass(w, numerator, exponent)
+        # two whole batched products: the solver keeps a stack within the cache
+        # (sketchot.solver.batch), where they cost less than a pass in groups of pairs
+        K = self.linear()
+        W = self.stack(np.asarray(w, dtype=np.float64), "cols")
+        with np.errstate(over="ignore", invalid="ignore"):
+            products = np.matmul(K, W[:, :, None]).ravel()
+            ratios, bad = fast_ratios_and_bad(numerator, products, exponent)
+            projection = np.matmul(self.stack(ratios, "rows")[:, None, :], K).ravel()
+        return FusedPass(products, ratios, projection, bad)
+
+    def _log_pass(self, w: np.ndarray, numerator: np.ndarray, exponent: float) -> FusedPass:
+        """The rows pass on logarithms, in groups of pairs (one temporary per group)."""
         W = self.stack(np.asarray(w, dtype=np.float64), "cols")
         products = np.empty((self.batch, self.n))
-        ratios = np.empty((self.batch, self.n))
-        bad = np.zeros((self.batch, self.n), dtype=bool)
         projection = np.empty((self.batch, self.m))
-        numerators = self.stack(numerator, "rows")
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             for g in self.groups():
-                if log:
-                    products[g] = _log_matvec(self.log_kernel[g], W[g])
-                else:
-                    products[g] = np.matmul(self.matrix(g), W[g][:, :, None])[:, :, 0]
-                r, flags = ratios_of(numerators[g].ravel(), products[g].ravel(), exponent)
-                ratios[g], bad[g] = r.reshape(-1, self.n), flags.reshape(-1, self.n)
-                if log:
-                    projection[g] = _log_matvec(self.log_kernel[g].transpose(0, 2, 1), ratios[g])
-                else:
-                    projection[g] = np.matmul(ratios[g][:, None, :], self.matrix(g))[:, 0, :]
-        return FusedPass(products.ravel(), ratios.ravel(), projection.ravel(), bad.ravel())
-
-    def matrix(self, group: slice) -> np.ndarray:
-        """The linear kernels of a group of pairs."""
-        return self.linear()[group]
+                products[g] = _log_matvec(self.log_kernel[g], W[g])
+            ratios, bad = log_ratios_and_bad(numerator, products.ravel(), exponent)
+            R = self.stack(ratios, "rows")
+            for g in self.groups():
+                projection[g] = _log_matvec(self.log_kernel[g].transpose(0, 2, 1), R[g])
+        return FusedPass(products.ravel(), ratios, projection.ravel(), bad)
 
     def project(
         self, side: str, values: np.ndarray, index: Any = None, *, log: bool = False
@@ -175,13 +178,13 @@ class StackedExactKernel(KernelOperator):
         if side == "cols":
             return np.array(values, dtype=np.float64)
         U = self.stack(np.asarray(values, dtype=np.float64), "rows")
+        if not log:
+            with np.errstate(over="ignore", invalid="ignore"):
+                return np.matmul(U[:, None, :], self.linear()).ravel()
         out = np.empty((self.batch, self.m))
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             for g in self.groups():
-                if log:
-                    out[g] = _log_matvec(self.log_kernel[g].transpose(0, 2, 1), U[g])
-                else:
-                    out[g] = np.matmul(U[g][:, None, :], self.matrix(g))[:, 0, :]
+                out[g] = _log_matvec(self.log_kernel[g].transpose(0, 2, 1), U[g])
         return out.ravel()
 
     def absorbed(

@@ -7,25 +7,21 @@ engine (:func:`~sketchot.solver.engine.iterate`) runs its absorption-stabilised 
 block-diagonal Sinkhorn IS the ``B`` independent iterations, each half-step one batched pass
 over every pair. There is no second Sinkhorn loop.
 
-Per-pair convergence. The engine's test takes one norm over the concatenation, relative to
-the total mass: at its target (:func:`_share`) the pairs' mean (L1) or root-mean-square
-(L2) relative residual is ``tol``, so a run ends when the typical pair has converged (a
-target bounding the largest pair's would be ``B`` times tighter: measured 81 iterations
-instead of 51 for 200 pairs at reg = 0.1 x the mean squared distance). The engine runs in
-rounds, of at most ``round_iter`` iterations; after each, every pair's own residual
+Per-pair convergence. The stacked kernel declares ``'block_diagonal'``: the engine's test
+is the largest pair's residual, each relative to its own mass, so a run ends when every pair
+of the stack has converged; Anderson mixing (on by default: ``anderson='auto'`` is
+:data:`~sketchot.solver.options.DEFAULT_ANDERSON_MEMORY` per pair) gives each pair its own
+coefficients and restarts (:class:`~sketchot.solver.acceleration.BlockAndersonMixer`), so
+each pair runs the iterates it would run alone, whatever the other pairs. The engine runs in
+rounds of at most ``round_iter`` iterations; after each, every pair's own residual
 ``||v_k * K_k^T u_k - b_k|| / M_k`` is measured (one linear pass on the last absorbed
 kernel), converged pairs leave the stack and the rest continue, warm started from their
-potentials. Memory: the pairs are solved in chunks whose stacks (``-C /
-reg``, the absorbed kernel and one temporary: 24 bytes per entry) fit ``max_bytes``.
+potentials.
 
-Anderson mixing is off by default (``anderson='auto'`` means 0 here), so that each pair runs
-exactly its own iterates, whatever the other pairs. ``anderson=k`` mixes the concatenated
-column potentials (one set of coefficients for the stack: an acceleration of the joint
-fixed-point map, whose fixed points are the pairs' own). Measured on 100 pairs of 200 points
-(benchmarks/results/batch_quick.md, 2 shared cores): at reg = 0.01 x the mean squared
-distance it cut the iterations from 100-583 to 61-72 but took 5.8 s against 2.3 s, and at
-0.1 x 3.6 s against 0.38 s: its dot products run over the whole stack (B m entries) every
-iteration.
+Chunks. The pairs are solved in chunks of at most :data:`CACHE_ENTRIES` kernel entries, one
+after the other: a chunk's stacks stay in the cache across its iterations, where a pass
+costs a fraction of one streamed from memory; a chunk's stacks (``-C / reg``, the absorbed
+kernel and one temporary: 24 bytes per entry) also fit ``max_bytes``.
 """
 
 from __future__ import annotations
@@ -46,6 +42,14 @@ from .problem import MASS_RTOL, make_problem
 
 #: Bytes per kernel entry of a chunk: ``-C / reg``, its absorbed form and one temporary.
 BYTES_PER_ENTRY = 24
+
+#: Kernel entries of a chunk at most: its stacks stay in the cache across iterations, where a
+#: pass costs a fraction of one streamed from memory (benchmarks/batch.py --chunks).
+CACHE_ENTRIES = 1 << 20
+
+#: Iterations between two checks of the engine: a check costs a fraction of a pass over a
+#: stack of kernels, and checking every iteration stops each run as soon as it has converged.
+CHECK_EVERY = 1
 
 #: Iterations of the engine between two per-pair checks (converged pairs then leave).
 ROUND_ITER = 100
@@ -177,8 +181,8 @@ def sinkhorn_batch(
         Engine iterations between per-pair checks.
     **kwargs
         Solver options (:class:`~sketchot.SolverOptions`): ``max_iter`` (per pair), ``tol``,
-        ``accuracy``, ``check_every``, ``log_domain``, ``anderson`` (default off; over the
-        stack: module notes), ``verbose``.
+        ``accuracy``, ``check_every`` (default :data:`CHECK_EVERY` here), ``log_domain``,
+        ``anderson`` (per pair: module notes; ``0`` runs the plain iteration), ``verbose``.
 
     Returns
     -------
@@ -198,7 +202,7 @@ def sinkhorn_batch(
     ((50,), True, True)
     """
     start = time.perf_counter()
-    options, rest = SolverOptions.split(kwargs)
+    options, rest = SolverOptions.split({"check_every": CHECK_EVERY, **kwargs})
     if rest:
         raise TypeError(
             f"sinkhorn_batch() got unexpected keyword argument(s) {sorted(rest)}; it takes the "
@@ -255,7 +259,7 @@ def chunk_size(B: int, n: int, m: int, max_bytes: int) -> int:
             "(max_bytes, and half the available memory): raise max_bytes, or solve such "
             "pairs one by one with sketchot.sinkhorn (low-rank backends)"
         )
-    return int(min(B, budget // per_pair))
+    return int(max(1, min(B, budget // per_pair, CACHE_ENTRIES // (n * m))))
 
 
 def _solve_chunk(log_kernel, a, b, reg, options, tol, norm, round_iter, out, pairs) -> None:
@@ -271,12 +275,11 @@ def _solve_chunk(log_kernel, a, b, reg, options, tol, norm, round_iter, out, pai
         kernel = StackedExactKernel(stack, reg)
         starts = {"log_u0": log_u[active].ravel(), "log_v0": log_v[active].ravel()} if warm else {}
         problem = make_problem(a[active].ravel(), b[active].ravel(), kernel.shape, reg, **starts)
-        share = _share(masses[active], norm)
         strategy = choose_strategy(kernel, options.log_domain)
         state = iterate(
-            kernel, problem, tol=tol * share, norm=norm, check_every=options.check_every,
+            kernel, problem, tol=tol, norm=norm, check_every=options.check_every,
             max_iter=min(round_iter, options.max_iter - int(n_iter[active[0]])),
-            strategy=strategy, anderson=0 if options.anderson == "auto" else options.anderson,
+            strategy=strategy, anderson=options.anderson_memory(True),
         )  # fmt: skip
         log_u[active] = state.log_u.reshape(-1, n)
         log_v[active] = state.log_v.reshape(-1, m)
@@ -289,16 +292,6 @@ def _solve_chunk(log_kernel, a, b, reg, options, tol, norm, round_iter, out, pai
     _summaries(log_kernel, log_u, log_v, a, b, reg, out, pairs)
     out.n_iter[pairs], out.errors[pairs] = n_iter, errors
     out.converged[pairs] = errors <= tol
-
-
-def _share(masses: np.ndarray, norm: str) -> float:
-    """The engine's target over the pairs' ``tol``: at this share its norm over the
-    concatenation is the pairs' mean (``'l1'``) or root mean square (``'l2'``) relative
-    residual (for equal masses), so that a round ends when the typical pair has converged
-    and at least one has."""
-    if norm == "l1":
-        return 1.0
-    return float(np.sqrt(np.sum(masses**2)) / masses.sum())
 
 
 def _pair_residuals(kernel, state, b, masses, norm) -> np.ndarray:
