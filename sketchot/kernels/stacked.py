@@ -41,17 +41,24 @@ GROUP_ENTRIES = 1 << 18
 
 def stacked_log_kernel(X: np.ndarray, Y: np.ndarray, reg: float) -> np.ndarray:
     """``-||x_ki - y_kj||^2 / reg`` of every pair, shape ``(B, n, m)``, from clouds centred
-    pair by pair (no cancellation far from the origin), clamped at 0 distance."""
+    pair by pair (no cancellation far from the origin), clamped at 0 distance: one batched
+    product of augmented coordinates, ``[2 x / reg, -|x|^2 / reg, 1] . [y, 1, -|y|^2 / reg]``
+    (one pass over the output instead of one per term)."""
+    B, n, d = X.shape
     center = (X.sum(axis=1, keepdims=True) + Y.sum(axis=1, keepdims=True)) / (
         X.shape[1] + Y.shape[1]
     )
     Xc, Yc = X - center, Y - center
-    out = np.matmul(Xc, Yc.transpose(0, 2, 1))
-    out *= -2.0
-    out += np.einsum("bnd,bnd->bn", Xc, Xc)[:, :, None]
-    out += np.einsum("bmd,bmd->bm", Yc, Yc)[:, None, :]
-    np.maximum(out, 0.0, out=out)
-    out *= -1.0 / reg
+    left = np.empty((B, n, d + 2))
+    right = np.empty((B, d + 2, Y.shape[1]))
+    np.multiply(Xc, 2.0 / reg, out=left[:, :, :d])
+    left[:, :, d] = np.einsum("bnd,bnd->bn", Xc, Xc) * (-1.0 / reg)
+    left[:, :, d + 1] = 1.0
+    right[:, :d, :] = Yc.transpose(0, 2, 1)
+    right[:, d, :] = 1.0
+    right[:, d + 1, :] = np.einsum("bmd,bmd->bm", Yc, Yc) * (-1.0 / reg)
+    out = np.matmul(left, right)
+    np.minimum(out, 0.0, out=out)
     return out
 
 
@@ -59,11 +66,19 @@ class StackedGeometry:
     """What the engine reads from a stacked operator's geometry: ``reg``, ``shape`` and an
     upper bound of the cost (:meth:`max_cost`)."""
 
-    def __init__(self, log_kernel: np.ndarray, reg: float) -> None:
+    def __init__(
+        self,
+        log_kernel: np.ndarray,
+        reg: float,
+        max_cost: float | None = None,
+        buffer: np.ndarray | None = None,
+    ) -> None:
         self.reg = float(reg)
         self.batch, self.n, self.m = log_kernel.shape
         self.shape = (self.batch * self.n, self.batch * self.m)
-        self._max_cost = float(-log_kernel.min()) * self.reg if log_kernel.size else 0.0
+        if max_cost is None:
+            max_cost = float(-log_kernel.min()) * self.reg if log_kernel.size else 0.0
+        self._max_cost = float(max_cost)
 
     def max_cost(self) -> float:
         """The largest cost of any pair."""
@@ -78,9 +93,22 @@ class StackedExactKernel(KernelOperator):
     log_kernel : ndarray, shape (B, n, m)
         ``-C_k / reg`` of every pair (:func:`stacked_log_kernel`); kept, not copied.
     reg : float
+    max_cost : float, optional
+        An upper bound of the pairs' costs, when the caller knows one (default: computed, one
+        pass over ``log_kernel``).
+    buffer : ndarray, optional
+        Float64 memory of at least ``log_kernel.size`` entries for the first absorbed kernel,
+        reused from stack to stack by a caller that solves many (fresh memory costs a page
+        fault per 4 KiB on first write); default: allocated.
     """
 
-    def __init__(self, log_kernel: np.ndarray, reg: float) -> None:
+    def __init__(
+        self,
+        log_kernel: np.ndarray,
+        reg: float,
+        max_cost: float | None = None,
+        buffer: np.ndarray | None = None,
+    ) -> None:
         info = KernelInfo(
             "stacked_exact",
             {"batch": log_kernel.shape[0]},
@@ -88,10 +116,11 @@ class StackedExactKernel(KernelOperator):
                 {"exact", "nonnegative", "log_products", "absorb", "block_diagonal"}
             ),
         )
-        super().__init__(StackedGeometry(log_kernel, reg), info, np.float64)
+        super().__init__(StackedGeometry(log_kernel, reg, max_cost), info, np.float64)
         self.log_kernel = log_kernel
         self.batch, self.n, self.m = log_kernel.shape
         self._linear: np.ndarray | None = None
+        self._buffer = buffer
         #: the last absorbed form built from this kernel (its storage is reused)
         self.latest: AbsorbedStackedKernel | None = None
 
@@ -110,6 +139,12 @@ class StackedExactKernel(KernelOperator):
         if self._linear is None:
             self._linear = np.exp(self.log_kernel)
         return self._linear
+
+    def storage(self) -> np.ndarray:
+        """An array of ``log_kernel``'s shape for an absorbed kernel: in ``buffer`` if given."""
+        if self._buffer is None:
+            return np.empty_like(self.log_kernel)
+        return self._buffer.ravel()[: self.log_kernel.size].reshape(self.log_kernel.shape)
 
     # ------------------------------------------------------------ products
     def matmat(self, V: Any) -> np.ndarray:
@@ -224,7 +259,7 @@ class AbsorbedStackedKernel(StackedExactKernel):
         self.alpha = np.asarray(alpha, dtype=np.float64)
         self.beta = np.asarray(beta, dtype=np.float64)
         reuse = previous is not None and previous._linear is not None
-        store = previous._linear if reuse else np.empty_like(self.log_kernel)
+        store = previous._linear if reuse else parent.storage()
         np.add(self.log_kernel, self.stack(self.alpha, "rows")[:, :, None], out=store)
         store += self.stack(self.beta, "cols")[:, None, :]
         np.maximum(store, LOG_FLOOR[np.dtype(np.float64)], out=store)  # -inf too

@@ -36,7 +36,7 @@ from .._defaults import DEFAULT_MAX_DENSE_BYTES
 from .._memory import USABLE_FRACTION, available_bytes
 from .._validation import check_float, check_int, describe
 from ..kernels.stacked import StackedExactKernel, stacked_log_kernel
-from .engine import choose_strategy, iterate
+from .engine import ABSORB_THRESHOLD, choose_strategy, iterate
 from .options import SolverOptions
 from .problem import MASS_RTOL, make_problem
 
@@ -51,8 +51,10 @@ CACHE_ENTRIES = 1 << 20
 #: stack of kernels, and checking every iteration stops each run as soon as it has converged.
 CHECK_EVERY = 1
 
-#: Iterations of the engine between two per-pair checks (converged pairs then leave).
-ROUND_ITER = 100
+#: Iterations of the engine between two per-pair checks (converged pairs then leave): a round
+#: runs every pair of its stack until the slowest has converged, a new round costs an
+#: absorption and the Anderson history (measured with benchmarks/batch.py --round-iter).
+ROUND_ITER = 40
 
 
 @dataclass
@@ -177,8 +179,8 @@ def sinkhorn_batch(
     max_bytes : int, default=1 GiB
         Memory of one chunk of stacked kernels (24 bytes per entry; also at most half the
         available memory).
-    round_iter : int, default=100
-        Engine iterations between per-pair checks.
+    round_iter : int, default=40
+        Engine iterations between per-pair checks (module notes).
     **kwargs
         Solver options (:class:`~sketchot.SolverOptions`): ``max_iter`` (per pair), ``tol``,
         ``accuracy``, ``check_every`` (default :data:`CHECK_EVERY` here), ``log_domain``,
@@ -215,6 +217,7 @@ def sinkhorn_batch(
     B, n, m = X.shape[0], X.shape[1], Y.shape[1]
     chunk = chunk_size(B, n, m, max_bytes)
     out = _Outputs(B, n, m)
+    buffer = np.empty(chunk * n * m)  # every chunk's absorbed kernels, in the same memory
     build = 0.0
     for first in range(0, B, chunk):
         pairs = slice(first, min(first + chunk, B))
@@ -222,7 +225,7 @@ def sinkhorn_batch(
         log_kernel = stacked_log_kernel(X[pairs], Y[pairs], reg)
         build += time.perf_counter() - begin
         _solve_chunk(log_kernel, a[pairs], b[pairs], reg, options, tol, norm, round_iter,
-                     out, pairs)  # fmt: skip
+                     out, pairs, buffer)  # fmt: skip
         if options.verbose:
             done = int(out.converged[: pairs.stop].sum())
             print(f"sketchot.sinkhorn_batch: pairs {pairs.stop}/{B}, {done} converged")
@@ -262,76 +265,118 @@ def chunk_size(B: int, n: int, m: int, max_bytes: int) -> int:
     return int(max(1, min(B, budget // per_pair, CACHE_ENTRIES // (n * m))))
 
 
-def _solve_chunk(log_kernel, a, b, reg, options, tol, norm, round_iter, out, pairs) -> None:
-    """Rounds of the engine on the stack of the pairs not converged yet (module notes)."""
+def _solve_chunk(
+    log_kernel, a, b, reg, options, tol, norm, round_iter, out, pairs, buffer=None
+) -> None:
+    """Rounds of the engine on the stack of the pairs not converged yet (module notes); each
+    pair's results are summarised when it leaves. ``buffer``: memory for the absorbed
+    kernels, reused from chunk to chunk."""
     count, n, m = log_kernel.shape
-    log_u = np.where(a > 0, -np.log(n), -np.inf)
-    log_v = np.where(b > 0, -np.log(m), -np.inf)
+    spreads = -log_kernel.min(axis=(1, 2))  # each pair's largest cost over reg
+    log_u, log_v = _start(log_kernel, a, b, spreads)
     n_iter, errors = np.zeros(count, dtype=int), np.full(count, np.inf)
-    active, warm = np.arange(count), False
+    active = np.arange(count)
     masses = a.sum(axis=1)
-    while active.size and n_iter[active[0]] < options.max_iter:
-        stack = log_kernel if active.size == count else log_kernel[active]
-        kernel = StackedExactKernel(stack, reg)
-        starts = {"log_u0": log_u[active].ravel(), "log_v0": log_v[active].ravel()} if warm else {}
+    while active.size:
+        whole = active.size == count
+        stack = log_kernel if whole else log_kernel[active]
+        kernel = StackedExactKernel(
+            stack, reg, max_cost=reg * float(spreads[active].max()), buffer=buffer
+        )
+        starts = {"log_u0": log_u[active].ravel(), "log_v0": log_v[active].ravel()}
         problem = make_problem(a[active].ravel(), b[active].ravel(), kernel.shape, reg, **starts)
-        strategy = choose_strategy(kernel, options.log_domain)
         state = iterate(
             kernel, problem, tol=tol, norm=norm, check_every=options.check_every,
             max_iter=min(round_iter, options.max_iter - int(n_iter[active[0]])),
-            strategy=strategy, anderson=options.anderson_memory(True),
+            strategy=choose_strategy(kernel, options.log_domain),
+            anderson=options.anderson_memory(True),
         )  # fmt: skip
         log_u[active] = state.log_u.reshape(-1, n)
         log_v[active] = state.log_v.reshape(-1, m)
         n_iter[active] += state.n_iter
-        errors[active] = _pair_residuals(kernel, state, b[active], masses[active], norm)
-        warm = True
-        if state.status in ("stalled", "breakdown"):
-            break
-        active = active[errors[active] > tol]
-    _summaries(log_kernel, log_u, log_v, a, b, reg, out, pairs)
+        sums = _PlanSums(kernel, log_u[active], log_v[active], reg)
+        diff = np.where(b[active] > 0, sums.col, 0.0) - b[active]
+        errors[active] = np.linalg.norm(diff, ord=1 if norm == "l1" else 2, axis=1) / masses[active]
+        last = state.status in ("stalled", "breakdown") or n_iter[active[0]] >= options.max_iter
+        leaving = np.ones(active.size, dtype=bool) if last else errors[active] <= tol
+        sums.store(leaving, stack, a[active], b[active], out, pairs.start + active)
+        active = active[~leaving]
     out.n_iter[pairs], out.errors[pairs] = n_iter, errors
     out.converged[pairs] = errors <= tol
 
 
-def _pair_residuals(kernel, state, b, masses, norm) -> np.ndarray:
-    """Each pair's ``||v * K^T u - b|| / mass`` (the engine's criterion, pair by pair): a
-    linear pass on the last absorbed kernel when there is one, log-domain otherwise."""
-    batch = b.shape[0]
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        op = kernel.latest
-        if op is not None:
-            u = np.exp(state.log_u - op.alpha)
-            col = np.exp(state.log_v - op.beta) * op.project("rows", np.nan_to_num(u))
+def _start(log_kernel, a, b, spreads) -> tuple[np.ndarray, np.ndarray]:
+    """Starting ``(log u, log v)``: POT's ``(1 / n, 1 / m)``, except for the pairs where
+    it would underflow the absorbed kernel (the engine's test, pair by pair), which start
+    from the c-transforms ``log u_i = log a_i - max_j (-C_ij / reg)``, ``log v_j = log b_j -
+    max_i (log u_i - C_ij / reg)`` (the ``reg -> 0`` limit of one log-domain iteration, with
+    no exponential): every row and column of their absorbed kernels then has an entry of
+    the order of its weight."""
+    n, m = log_kernel.shape[1:]
+    log_u = np.where(a > 0, -np.log(n), -np.inf)
+    log_v = np.where(b > 0, -np.log(m), -np.inf)
+    tiny = -np.log(np.finfo(np.float64).tiny)
+    tau = ABSORB_THRESHOLD[np.dtype(np.float64)]
+    low = spreads + tau + np.log(max(n, m)) >= tiny - 1.0
+    if low.any():
+        with np.errstate(divide="ignore"):
+            log_a, log_b = np.log(a[low]), np.log(b[low])
+        stack = log_kernel if low.all() else log_kernel[low]
+        log_u[low] = log_a - stack.max(axis=2)
+        terms = stack + log_u[low][:, :, None]
+        log_v[low] = log_b - terms.max(axis=1)
+    return log_u, log_v
+
+
+class _PlanSums:
+    """The column sums of the plans of a round's stack, then (:meth:`store`) the rows sums,
+    ``<P, M>`` and the value of the pairs that leave it. From the last absorbed kernel (the
+    true kernel scaled entry by entry: ``P = diag(u~) K~ diag(v~)``, linear passes and no
+    exponential) when the engine absorbed, in the log domain otherwise."""
+
+    def __init__(self, kernel: StackedExactKernel, log_u, log_v, reg: float) -> None:
+        self.op, self.reg = kernel.latest, reg
+        self.log_u, self.log_v = log_u, log_v
+        if self.op is None:
+            self.col = np.exp(log_v + kernel.project("rows", log_u.ravel(), log=True).reshape(
+                log_v.shape))  # fmt: skip
+            return
+        with np.errstate(invalid="ignore", over="ignore"):
+            self.u = np.nan_to_num(np.exp(log_u - kernel.stack(self.op.alpha, "rows")))
+            self.v = np.nan_to_num(np.exp(log_v - kernel.stack(self.op.beta, "cols")))
+        K = self.op.linear()
+        self.col = self.v * np.matmul(self.u[:, None, :], K)[:, 0, :]
+
+    def store(self, leaving, log_kernel, a, b, out, index) -> None:
+        """Fill ``out`` at ``index[leaving]`` for the pairs ``leaving`` (a mask)."""
+        if not leaving.any():
+            return
+        every = leaving.all()
+        pick = slice(None) if every else leaving
+        log_u, log_v, col = self.log_u[pick], self.log_v[pick], self.col[pick]
+        L = log_kernel if every else log_kernel[leaving]
+        if self.op is None:
+            P = np.exp(L + log_u[:, :, None] + log_v[:, None, :])
+            row = P.sum(axis=2)
+            P *= L
+            linear = -self.reg * P.sum(axis=(1, 2))
         else:
-            col = np.exp(state.log_v + kernel.project("rows", state.log_u, log=True))
-    diff = np.where(b > 0, col.reshape(batch, -1), 0.0) - b
-    order = 1 if norm == "l1" else 2
-    return np.linalg.norm(diff, ord=order, axis=1) / masses
-
-
-def _summaries(log_kernel, log_u, log_v, a, b, reg, out, pairs) -> None:
-    """Marginals, ``<P, M>`` and the entropic value of every pair of a chunk, in groups of
-    pairs (one temporary of the group's size)."""
-    step = max(1, (1 << 22) // max(1, log_kernel.shape[1] * log_kernel.shape[2]))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log_a, log_b = np.log(a), np.log(b)
-    for first in range(0, log_kernel.shape[0], step):
-        g = slice(first, first + step)
-        P = log_kernel[g] + log_u[g][:, :, None]
-        P += log_v[g][:, None, :]
-        np.exp(P, out=P)
-        row, col = P.sum(axis=2), P.sum(axis=1)
-        P *= log_kernel[g]
-        linear = -reg * P.sum(axis=(1, 2))
-        with np.errstate(invalid="ignore"):
-            entropic = np.where(a[g] > 0, row * (log_u[g] - log_a[g]), 0.0).sum(axis=1)
-            entropic += np.where(b[g] > 0, col * (log_v[g] - log_b[g]), 0.0).sum(axis=1)
-        mass = row.sum(axis=1)
-        value = reg * (entropic - mass + a[g].sum(axis=1) * b[g].sum(axis=1))
-        k = slice(pairs.start + first, pairs.start + first + row.shape[0])
+            K = self.op.linear() if every else self.op.linear()[leaving]
+            u, v = self.u[pick], self.v[pick]
+            row = u * np.matmul(K, v[:, :, None])[:, :, 0]
+            # P * (-C / reg) = u~ (K~ * L) v~; in place when K~ is not used again
+            weighted = np.multiply(K, L, out=K if every else None)
+            linear = -self.reg * np.einsum(
+                "bn,bn->b", u, np.matmul(weighted, v[:, :, None])[:, :, 0]
+            )
+        a, b = a[pick], b[pick]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            entropic = np.where(a > 0, row * (log_u - np.log(a)), 0.0).sum(axis=1)
+            entropic += np.where(b > 0, col * (log_v - np.log(b)), 0.0).sum(axis=1)
+        value = self.reg * (entropic - row.sum(axis=1) + a.sum(axis=1) * b.sum(axis=1))
+        k = index[leaving]
         out.row[k], out.col[k], out.value_linear[k], out.value[k] = row, col, linear, value
-        out.log_u[k], out.log_v[k] = log_u[g], log_v[g]
+        out.log_u[k], out.log_v[k] = log_u, log_v
 
 
 def check_batch(X: Any, Y: Any, a: Any, b: Any, reg: Any):
