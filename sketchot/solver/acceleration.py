@@ -156,8 +156,9 @@ class BlockAndersonMixer:
         self._best[which] = np.inf
 
     def step(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
-        """The next iterate from ``x`` and ``g = T(x)`` (both shape (m,), unchanged); a
-        block whose residual is not finite or grew restarts (:class:`AndersonMixer`)."""
+        """The next iterate from ``x`` and ``g = T(x)`` (both shape (m,), unchanged; ``g`` is
+        kept until the next step, not copied: the caller must not modify it); a block whose
+        residual is not finite or grew restarts (:class:`AndersonMixer`)."""
         shape = (self.blocks, -1)
         with np.errstate(invalid="ignore"):
             if self.all_active:
@@ -185,16 +186,16 @@ class BlockAndersonMixer:
             self._gram[:, slot, :], self._gram[:, :, slot] = row, row
             self._valid[:, slot] = push
             self._slot = (slot + 1) % self.memory
-        self._last_f[...], self._last_g[...] = f, ga  # zero for the restarted blocks
+        # kept, not copied: f and ga are this step's own arrays (zero for restarted blocks)
+        self._last_f, self._last_g = f, ga
         self._has_last = ~restart
         if not self._valid.any():
             return g
         gram = self._gram.copy()
-        trace = np.einsum("bkk->b", gram)
-        ridge = RIDGE * np.maximum(trace, np.finfo(float).tiny)
+        diagonal = gram.reshape(self.blocks, -1)[:, :: self.memory + 1]  # a view
+        ridge = RIDGE * np.maximum(diagonal.sum(axis=1), np.finfo(float).tiny)
         # unused slots: a unit diagonal, zero off it and in the right-hand side, so gamma = 0
-        diagonal = np.arange(self.memory)
-        gram[:, diagonal, diagonal] += np.where(self._valid, ridge[:, None], 1.0)
+        diagonal += np.where(self._valid, ridge[:, None], 1.0)
         try:
             gamma = np.linalg.solve(gram, np.einsum("bkm,bm->bk", self._df, f)[:, :, None])
         except np.linalg.LinAlgError:

@@ -307,6 +307,7 @@ class _Run:
         self.guard, self.progress, self.order = guard, progress, order
         self.log = strategy == "log"
         self.active = {"rows": problem.a > 0, "cols": problem.b > 0}
+        self.all_active = bool(self.active["rows"].all() and self.active["cols"].all())
         with np.errstate(divide="ignore"):
             self.log_weights = {"rows": np.log(problem.a), "cols": np.log(problem.b)}
         self.exponent = {"rows": problem.exponents[0], "cols": problem.exponents[1]}
@@ -561,7 +562,8 @@ class _Run:
             diff = np.exp(result.products + v) - np.exp(result.products + result.ratios)
         else:
             diff = result.products * v - result.products * result.ratios
-        diff = np.where(self.active["cols"], diff, 0.0)
+        if not self.all_active:
+            diff = np.where(self.active["cols"], diff, 0.0)
         scale = float(np.max(np.abs(diff))) if diff.size else 0.0
         if not math.isfinite(scale) or scale == 0.0:
             return scale
@@ -595,6 +597,8 @@ class _Run:
         if u.max() > bound or v.max() > bound:
             return True
         low = 1.0 / bound
+        if self.all_active:
+            return bool(u.min() < low or v.min() < low)
         return bool(np.any(u[self.active["rows"]] < low) or np.any(v[self.active["cols"]] < low))
 
     def can_reset(self, n_iter: int, max_iter: int) -> bool:
