@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 import sketchot
 from sketchot.kernels.stacked import StackedExactKernel, stacked_log_kernel
-from sketchot.solver.batch import BatchResult, chunk_size
+from sketchot.solver.batch import BatchResult, by_spread, chunk_size
 
 
 def pairs(seed, B=12, n=20, m=25, d=2, weighted=True):
@@ -231,3 +231,19 @@ def test_pairs_whose_start_would_underflow_start_from_c_transforms():
         ref = sketchot.sinkhorn(None, None, X[k], Y[k], reg=2e-3, backend="exact", tol=1e-10,
                                 max_iter=5000)  # fmt: skip
         assert res.value[k] == pytest.approx(ref.value, rel=1e-7)
+
+
+def test_chunks_of_similar_spreads_return_the_pairs_in_order():
+    """Pairs are chunked by spread (the slowest pair of a round sets its length): the
+    results come back in the caller's order whatever the chunking."""
+    rng = np.random.default_rng(14)
+    scales = rng.permutation(np.linspace(0.2, 2.0, 9))[:, None, None]
+    X, Y = rng.random((9, 15, 2)) * scales, rng.random((9, 18, 2)) * scales
+    order = by_spread(X, Y, chunk=3)
+    assert np.all(np.diff(scales[order, 0, 0]) > 0)  # the spreads grow with the scales
+    whole = sketchot.sinkhorn_batch(X, Y, reg=0.05, tol=1e-12)
+    chunked = sketchot.sinkhorn_batch(X, Y, reg=0.05, tol=1e-12, max_bytes=3 * 24 * 15 * 18)
+    np.testing.assert_allclose(chunked.value, whole.value, rtol=1e-10)
+    for k in range(9):
+        ref = sketchot.sinkhorn_batch(X[k : k + 1], Y[k : k + 1], reg=0.05, tol=1e-12)
+        assert chunked.value[k] == pytest.approx(ref.value[0], rel=1e-10)
