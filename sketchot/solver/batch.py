@@ -19,9 +19,12 @@ kernel), converged pairs leave the stack and the rest continue, warm started fro
 potentials.
 
 Chunks. The pairs are solved in chunks of at most :data:`CACHE_ENTRIES` kernel entries, one
-after the other: a chunk's stacks stay in the cache across its iterations, where a pass
-costs a fraction of one streamed from memory; a chunk's stacks (``-C / reg``, the absorbed
-kernel and one temporary: 24 bytes per entry) also fit ``max_bytes``.
+after the other, in the order of their spreads (:func:`by_spread`): a chunk's stacks stay in
+the cache across its iterations, where a pass costs a fraction of one streamed from memory;
+a chunk's stacks (``-C / reg``, the absorbed kernel and one temporary: 24 bytes per entry)
+also fit ``max_bytes``. The start is POT's, except for the pairs where it would underflow
+(:func:`_start`); each pair's marginals and values are summed from the last absorbed kernel
+when it leaves (:class:`_PlanSums`).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from .problem import MASS_RTOL, make_problem
 BYTES_PER_ENTRY = 24
 
 #: Kernel entries of a chunk at most: its stacks stay in the cache across iterations, where a
-#: pass costs a fraction of one streamed from memory (benchmarks/batch.py --chunks).
+#: pass costs a fraction of one streamed from memory.
 CACHE_ENTRIES = 1 << 20
 
 #: Iterations between two checks of the engine: a check costs a fraction of a pass over a
@@ -53,7 +56,8 @@ CHECK_EVERY = 1
 
 #: Iterations of the engine between two per-pair checks (converged pairs then leave): a round
 #: runs every pair of its stack until the slowest has converged, a new round costs an
-#: absorption and the Anderson history (measured with benchmarks/batch.py --round-iter).
+#: absorption and the Anderson history (the round_iter=100 rows of
+#: benchmarks/results/batch_quick.md).
 ROUND_ITER = 40
 
 
