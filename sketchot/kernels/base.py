@@ -48,9 +48,21 @@ from ..gibbs import GibbsGeometry
 #: alpha, beta)`` returns the operator of ``diag(e^alpha) K diag(e^beta)`` computed entry by
 #: entry, so that scalings of any range can be moved into the kernel: Schmitzer 2019),
 #: ``'deferred'`` (its passes are lazy: ``fused_pass`` returns a :class:`DeferredPass`, whose
-#: values are computed only when :meth:`DeferredPass.evaluate` is called, e.g. on a cluster).
+#: values are computed only when :meth:`DeferredPass.evaluate` is called, e.g. on a cluster),
+#: ``'block_diagonal'`` (``info.params['batch']`` independent problems of equal shapes
+#: stacked, rows and columns in consecutive slices: the solver measures its residual and
+#: mixes its iterates block by block).
 CAPABILITIES = frozenset(
-    {"exact", "factors", "out_of_sample", "nonnegative", "log_products", "absorb", "deferred"}
+    {
+        "exact",
+        "factors",
+        "out_of_sample",
+        "nonnegative",
+        "log_products",
+        "absorb",
+        "deferred",
+        "block_diagonal",
+    }
 )
 
 SIDES = ("rows", "cols")
@@ -167,6 +179,7 @@ class KernelOperator(ABC):
         Backend name, parameters, rank and capabilities.
     dtype : numpy dtype
         Storage and product precision (float64 or float32); products are returned as float64.
+
     """
 
     def __init__(self, geometry: GibbsGeometry, info: KernelInfo, dtype: Any) -> None:
@@ -318,6 +331,26 @@ def ratios_and_bad(
     return out, bad
 
 
+def fast_ratios_and_bad(
+    numerator: np.ndarray, products: np.ndarray, exponent: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`ratios_and_bad`, with a fast path for the usual case (every numerator positive,
+    every product healthy): one division and no masks; the same values either way."""
+    smallest = products.min() if products.size else 1.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        if (
+            numerator.min(initial=1.0) > 0
+            and smallest >= MIN_DENOMINATOR_RATIO * numerator.max(initial=0.0)
+            and smallest > 0
+            and np.isfinite(products.max(initial=0.0))
+        ):
+            ratios = numerator / products
+            if exponent != 1.0:
+                np.power(ratios, exponent, out=ratios)
+            return ratios, np.zeros(products.shape, dtype=bool)
+    return ratios_and_bad(numerator, products, exponent)
+
+
 def log_ratios_and_bad(
     numerator: np.ndarray, products: np.ndarray, exponent: float = 1.0
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -374,7 +407,7 @@ def identity_pass(
     stacked): the products are ``w`` itself (``K^T u`` from the previous rows pass) and the
     projection is the ratios."""
     products = np.array(w, dtype=np.float64)
-    ratios_of = log_ratios_and_bad if log else ratios_and_bad
+    ratios_of = log_ratios_and_bad if log else fast_ratios_and_bad
     ratios, bad = ratios_of(numerator, products, exponent)
     return FusedPass(products, ratios, ratios, bad)
 
@@ -388,19 +421,7 @@ def dense_fused_pass(
     compete for the same cores); products in ``K``'s dtype, ratios and sums in float64."""
     with np.errstate(over="ignore", invalid="ignore"):
         products = np.asarray(K @ w.astype(K.dtype, copy=False), dtype=np.float64)
-        smallest = products.min()
-        if (
-            numerator.min() > 0
-            and smallest >= MIN_DENOMINATOR_RATIO * numerator.max()
-            and smallest > 0
-            and np.isfinite(products.max())
-        ):
-            ratios = numerator / products
-            if exponent != 1.0:
-                np.power(ratios, exponent, out=ratios)
-            bad = np.zeros(products.shape, dtype=bool)
-        else:
-            ratios, bad = ratios_and_bad(numerator, products, exponent)
+        ratios, bad = fast_ratios_and_bad(numerator, products, exponent)
         projection = np.asarray(ratios.astype(K.dtype, copy=False) @ K, dtype=np.float64)
     return FusedPass(products, ratios, projection, bad)
 

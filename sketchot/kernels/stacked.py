@@ -6,9 +6,9 @@ exp(-||x_ki - y_kj||^2 / reg)``, stored as one ``(B, n, m)`` array. Sinkhorn's u
 row by row and column by column, so Sinkhorn on the block-diagonal kernel with the
 concatenated weights IS the ``B`` independent Sinkhorn iterations: the one engine
 (:func:`sketchot.solver.engine.iterate`) solves the whole batch, one fused pass per half-step
-over every pair (batched products). Only the engine's stopping test mixes the pairs (one norm
-over the concatenation): :mod:`sketchot.solver.batch` sets its tolerance so that it bounds
-every pair's own residual, and checks each pair.
+over every pair (batched products). It declares ``'block_diagonal'``, so that the engine
+measures each pair's residual and mixes each pair's iterates on its own: nothing mixes the
+pairs.
 
 It declares the exact kernel's capabilities (``'exact'``, ``'nonnegative'``,
 ``'log_products'``, ``'absorb'``): the engine runs the absorption-stabilised iteration
@@ -29,29 +29,36 @@ from .base import (
     KernelInfo,
     KernelOperator,
     check_operand,
+    fast_ratios_and_bad,
     identity_pass,
     log_ratios_and_bad,
-    ratios_and_bad,
 )
 from .exact import LOG_FLOOR
 
-#: Entries of the pairs that one group of a pass reads (its two products then hit the cache).
+#: Entries of the pairs that one group of a log-domain pass reads (its temporary's size).
 GROUP_ENTRIES = 1 << 18
 
 
 def stacked_log_kernel(X: np.ndarray, Y: np.ndarray, reg: float) -> np.ndarray:
     """``-||x_ki - y_kj||^2 / reg`` of every pair, shape ``(B, n, m)``, from clouds centred
-    pair by pair (no cancellation far from the origin), clamped at 0 distance."""
+    pair by pair (no cancellation far from the origin), clamped at 0 distance: one batched
+    product of augmented coordinates, ``[2 x / reg, -|x|^2 / reg, 1] . [y, 1, -|y|^2 / reg]``
+    (one pass over the output instead of one per term)."""
+    B, n, d = X.shape
     center = (X.sum(axis=1, keepdims=True) + Y.sum(axis=1, keepdims=True)) / (
         X.shape[1] + Y.shape[1]
     )
     Xc, Yc = X - center, Y - center
-    out = np.matmul(Xc, Yc.transpose(0, 2, 1))
-    out *= -2.0
-    out += np.einsum("bnd,bnd->bn", Xc, Xc)[:, :, None]
-    out += np.einsum("bmd,bmd->bm", Yc, Yc)[:, None, :]
-    np.maximum(out, 0.0, out=out)
-    out *= -1.0 / reg
+    left = np.empty((B, n, d + 2))
+    right = np.empty((B, d + 2, Y.shape[1]))
+    np.multiply(Xc, 2.0 / reg, out=left[:, :, :d])
+    left[:, :, d] = np.einsum("bnd,bnd->bn", Xc, Xc) * (-1.0 / reg)
+    left[:, :, d + 1] = 1.0
+    right[:, :d, :] = Yc.transpose(0, 2, 1)
+    right[:, d, :] = 1.0
+    right[:, d + 1, :] = np.einsum("bmd,bmd->bm", Yc, Yc) * (-1.0 / reg)
+    out = np.matmul(left, right)
+    np.minimum(out, 0.0, out=out)
     return out
 
 
@@ -59,11 +66,19 @@ class StackedGeometry:
     """What the engine reads from a stacked operator's geometry: ``reg``, ``shape`` and an
     upper bound of the cost (:meth:`max_cost`)."""
 
-    def __init__(self, log_kernel: np.ndarray, reg: float) -> None:
+    def __init__(
+        self,
+        log_kernel: np.ndarray,
+        reg: float,
+        max_cost: float | None = None,
+        buffer: np.ndarray | None = None,
+    ) -> None:
         self.reg = float(reg)
         self.batch, self.n, self.m = log_kernel.shape
         self.shape = (self.batch * self.n, self.batch * self.m)
-        self._max_cost = float(-log_kernel.min()) * self.reg if log_kernel.size else 0.0
+        if max_cost is None:
+            max_cost = float(-log_kernel.min()) * self.reg if log_kernel.size else 0.0
+        self._max_cost = float(max_cost)
 
     def max_cost(self) -> float:
         """The largest cost of any pair."""
@@ -78,18 +93,34 @@ class StackedExactKernel(KernelOperator):
     log_kernel : ndarray, shape (B, n, m)
         ``-C_k / reg`` of every pair (:func:`stacked_log_kernel`); kept, not copied.
     reg : float
+    max_cost : float, optional
+        An upper bound of the pairs' costs, when the caller knows one (default: computed, one
+        pass over ``log_kernel``).
+    buffer : ndarray, optional
+        Float64 memory of at least ``log_kernel.size`` entries for the first absorbed kernel,
+        reused from stack to stack by a caller that solves many (fresh memory costs a page
+        fault per 4 KiB on first write); default: allocated.
     """
 
-    def __init__(self, log_kernel: np.ndarray, reg: float) -> None:
+    def __init__(
+        self,
+        log_kernel: np.ndarray,
+        reg: float,
+        max_cost: float | None = None,
+        buffer: np.ndarray | None = None,
+    ) -> None:
         info = KernelInfo(
             "stacked_exact",
             {"batch": log_kernel.shape[0]},
-            capabilities=frozenset({"exact", "nonnegative", "log_products", "absorb"}),
+            capabilities=frozenset(
+                {"exact", "nonnegative", "log_products", "absorb", "block_diagonal"}
+            ),
         )
-        super().__init__(StackedGeometry(log_kernel, reg), info, np.float64)
+        super().__init__(StackedGeometry(log_kernel, reg, max_cost), info, np.float64)
         self.log_kernel = log_kernel
         self.batch, self.n, self.m = log_kernel.shape
         self._linear: np.ndarray | None = None
+        self._buffer = buffer
         #: the last absorbed form built from this kernel (its storage is reused)
         self.latest: AbsorbedStackedKernel | None = None
 
@@ -108,6 +139,12 @@ class StackedExactKernel(KernelOperator):
         if self._linear is None:
             self._linear = np.exp(self.log_kernel)
         return self._linear
+
+    def storage(self) -> np.ndarray:
+        """An array of ``log_kernel``'s shape for an absorbed kernel: in ``buffer`` if given."""
+        if self._buffer is None:
+            return np.empty_like(self.log_kernel)
+        return self._buffer.ravel()[: self.log_kernel.size].reshape(self.log_kernel.shape)
 
     # ------------------------------------------------------------ products
     def matmat(self, V: Any) -> np.ndarray:
@@ -137,32 +174,33 @@ class StackedExactKernel(KernelOperator):
         log: bool = False,
         exponent: float = 1.0,
     ) -> FusedPass:
-        ratios_of = log_ratios_and_bad if log else ratios_and_bad
         if side == "cols":
             return identity_pass(w, numerator, log=log, exponent=exponent)
+        if log:
+            return self._log_pass(w, numerator, exponent)
+        # two whole batched products: the solver keeps a stack within the cache
+        # (sketchot.solver.batch), where they cost less than a pass in groups of pairs
+        K = self.linear()
+        W = self.stack(np.asarray(w, dtype=np.float64), "cols")
+        with np.errstate(over="ignore", invalid="ignore"):
+            products = np.matmul(K, W[:, :, None]).ravel()
+            ratios, bad = fast_ratios_and_bad(numerator, products, exponent)
+            projection = np.matmul(self.stack(ratios, "rows")[:, None, :], K).ravel()
+        return FusedPass(products, ratios, projection, bad)
+
+    def _log_pass(self, w: np.ndarray, numerator: np.ndarray, exponent: float) -> FusedPass:
+        """The rows pass on logarithms, in groups of pairs (one temporary per group)."""
         W = self.stack(np.asarray(w, dtype=np.float64), "cols")
         products = np.empty((self.batch, self.n))
-        ratios = np.empty((self.batch, self.n))
-        bad = np.zeros((self.batch, self.n), dtype=bool)
         projection = np.empty((self.batch, self.m))
-        numerators = self.stack(numerator, "rows")
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             for g in self.groups():
-                if log:
-                    products[g] = _log_matvec(self.log_kernel[g], W[g])
-                else:
-                    products[g] = np.matmul(self.matrix(g), W[g][:, :, None])[:, :, 0]
-                r, flags = ratios_of(numerators[g].ravel(), products[g].ravel(), exponent)
-                ratios[g], bad[g] = r.reshape(-1, self.n), flags.reshape(-1, self.n)
-                if log:
-                    projection[g] = _log_matvec(self.log_kernel[g].transpose(0, 2, 1), ratios[g])
-                else:
-                    projection[g] = np.matmul(ratios[g][:, None, :], self.matrix(g))[:, 0, :]
-        return FusedPass(products.ravel(), ratios.ravel(), projection.ravel(), bad.ravel())
-
-    def matrix(self, group: slice) -> np.ndarray:
-        """The linear kernels of a group of pairs."""
-        return self.linear()[group]
+                products[g] = _log_matvec(self.log_kernel[g], W[g])
+            ratios, bad = log_ratios_and_bad(numerator, products.ravel(), exponent)
+            R = self.stack(ratios, "rows")
+            for g in self.groups():
+                projection[g] = _log_matvec(self.log_kernel[g].transpose(0, 2, 1), R[g])
+        return FusedPass(products.ravel(), ratios, projection.ravel(), bad)
 
     def project(
         self, side: str, values: np.ndarray, index: Any = None, *, log: bool = False
@@ -175,13 +213,13 @@ class StackedExactKernel(KernelOperator):
         if side == "cols":
             return np.array(values, dtype=np.float64)
         U = self.stack(np.asarray(values, dtype=np.float64), "rows")
+        if not log:
+            with np.errstate(over="ignore", invalid="ignore"):
+                return np.matmul(U[:, None, :], self.linear()).ravel()
         out = np.empty((self.batch, self.m))
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             for g in self.groups():
-                if log:
-                    out[g] = _log_matvec(self.log_kernel[g].transpose(0, 2, 1), U[g])
-                else:
-                    out[g] = np.matmul(U[g][:, None, :], self.matrix(g))[:, 0, :]
+                out[g] = _log_matvec(self.log_kernel[g].transpose(0, 2, 1), U[g])
         return out.ravel()
 
     def absorbed(
@@ -221,7 +259,7 @@ class AbsorbedStackedKernel(StackedExactKernel):
         self.alpha = np.asarray(alpha, dtype=np.float64)
         self.beta = np.asarray(beta, dtype=np.float64)
         reuse = previous is not None and previous._linear is not None
-        store = previous._linear if reuse else np.empty_like(self.log_kernel)
+        store = previous._linear if reuse else parent.storage()
         np.add(self.log_kernel, self.stack(self.alpha, "rows")[:, :, None], out=store)
         store += self.stack(self.beta, "cols")[:, None, :]
         np.maximum(store, LOG_FLOOR[np.dtype(np.float64)], out=store)  # -inf too

@@ -7,25 +7,24 @@ engine (:func:`~sketchot.solver.engine.iterate`) runs its absorption-stabilised 
 block-diagonal Sinkhorn IS the ``B`` independent iterations, each half-step one batched pass
 over every pair. There is no second Sinkhorn loop.
 
-Per-pair convergence. The engine's test takes one norm over the concatenation, relative to
-the total mass: at its target (:func:`_share`) the pairs' mean (L1) or root-mean-square
-(L2) relative residual is ``tol``, so a run ends when the typical pair has converged (a
-target bounding the largest pair's would be ``B`` times tighter: measured 81 iterations
-instead of 51 for 200 pairs at reg = 0.1 x the mean squared distance). The engine runs in
-rounds, of at most ``round_iter`` iterations; after each, every pair's own residual
+Per-pair convergence. The stacked kernel declares ``'block_diagonal'``: the engine's test
+is the largest pair's residual, each relative to its own mass, so a run ends when every pair
+of the stack has converged; Anderson mixing (on by default: ``anderson='auto'`` is
+:data:`~sketchot.solver.options.DEFAULT_ANDERSON_MEMORY` per pair) gives each pair its own
+coefficients and restarts (:class:`~sketchot.solver.acceleration.BlockAndersonMixer`), so
+each pair runs the iterates it would run alone, whatever the other pairs. The engine runs in
+rounds of at most ``round_iter`` iterations; after each, every pair's own residual
 ``||v_k * K_k^T u_k - b_k|| / M_k`` is measured (one linear pass on the last absorbed
 kernel), converged pairs leave the stack and the rest continue, warm started from their
-potentials. Memory: the pairs are solved in chunks whose stacks (``-C /
-reg``, the absorbed kernel and one temporary: 24 bytes per entry) fit ``max_bytes``.
+potentials.
 
-Anderson mixing is off by default (``anderson='auto'`` means 0 here), so that each pair runs
-exactly its own iterates, whatever the other pairs. ``anderson=k`` mixes the concatenated
-column potentials (one set of coefficients for the stack: an acceleration of the joint
-fixed-point map, whose fixed points are the pairs' own). Measured on 100 pairs of 200 points
-(benchmarks/results/batch_quick.md, 2 shared cores): at reg = 0.01 x the mean squared
-distance it cut the iterations from 100-583 to 61-72 but took 5.8 s against 2.3 s, and at
-0.1 x 3.6 s against 0.38 s: its dot products run over the whole stack (B m entries) every
-iteration.
+Chunks. The pairs are solved in chunks of at most :data:`CACHE_ENTRIES` kernel entries, one
+after the other, in the order of their spreads (:func:`by_spread`): a chunk's stacks stay in
+the cache across its iterations, where a pass costs a fraction of one streamed from memory;
+a chunk's stacks (``-C / reg``, the absorbed kernel and one temporary: 24 bytes per entry)
+also fit ``max_bytes``. The start is POT's, except for the pairs where it would underflow
+(:func:`_start`); each pair's marginals and values are summed from the last absorbed kernel
+when it leaves (:class:`_PlanSums`).
 """
 
 from __future__ import annotations
@@ -40,15 +39,26 @@ from .._defaults import DEFAULT_MAX_DENSE_BYTES
 from .._memory import USABLE_FRACTION, available_bytes
 from .._validation import check_float, check_int, describe
 from ..kernels.stacked import StackedExactKernel, stacked_log_kernel
-from .engine import choose_strategy, iterate
+from .engine import ABSORB_THRESHOLD, choose_strategy, iterate
 from .options import SolverOptions
 from .problem import MASS_RTOL, make_problem
 
 #: Bytes per kernel entry of a chunk: ``-C / reg``, its absorbed form and one temporary.
 BYTES_PER_ENTRY = 24
 
-#: Iterations of the engine between two per-pair checks (converged pairs then leave).
-ROUND_ITER = 100
+#: Kernel entries of a chunk at most: its stacks stay in the cache across iterations, where a
+#: pass costs a fraction of one streamed from memory.
+CACHE_ENTRIES = 1 << 20
+
+#: Iterations between two checks of the engine: a check costs a fraction of a pass over a
+#: stack of kernels, and checking every iteration stops each run as soon as it has converged.
+CHECK_EVERY = 1
+
+#: Iterations of the engine between two per-pair checks (converged pairs then leave): a round
+#: runs every pair of its stack until the slowest has converged, a new round costs an
+#: absorption and the Anderson history (the round_iter=100 rows of
+#: benchmarks/results/batch_quick.md).
+ROUND_ITER = 40
 
 
 @dataclass
@@ -173,12 +183,12 @@ def sinkhorn_batch(
     max_bytes : int, default=1 GiB
         Memory of one chunk of stacked kernels (24 bytes per entry; also at most half the
         available memory).
-    round_iter : int, default=100
-        Engine iterations between per-pair checks.
+    round_iter : int, default=40
+        Engine iterations between per-pair checks (module notes).
     **kwargs
         Solver options (:class:`~sketchot.SolverOptions`): ``max_iter`` (per pair), ``tol``,
-        ``accuracy``, ``check_every``, ``log_domain``, ``anderson`` (default off; over the
-        stack: module notes), ``verbose``.
+        ``accuracy``, ``check_every`` (default :data:`CHECK_EVERY` here), ``log_domain``,
+        ``anderson`` (per pair: module notes; ``0`` runs the plain iteration), ``verbose``.
 
     Returns
     -------
@@ -198,7 +208,7 @@ def sinkhorn_batch(
     ((50,), True, True)
     """
     start = time.perf_counter()
-    options, rest = SolverOptions.split(kwargs)
+    options, rest = SolverOptions.split({"check_every": CHECK_EVERY, **kwargs})
     if rest:
         raise TypeError(
             f"sinkhorn_batch() got unexpected keyword argument(s) {sorted(rest)}; it takes the "
@@ -211,17 +221,20 @@ def sinkhorn_batch(
     B, n, m = X.shape[0], X.shape[1], Y.shape[1]
     chunk = chunk_size(B, n, m, max_bytes)
     out = _Outputs(B, n, m)
+    buffer = np.empty(chunk * n * m)  # every chunk's absorbed kernels, in the same memory
+    order = by_spread(X, Y, chunk)
     build = 0.0
     for first in range(0, B, chunk):
-        pairs = slice(first, min(first + chunk, B))
+        pairs = order[first : first + chunk]
         begin = time.perf_counter()
         log_kernel = stacked_log_kernel(X[pairs], Y[pairs], reg)
         build += time.perf_counter() - begin
         _solve_chunk(log_kernel, a[pairs], b[pairs], reg, options, tol, norm, round_iter,
-                     out, pairs)  # fmt: skip
+                     out, pairs, buffer)  # fmt: skip
         if options.verbose:
-            done = int(out.converged[: pairs.stop].sum())
-            print(f"sketchot.sinkhorn_batch: pairs {pairs.stop}/{B}, {done} converged")
+            solved = first + pairs.size
+            done = int(out.converged[order[:solved]].sum())
+            print(f"sketchot.sinkhorn_batch: pairs {solved}/{B}, {done} converged")
     total = time.perf_counter() - start
     return BatchResult(
         potentials=(out.log_u, out.log_v), marginals=(out.row, out.col),
@@ -255,90 +268,135 @@ def chunk_size(B: int, n: int, m: int, max_bytes: int) -> int:
             "(max_bytes, and half the available memory): raise max_bytes, or solve such "
             "pairs one by one with sketchot.sinkhorn (low-rank backends)"
         )
-    return int(min(B, budget // per_pair))
+    return int(max(1, min(B, budget // per_pair, CACHE_ENTRIES // (n * m))))
 
 
-def _solve_chunk(log_kernel, a, b, reg, options, tol, norm, round_iter, out, pairs) -> None:
-    """Rounds of the engine on the stack of the pairs not converged yet (module notes)."""
+def by_spread(X: np.ndarray, Y: np.ndarray, chunk: int) -> np.ndarray:
+    """The order in which the pairs are chunked: by the squared diagonal of the bounding box
+    of ``X_k`` and ``Y_k`` (``O(B (n + m) d)``), when there is more than one chunk. A round
+    runs every pair of its stack until the slowest converges, and Sinkhorn's iterations grow
+    with the largest cost over ``reg``: pairs of similar spreads in one chunk waste fewer
+    iterations. Each pair's result does not depend on its neighbours (per-pair stopping and
+    mixing), only its iteration count does."""
+    if chunk >= X.shape[0]:
+        return np.arange(X.shape[0])
+    high = np.maximum(X.max(axis=1), Y.max(axis=1))
+    low = np.minimum(X.min(axis=1), Y.min(axis=1))
+    return np.argsort(((high - low) ** 2).sum(axis=1), kind="stable")
+
+
+def _solve_chunk(
+    log_kernel, a, b, reg, options, tol, norm, round_iter, out, pairs, buffer=None
+) -> None:
+    """Rounds of the engine on the stack of the pairs not converged yet (module notes); each
+    pair's results are summarised when it leaves. ``buffer``: memory for the absorbed
+    kernels, reused from chunk to chunk."""
     count, n, m = log_kernel.shape
-    log_u = np.where(a > 0, -np.log(n), -np.inf)
-    log_v = np.where(b > 0, -np.log(m), -np.inf)
+    spreads = -log_kernel.min(axis=(1, 2))  # each pair's largest cost over reg
+    log_u, log_v = _start(log_kernel, a, b, spreads)
     n_iter, errors = np.zeros(count, dtype=int), np.full(count, np.inf)
-    active, warm = np.arange(count), False
+    active = np.arange(count)
     masses = a.sum(axis=1)
-    while active.size and n_iter[active[0]] < options.max_iter:
-        stack = log_kernel if active.size == count else log_kernel[active]
-        kernel = StackedExactKernel(stack, reg)
-        starts = {"log_u0": log_u[active].ravel(), "log_v0": log_v[active].ravel()} if warm else {}
+    while active.size:
+        whole = active.size == count
+        stack = log_kernel if whole else log_kernel[active]
+        kernel = StackedExactKernel(
+            stack, reg, max_cost=reg * float(spreads[active].max()), buffer=buffer
+        )
+        starts = {"log_u0": log_u[active].ravel(), "log_v0": log_v[active].ravel()}
         problem = make_problem(a[active].ravel(), b[active].ravel(), kernel.shape, reg, **starts)
-        share = _share(masses[active], norm)
-        strategy = choose_strategy(kernel, options.log_domain)
         state = iterate(
-            kernel, problem, tol=tol * share, norm=norm, check_every=options.check_every,
+            kernel, problem, tol=tol, norm=norm, check_every=options.check_every,
             max_iter=min(round_iter, options.max_iter - int(n_iter[active[0]])),
-            strategy=strategy, anderson=0 if options.anderson == "auto" else options.anderson,
+            strategy=choose_strategy(kernel, options.log_domain),
+            anderson=options.anderson_memory(True),
         )  # fmt: skip
         log_u[active] = state.log_u.reshape(-1, n)
         log_v[active] = state.log_v.reshape(-1, m)
         n_iter[active] += state.n_iter
-        errors[active] = _pair_residuals(kernel, state, b[active], masses[active], norm)
-        warm = True
-        if state.status in ("stalled", "breakdown"):
-            break
-        active = active[errors[active] > tol]
-    _summaries(log_kernel, log_u, log_v, a, b, reg, out, pairs)
+        sums = _PlanSums(kernel, log_u[active], log_v[active], reg)
+        diff = np.where(b[active] > 0, sums.col, 0.0) - b[active]
+        errors[active] = np.linalg.norm(diff, ord=1 if norm == "l1" else 2, axis=1) / masses[active]
+        last = state.status in ("stalled", "breakdown") or n_iter[active[0]] >= options.max_iter
+        leaving = np.ones(active.size, dtype=bool) if last else errors[active] <= tol
+        sums.store(leaving, stack, a[active], b[active], out, pairs[active])
+        active = active[~leaving]
     out.n_iter[pairs], out.errors[pairs] = n_iter, errors
     out.converged[pairs] = errors <= tol
 
 
-def _share(masses: np.ndarray, norm: str) -> float:
-    """The engine's target over the pairs' ``tol``: at this share its norm over the
-    concatenation is the pairs' mean (``'l1'``) or root mean square (``'l2'``) relative
-    residual (for equal masses), so that a round ends when the typical pair has converged
-    and at least one has."""
-    if norm == "l1":
-        return 1.0
-    return float(np.sqrt(np.sum(masses**2)) / masses.sum())
+def _start(log_kernel, a, b, spreads) -> tuple[np.ndarray, np.ndarray]:
+    """Starting ``(log u, log v)``: POT's ``(1 / n, 1 / m)``, except for the pairs where
+    it would underflow the absorbed kernel (the engine's test, pair by pair), which start
+    from the c-transforms ``log u_i = log a_i - max_j (-C_ij / reg)``, ``log v_j = log b_j -
+    max_i (log u_i - C_ij / reg)`` (the ``reg -> 0`` limit of one log-domain iteration, with
+    no exponential): every row and column of their absorbed kernels then has an entry of
+    the order of its weight."""
+    n, m = log_kernel.shape[1:]
+    log_u = np.where(a > 0, -np.log(n), -np.inf)
+    log_v = np.where(b > 0, -np.log(m), -np.inf)
+    tiny = -np.log(np.finfo(np.float64).tiny)
+    tau = ABSORB_THRESHOLD[np.dtype(np.float64)]
+    low = spreads + tau + np.log(max(n, m)) >= tiny - 1.0
+    if low.any():
+        with np.errstate(divide="ignore"):
+            log_a, log_b = np.log(a[low]), np.log(b[low])
+        stack = log_kernel if low.all() else log_kernel[low]
+        log_u[low] = log_a - stack.max(axis=2)
+        terms = stack + log_u[low][:, :, None]
+        log_v[low] = log_b - terms.max(axis=1)
+    return log_u, log_v
 
 
-def _pair_residuals(kernel, state, b, masses, norm) -> np.ndarray:
-    """Each pair's ``||v * K^T u - b|| / mass`` (the engine's criterion, pair by pair): a
-    linear pass on the last absorbed kernel when there is one, log-domain otherwise."""
-    batch = b.shape[0]
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        op = kernel.latest
-        if op is not None:
-            u = np.exp(state.log_u - op.alpha)
-            col = np.exp(state.log_v - op.beta) * op.project("rows", np.nan_to_num(u))
+class _PlanSums:
+    """The column sums of the plans of a round's stack, then (:meth:`store`) the rows sums,
+    ``<P, M>`` and the value of the pairs that leave it. From the last absorbed kernel (the
+    true kernel scaled entry by entry: ``P = diag(u~) K~ diag(v~)``, linear passes and no
+    exponential) when the engine absorbed, in the log domain otherwise."""
+
+    def __init__(self, kernel: StackedExactKernel, log_u, log_v, reg: float) -> None:
+        self.op, self.reg = kernel.latest, reg
+        self.log_u, self.log_v = log_u, log_v
+        if self.op is None:
+            self.col = np.exp(log_v + kernel.project("rows", log_u.ravel(), log=True).reshape(
+                log_v.shape))  # fmt: skip
+            return
+        with np.errstate(invalid="ignore", over="ignore"):
+            self.u = np.nan_to_num(np.exp(log_u - kernel.stack(self.op.alpha, "rows")))
+            self.v = np.nan_to_num(np.exp(log_v - kernel.stack(self.op.beta, "cols")))
+        K = self.op.linear()
+        self.col = self.v * np.matmul(self.u[:, None, :], K)[:, 0, :]
+
+    def store(self, leaving, log_kernel, a, b, out, index) -> None:
+        """Fill ``out`` at ``index[leaving]`` for the pairs ``leaving`` (a mask)."""
+        if not leaving.any():
+            return
+        every = leaving.all()
+        pick = slice(None) if every else leaving
+        log_u, log_v, col = self.log_u[pick], self.log_v[pick], self.col[pick]
+        L = log_kernel if every else log_kernel[leaving]
+        if self.op is None:
+            P = np.exp(L + log_u[:, :, None] + log_v[:, None, :])
+            row = P.sum(axis=2)
+            P *= L
+            linear = -self.reg * P.sum(axis=(1, 2))
         else:
-            col = np.exp(state.log_v + kernel.project("rows", state.log_u, log=True))
-    diff = np.where(b > 0, col.reshape(batch, -1), 0.0) - b
-    order = 1 if norm == "l1" else 2
-    return np.linalg.norm(diff, ord=order, axis=1) / masses
-
-
-def _summaries(log_kernel, log_u, log_v, a, b, reg, out, pairs) -> None:
-    """Marginals, ``<P, M>`` and the entropic value of every pair of a chunk, in groups of
-    pairs (one temporary of the group's size)."""
-    step = max(1, (1 << 22) // max(1, log_kernel.shape[1] * log_kernel.shape[2]))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log_a, log_b = np.log(a), np.log(b)
-    for first in range(0, log_kernel.shape[0], step):
-        g = slice(first, first + step)
-        P = log_kernel[g] + log_u[g][:, :, None]
-        P += log_v[g][:, None, :]
-        np.exp(P, out=P)
-        row, col = P.sum(axis=2), P.sum(axis=1)
-        P *= log_kernel[g]
-        linear = -reg * P.sum(axis=(1, 2))
-        with np.errstate(invalid="ignore"):
-            entropic = np.where(a[g] > 0, row * (log_u[g] - log_a[g]), 0.0).sum(axis=1)
-            entropic += np.where(b[g] > 0, col * (log_v[g] - log_b[g]), 0.0).sum(axis=1)
-        mass = row.sum(axis=1)
-        value = reg * (entropic - mass + a[g].sum(axis=1) * b[g].sum(axis=1))
-        k = slice(pairs.start + first, pairs.start + first + row.shape[0])
+            K = self.op.linear() if every else self.op.linear()[leaving]
+            u, v = self.u[pick], self.v[pick]
+            row = u * np.matmul(K, v[:, :, None])[:, :, 0]
+            # P * (-C / reg) = u~ (K~ * L) v~; in place when K~ is not used again
+            weighted = np.multiply(K, L, out=K if every else None)
+            linear = -self.reg * np.einsum(
+                "bn,bn->b", u, np.matmul(weighted, v[:, :, None])[:, :, 0]
+            )
+        a, b = a[pick], b[pick]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            entropic = np.where(a > 0, row * (log_u - np.log(a)), 0.0).sum(axis=1)
+            entropic += np.where(b > 0, col * (log_v - np.log(b)), 0.0).sum(axis=1)
+        value = self.reg * (entropic - row.sum(axis=1) + a.sum(axis=1) * b.sum(axis=1))
+        k = index[leaving]
         out.row[k], out.col[k], out.value_linear[k], out.value[k] = row, col, linear, value
-        out.log_u[k], out.log_v[k] = log_u[g], log_v[g]
+        out.log_u[k], out.log_v[k] = log_u, log_v
 
 
 def check_batch(X: Any, Y: Any, a: Any, b: Any, reg: Any):

@@ -39,7 +39,14 @@ of the columns, ``K^T u * (v - v_next)``: ``norm='l2'``, ``||.||_2 / sum(b)``, f
 transport POT's column-marginal error ``||v * K^T u - b||_2 / sum(b)``; ``norm='l1'``,
 ``||.||_1 / sum(a)``, the error the true-kernel check measures (the row marginal is exact
 after the ``u`` half-step). A run whose best error has not
-improved by :data:`STALL_IMPROVEMENT` over :data:`STALL_CHECKS` checks stops as stalled.
+improved by :data:`STALL_IMPROVEMENT` over :data:`STALL_CHECKS` checks and
+:data:`STALL_ITERATIONS` iterations stops as stalled.
+
+Block-diagonal kernels (the ``'block_diagonal'`` capability: many independent problems
+stacked, one pass over all of them per half-step): the error is the largest block's residual,
+each relative to its own mass, so that a run converges when every problem has; Anderson
+mixing runs block by block (:class:`~sketchot.solver.acceleration.BlockAndersonMixer`: each
+problem its own coefficients and restarts).
 
 Deferred operators (the ``'deferred'`` capability, e.g. on a cluster): their passes are lazy
 (:class:`~sketchot.kernels.base.DeferredPass`) and the loop never forces one between checks.
@@ -69,7 +76,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels import KernelOperator
-from .acceleration import AndersonMixer
+from .acceleration import AndersonMixer, BlockAndersonMixer
 from .problem import Problem
 from .safeguard import Safeguard
 
@@ -85,6 +92,9 @@ MAX_RESETS = 20
 #: tiny ``reg``, where ``C / reg`` leaves too few significant digits).
 STALL_IMPROVEMENT = 0.99
 STALL_CHECKS = 30
+#: ... and over this many iterations: frequent checks (a check every iteration) must not
+#: take a slow stretch of a small ``reg`` for a stall.
+STALL_ITERATIONS = 300
 
 #: Intermediate stages of the epsilon schedule stop at this residual (in the run's norm, relative
 #: to its mass); the last stage dominates whatever the choice.
@@ -297,12 +307,22 @@ class _Run:
         self.guard, self.progress, self.order = guard, progress, order
         self.log = strategy == "log"
         self.active = {"rows": problem.a > 0, "cols": problem.b > 0}
+        self.all_active = bool(self.active["rows"].all() and self.active["cols"].all())
         with np.errstate(divide="ignore"):
             self.log_weights = {"rows": np.log(problem.a), "cols": np.log(problem.b)}
         self.exponent = {"rows": problem.exponents[0], "cols": problem.exponents[1]}
-        self.mixer = AndersonMixer(anderson, self.active["cols"]) if anderson else None
+        caps = kernel.info.capabilities
+        self.blocks = kernel.info.params["batch"] if "block_diagonal" in caps else 1
+        self.mixer = None
+        if anderson and self.blocks > 1:
+            self.mixer = BlockAndersonMixer(anderson, self.active["cols"], self.blocks)
+        elif anderson:
+            self.mixer = AndersonMixer(anderson, self.active["cols"])
         self.norm = norm
-        self.mass = float((problem.a if norm == "l1" else problem.b).sum())
+        mass = problem.a if norm == "l1" else problem.b
+        self.mass = float(mass.sum())
+        # a block-diagonal kernel's blocks are independent problems: each its own mass
+        self.block_mass = mass.reshape(self.blocks, -1).sum(axis=1) if self.blocks > 1 else None
         self.counts = {"absorptions": 0, "resets": 0}
         # absorbed log-scalings (alpha, beta); a scalar zero until the first absorption
         self.offset = {"rows": 0.0, "cols": 0.0}
@@ -431,7 +451,7 @@ class _Run:
         projection = self.op.project(second, scaling[second], log=self.log)
         history: list[tuple[int, float]] = []
         times: list[float] = []
-        status, n_iter, best, best_at = "max_iter", 0, math.inf, 0
+        status, n_iter, best, best_at, best_iter = "max_iter", 0, math.inf, 0, 0
         checks = 0
         last_finite = (u, v)
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
@@ -462,8 +482,11 @@ class _Run:
                         if error < tol:
                             status = "converged"
                         elif error < STALL_IMPROVEMENT * best:
-                            best, best_at = error, checks
-                        elif checks - best_at >= STALL_CHECKS:
+                            best, best_at, best_iter = error, checks, iteration
+                        elif (
+                            checks - best_at >= STALL_CHECKS
+                            and iteration - best_iter >= STALL_ITERATIONS
+                        ):
                             status = "stalled"
                     if status == "breakdown" and self.can_reset(n_iter, max_iter):
                         scaling, projection = self.reset(last_finite[0])
@@ -533,16 +556,21 @@ class _Run:
 
     def residual(self, v: np.ndarray, result) -> float:
         """``||K^T u * (v - v_next)||`` over the mass, in the run's norm, from the columns pass
-        (module notes)."""
+        (module notes); for a block-diagonal kernel the largest block's, over its own
+        mass."""
         if self.log:
             diff = np.exp(result.products + v) - np.exp(result.products + result.ratios)
         else:
             diff = result.products * v - result.products * result.ratios
-        diff = np.where(self.active["cols"], diff, 0.0)
+        if not self.all_active:
+            diff = np.where(self.active["cols"], diff, 0.0)
         scale = float(np.max(np.abs(diff))) if diff.size else 0.0
         if not math.isfinite(scale) or scale == 0.0:
             return scale
         ord_ = 1 if self.norm == "l1" else 2
+        if self.block_mass is not None:
+            norms = np.linalg.norm((diff / scale).reshape(self.blocks, -1), ord=ord_, axis=1)
+            return scale * float(np.max(norms / self.block_mass))
         return scale * float(np.linalg.norm(diff / scale, ord=ord_)) / self.mass
 
     def mix(self, side: str, previous: np.ndarray, new: np.ndarray, result) -> tuple:
@@ -569,6 +597,8 @@ class _Run:
         if u.max() > bound or v.max() > bound:
             return True
         low = 1.0 / bound
+        if self.all_active:
+            return bool(u.min() < low or v.min() < low)
         return bool(np.any(u[self.active["rows"]] < low) or np.any(v[self.active["cols"]] < low))
 
     def can_reset(self, n_iter: int, max_iter: int) -> bool:

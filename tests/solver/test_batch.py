@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 import sketchot
 from sketchot.kernels.stacked import StackedExactKernel, stacked_log_kernel
-from sketchot.solver.batch import BatchResult, chunk_size
+from sketchot.solver.batch import BatchResult, by_spread, chunk_size
 
 
 def pairs(seed, B=12, n=20, m=25, d=2, weighted=True):
@@ -162,3 +162,88 @@ def test_without_anderson_each_pair_runs_its_own_iterates():
         # the same 30 iterations from the same start (absorptions at other times: rounding)
         assert res.n_iter[k] == ref.n_iter == 30
         assert res.value[k] == pytest.approx(ref.value, rel=1e-10)
+
+
+def test_per_pair_mixing_reaches_the_plain_iterations_solutions():
+    X, Y, a, b = pairs(10, B=8)
+    mixed = sketchot.sinkhorn_batch(X, Y, a, b, reg=0.02, tol=1e-12, max_iter=5000)
+    plain = sketchot.sinkhorn_batch(X, Y, a, b, reg=0.02, tol=1e-12, max_iter=5000, anderson=0)
+    assert mixed.converged.all() and plain.converged.all()
+    # the same fixed points, both at an L2 residual of 1e-12
+    np.testing.assert_allclose(mixed.value, plain.value, rtol=1e-9)
+    np.testing.assert_allclose(mixed.marginals[0], plain.marginals[0], atol=1e-10)
+    for k in range(8):
+        np.testing.assert_allclose(centred(mixed.potentials[0][k]),
+                                   centred(plain.potentials[0][k]), atol=1e-6)  # fmt: skip
+    # and mixing pays: fewer iterations for every pair
+    assert (mixed.n_iter < plain.n_iter).all()
+
+
+def test_with_mixing_each_pair_runs_its_own_iterates():
+    """Per-pair Anderson: a pair's iterates do not depend on the other pairs of the stack
+    (12 iterations, none converged: the same in a stack of 5 as alone)."""
+    X, Y, a, b = pairs(11, B=5)
+    options = dict(reg=0.01, max_iter=12, tol=1e-15, round_iter=12)
+    together = sketchot.sinkhorn_batch(X, Y, a, b, **options)
+    for k in range(5):
+        alone = sketchot.sinkhorn_batch(X[k : k + 1], Y[k : k + 1], a[k : k + 1], b[k : k + 1],
+                                        **options)  # fmt: skip
+        assert together.n_iter[k] == alone.n_iter[0] == 12
+        assert together.value[k] == pytest.approx(alone.value[0], rel=1e-10)
+        assert together.errors[k] == pytest.approx(alone.errors[0], rel=1e-6)
+
+
+def test_each_pair_is_certified_by_its_own_plan():
+    """The reported marginals, values and errors are each pair's own, from its plan; a pair
+    that misses the target says so while the others converge."""
+    rng = np.random.default_rng(12)
+    X, Y = rng.random((4, 30, 2)), rng.random((4, 35, 2))
+    X[3] *= 8.0  # far larger costs at the same reg: many more iterations
+    reg = 0.02
+    res = sketchot.sinkhorn_batch(X, Y, reg=reg, max_iter=40)
+    assert res.converged[:3].all() and not res.converged[3]
+    assert res.status[3] == "max_iter reached" and res.n_iter[3] == 40
+    assert (res.errors[:3] <= res.tol).all() and res.errors[3] > res.tol
+    for k in range(4):
+        C = ot.dist(X[k], Y[k])
+        P = np.exp(res.potentials[0][k][:, None] + res.potentials[1][k][None, :] - C / reg)
+        np.testing.assert_allclose(res.marginals[0][k], P.sum(axis=1), rtol=1e-10, atol=1e-15)
+        np.testing.assert_allclose(res.marginals[1][k], P.sum(axis=0), rtol=1e-10, atol=1e-15)
+        assert res.value_linear[k] == pytest.approx(float((P * C).sum()), rel=1e-10)
+        # the L1 rule: each pair's column residual is its reported error
+        col_error = np.abs(P.sum(axis=0) - res.b[k]).sum() / res.a[k].sum()
+        assert res.errors[k] == pytest.approx(col_error, rel=1e-6, abs=1e-14)
+        assert res.true_kernel_error[k] >= col_error * (1 - 1e-9) - 1e-14  # rounding
+    assert res.accuracy_met[:3].all()
+
+
+def test_pairs_whose_start_would_underflow_start_from_c_transforms():
+    """At reg 2e-3 on the unit square POT's start underflows the absorbed kernel: those pairs
+    start from the c-transforms (no log-domain pass), the others from POT's start, and all
+    converge to sinkhorn's solutions."""
+    rng = np.random.default_rng(13)
+    X, Y = rng.random((3, 25, 2)), rng.random((3, 30, 2))
+    X[0] *= 0.05
+    Y[0] *= 0.05  # a small pair: its costs over reg stay within float64's range
+    res = sketchot.sinkhorn_batch(X, Y, reg=2e-3, tol=1e-10, max_iter=5000)
+    assert res.converged.all()
+    for k in range(3):
+        ref = sketchot.sinkhorn(None, None, X[k], Y[k], reg=2e-3, backend="exact", tol=1e-10,
+                                max_iter=5000)  # fmt: skip
+        assert res.value[k] == pytest.approx(ref.value, rel=1e-7)
+
+
+def test_chunks_of_similar_spreads_return_the_pairs_in_order():
+    """Pairs are chunked by spread (the slowest pair of a round sets its length): the
+    results come back in the caller's order whatever the chunking."""
+    rng = np.random.default_rng(14)
+    scales = rng.permutation(np.linspace(0.2, 2.0, 9))[:, None, None]
+    X, Y = rng.random((9, 15, 2)) * scales, rng.random((9, 18, 2)) * scales
+    order = by_spread(X, Y, chunk=3)
+    assert np.all(np.diff(scales[order, 0, 0]) > 0)  # the spreads grow with the scales
+    whole = sketchot.sinkhorn_batch(X, Y, reg=0.05, tol=1e-12)
+    chunked = sketchot.sinkhorn_batch(X, Y, reg=0.05, tol=1e-12, max_bytes=3 * 24 * 15 * 18)
+    np.testing.assert_allclose(chunked.value, whole.value, rtol=1e-10)
+    for k in range(9):
+        ref = sketchot.sinkhorn_batch(X[k : k + 1], Y[k : k + 1], reg=0.05, tol=1e-12)
+        assert chunked.value[k] == pytest.approx(ref.value[0], rel=1e-10)
