@@ -78,7 +78,7 @@ def _distributed():
     return distributed
 
 
-def _refuse_on_dask(metric: Any, warmstart: Any = None) -> None:
+def _refuse_on_dask(metric: Any, warmstart: Any = None, coarse_to_fine: Any = "auto") -> None:
     """Dask solves and kernels use the squared-Euclidean cost and start cold."""
     if not (isinstance(metric, str) and metric == "sqeuclidean"):
         name = metric if isinstance(metric, str) else "a callable"
@@ -89,6 +89,11 @@ def _refuse_on_dask(metric: Any, warmstart: Any = None) -> None:
     if warmstart is not None:
         raise NotImplementedError(
             "warmstart is not implemented on Dask arrays; pass warmstart=None"
+        )
+    if coarse_to_fine is True:
+        raise NotImplementedError(
+            "coarse_to_fine=True is not implemented on Dask arrays (the clustering and the "
+            "extrapolation run in memory); pass coarse_to_fine='auto' or False"
         )
 
 
@@ -122,9 +127,10 @@ def sinkhorn(
     rng: Any = None,
     max_iter: int = _DEFAULT.max_iter,
     tol: float | None = _DEFAULT.tol,
-    check_every: int = _DEFAULT.check_every,
+    check_every: int | str = _DEFAULT.check_every,
     safeguard: str = _DEFAULT.safeguard,
     log_domain: bool | str = _DEFAULT.log_domain,
+    coarse_to_fine: bool | str = _DEFAULT.coarse_to_fine,
     epsilon_scaling: bool | str = _DEFAULT.epsilon_scaling,
     anderson: int | str = _DEFAULT.anderson,
     accuracy: float | None = _DEFAULT.accuracy,
@@ -245,7 +251,7 @@ def sinkhorn(
     options = _options(locals())
     build = _build(rank, dtype)
     if any_dask(a, b, X, Y):
-        _refuse_on_dask(metric, warmstart)
+        _refuse_on_dask(metric, warmstart, options.coarse_to_fine)
         return _distributed().sinkhorn_dask(
             a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, **options.as_dict(), **build,
             **backend_params,
@@ -417,9 +423,10 @@ def sinkhorn_kernel(
     rng: Any = None,
     max_iter: int = _DEFAULT.max_iter,
     tol: float | None = _DEFAULT.tol,
-    check_every: int = _DEFAULT.check_every,
+    check_every: int | str = _DEFAULT.check_every,
     safeguard: str = _DEFAULT.safeguard,
     log_domain: bool | str = _DEFAULT.log_domain,
+    coarse_to_fine: bool | str = _DEFAULT.coarse_to_fine,
     epsilon_scaling: bool | str = _DEFAULT.epsilon_scaling,
     anderson: int | str = _DEFAULT.anderson,
     accuracy: float | None = _DEFAULT.accuracy,
@@ -468,7 +475,9 @@ def sinkhorn_kernel(
     """
     options = _options(locals())
     if _on_dask(kernel, a, b):
-        _refuse_on_dask("sqeuclidean" if metric is None else metric, warmstart)
+        _refuse_on_dask(
+            "sqeuclidean" if metric is None else metric, warmstart, options.coarse_to_fine
+        )
         return _distributed().sinkhorn_kernel_dask(
             a, b, kernel, reg_m=reg_m, rng=rng, **options.as_dict()
         )

@@ -239,7 +239,8 @@ def solve_dask(
     start = time.perf_counter()
     state = iterate(
         kernel, problem, tol=tol, norm=norm, max_iter=options.max_iter,
-        check_every=options.check_every, strategy=strategy, guard=guard, progress=printer,
+        check_every=options.check_interval(kernel.shape, deferred=True), strategy=strategy,
+        guard=guard, progress=printer,
     )  # fmt: skip
     elapsed = time.perf_counter() - start
     summary = _summary(kernel, problem, state.log_u, state.log_v)

@@ -52,6 +52,23 @@ def _signed_log_product(log_product, log_w: np.ndarray, V: np.ndarray) -> np.nda
     return result[:, 0] if V.ndim == 1 else result
 
 
+class _ProjectedOnRead(FusedPass):
+    """A rows pass whose projection (a second product as costly as the first) is computed
+    when first read: plan evaluations read only the products."""
+
+    def __init__(self, products, ratios, bad, project) -> None:
+        for name, value in (("products", products), ("ratios", ratios), ("bad", bad)):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_project", project)
+        object.__setattr__(self, "_projection", None)
+
+    @property
+    def projection(self) -> np.ndarray:
+        if self._projection is None:
+            object.__setattr__(self, "_projection", self._project(self.ratios))
+        return self._projection
+
+
 class LocalPolyKernel(KernelOperator):
     """Gibbs kernel by a block-local polynomial expansion (see the module notes).
 
@@ -120,8 +137,8 @@ class LocalPolyKernel(KernelOperator):
         else:
             products = self.expansion.matmat(w)
             ratios, bad = ratios_and_bad(numerator, products, exponent)
-        projection = self.expansion.log_rmatvec(ratios) if log else self.expansion.rmatmat(ratios)
-        return FusedPass(products, ratios, projection, bad)
+        project = self.expansion.log_rmatvec if log else self.expansion.rmatmat
+        return _ProjectedOnRead(products, ratios, bad, project)
 
     def project(
         self, side: str, values: np.ndarray, index: Any = None, *, log: bool = False

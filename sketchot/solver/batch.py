@@ -305,8 +305,9 @@ def _solve_chunk(
         )
         starts = {"log_u0": log_u[active].ravel(), "log_v0": log_v[active].ravel()}
         problem = make_problem(a[active].ravel(), b[active].ravel(), kernel.shape, reg, **starts)
+        every = CHECK_EVERY if options.check_every == "auto" else options.check_every
         state = iterate(
-            kernel, problem, tol=tol, norm=norm, check_every=options.check_every,
+            kernel, problem, tol=tol, norm=norm, check_every=every,
             max_iter=min(round_iter, options.max_iter - int(n_iter[active[0]])),
             strategy=choose_strategy(kernel, options.log_domain),
             anderson=options.anderson_memory(True),

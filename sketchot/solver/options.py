@@ -36,6 +36,13 @@ STOP_FRACTION = 0.1
 #: POT's tolerance on its L2 criterion, used when neither ``tol`` nor ``accuracy`` is given.
 POT_TOL = 1e-9
 
+#: ``check_every='auto'`` checks every iteration from this many kernel entries ``n m`` on (the
+#: check reads the columns pass's products, ``O(m)``, negligible against an ``O(n m)``-ish
+#: product; an iteration stopped early is worth more than the check), every
+#: :data:`CHECK_EVERY_SMALL` iterations below (POT's pace, where the norms would show).
+CHECK_EVERY_ITERATION_ENTRIES = 10_000_000
+CHECK_EVERY_SMALL = 10
+
 #: float32 products carry relative errors ~1e-7 per entry: a relative marginal error below
 #: this is unreachable (in L2 terms: this fraction of ``||b||_2 / sum(b)``).
 FLOAT32_RELATIVE_TOL = 1e-6
@@ -58,8 +65,11 @@ class SolverOptions:
         to the mass so that any total mass can converge). Checked every ``check_every``
         iterations. With float32 kernels the target is raised to what float32 resolves
         (``1e-6`` relative), with a warning.
-    check_every : int, default=10
-        Iterations between convergence checks.
+    check_every : int or 'auto', default='auto'
+        Iterations between convergence checks. ``'auto'``: every iteration when ``n m`` is
+        at least :data:`CHECK_EVERY_ITERATION_ENTRIES` (a check costs ``O(m)``, the
+        iteration far more), every 10 below (POT's pace) and on Dask (a check is a
+        synchronisation).
     safeguard : {'exact', 'clip', 'raise', 'none'}, default='exact'
         What to do with non-positive or non-finite denominators ``K~ v``, ``K~^T u`` of a
         signed approximation: recompute them with the exact kernel, clip them to a small
@@ -73,6 +83,13 @@ class SolverOptions:
         where that one works; log-domain passes for kernels with ``'log_products'``.
         ``False``: the plain multiplicative iteration (it can underflow at small ``reg``).
         ``True`` is rejected for kernels that offer neither.
+    coarse_to_fine : {'auto', True, False}, default='auto'
+        Start the fine iteration from potentials solved on cluster centres and extrapolated
+        to the points (:mod:`sketchot.solver.multiscale`; named metrics, in memory). It only
+        changes the start: the iteration still stops at ``tol`` and the result is checked
+        as usual. ``'auto'``: for cold starts where the fine iterations are expensive and
+        many (:func:`~sketchot.solver.multiscale.coarse_pays`: ``n m`` and the largest cost
+        over ``reg`` both large).
     epsilon_scaling : {'auto', True, False}, default='auto'
         For kernels with the ``'exact'`` capability: solve with ``reg`` decreasing
         geometrically from the squared diameter, warm-starting each stage (annealing).
@@ -111,9 +128,10 @@ class SolverOptions:
 
     max_iter: int = 1000
     tol: float | None = None
-    check_every: int = 10
+    check_every: int | str = "auto"
     safeguard: str = "exact"
     log_domain: bool | str = "auto"
+    coarse_to_fine: bool | str = "auto"
     epsilon_scaling: bool | str = "auto"
     anderson: int | str = "auto"
     accuracy: float | None = DEFAULT_ACCURACY
@@ -127,7 +145,10 @@ class SolverOptions:
         set_(self, "max_iter", check_int(self.max_iter, "max_iter", minimum=1))
         if self.tol is not None:
             set_(self, "tol", check_float(self.tol, "tol", positive=True))
-        set_(self, "check_every", check_int(self.check_every, "check_every", minimum=1))
+        if isinstance(self.check_every, str):
+            check_choice(self.check_every, "check_every", ("auto",))
+        else:
+            set_(self, "check_every", check_int(self.check_every, "check_every", minimum=1))
         check_choice(self.safeguard, "safeguard", SAFEGUARD_POLICIES)
         if isinstance(self.log_domain, str):
             check_choice(self.log_domain, "log_domain", ("auto",))
@@ -138,6 +159,10 @@ class SolverOptions:
                 raise TypeError(
                     f"log_domain must be 'auto', True or False; got {describe(self.log_domain)}"
                 ) from None
+        if isinstance(self.coarse_to_fine, str):
+            check_choice(self.coarse_to_fine, "coarse_to_fine", ("auto",))
+        else:
+            set_(self, "coarse_to_fine", check_bool(self.coarse_to_fine, "coarse_to_fine"))
         if isinstance(self.epsilon_scaling, str):
             check_choice(self.epsilon_scaling, "epsilon_scaling", ("auto",))
         else:
@@ -157,6 +182,15 @@ class SolverOptions:
         check_choice(self.errors, "errors", ERROR_POLICIES)
         set_(self, "warn", check_bool(self.warn, "warn"))
         set_(self, "verbose", check_bool(self.verbose, "verbose"))
+
+    def check_interval(self, shape: tuple[int, int], deferred: bool = False) -> int:
+        """Iterations between checks for a kernel of ``shape`` (``check_every``, or its
+        ``'auto'`` rule); ``deferred``: a check is a synchronisation (Dask)."""
+        if self.check_every != "auto":
+            return self.check_every
+        if deferred or shape[0] * shape[1] < CHECK_EVERY_ITERATION_ENTRIES:
+            return CHECK_EVERY_SMALL
+        return 1
 
     def anderson_memory(self, log_domain: bool) -> int:
         """The Anderson memory of a path: ``anderson``, or for ``'auto'`` the default memory

@@ -12,19 +12,28 @@ from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from .._defaults import DEFAULT_ACCURACY
-from .._validation import check_float, check_matrix, describe, unknown_names, user_stacklevel
+from .._validation import (
+    check_float,
+    check_matrix,
+    check_rng,
+    describe,
+    unknown_names,
+    user_stacklevel,
+)
 from ..gibbs import GibbsGeometry, dual_lower_bound, make_cost
 from ..kernels import KernelOperator, build_kernel, get_backend
 from .advice import advise
 from .auto import solve_auto
 from .engine import STALL_CHECKS, choose_strategy, epsilon_schedule, iterate
 from .errors import AccuracyWarning, InvalidResultError, InvalidResultWarning
-from .options import SolverOptions
+from .multiscale import cluster_count, coarse_pays, coarse_to_fine_start
+from .options import DEFAULT_ANDERSON_MEMORY, SolverOptions
 from .plans import check_from_masses, fixed_point_target, plan_summary
 from .problem import Problem, make_problem
 from .progress import IterationTable, Progress
@@ -65,13 +74,57 @@ def sinkhorn(
     check_backend_params("sinkhorn", backend, backend_params)
     geometry = check_problem(X, Y, reg, metric, p)
     problem = make_problem(a, b, geometry.shape, geometry.reg, reg_m, **warm_start(warmstart))
+    problem, coarse = coarse_start(problem, geometry, options, rng)
     if backend == "auto":
-        return solve_auto(problem, geometry, options, rng=rng, solve=solve, **backend_params)
-    accuracy = options.accuracy if options.accuracy is not None else DEFAULT_ACCURACY
-    kernel = build_kernel(geometry, backend, rng=rng, accuracy=accuracy, **backend_params)
+        result = solve_auto(problem, geometry, options, rng=rng, solve=solve, **backend_params)
+    else:
+        accuracy = options.accuracy if options.accuracy is not None else DEFAULT_ACCURACY
+        kernel = build_kernel(geometry, backend, rng=rng, accuracy=accuracy, **backend_params)
+        if options.verbose:
+            print(f"sketchot.sinkhorn: built {kernel!r} in {kernel.info.build_time:.3f} s")
+        result = solve(problem, kernel, options, rng=rng)
+    if coarse is not None:
+        result.iteration_info["coarse_to_fine"] = coarse
+    return result
+
+
+def coarse_start(
+    problem: Problem, geometry: GibbsGeometry, options: SolverOptions, rng: Any
+) -> tuple[Problem, dict[str, Any] | None]:
+    """The problem warm-started from a coarse solve when ``options.coarse_to_fine`` asks
+    for it (:mod:`~sketchot.solver.multiscale`), and the stage's ``info`` (``None``: cold).
+
+    A caller's warm start wins; the start needs a named (symmetric) metric."""
+    wanted = options.coarse_to_fine
+    if wanted is False or problem.log_u0 is not None:
+        return problem, None
+    named = geometry.cost.translation_invariant
+    if wanted is True and not named:
+        raise ValueError(
+            "coarse_to_fine=True needs a named metric (the clusters' costs and the "
+            f"extrapolation use c(x, y) = c(y, x)); got {geometry.cost}"
+        )
+    if wanted == "auto" and not (
+        named and coarse_pays(geometry.shape, geometry.max_cost() / geometry.reg)
+    ):
+        return problem, None
+    # a child stream: the kernel's own draws stay those of rng
+    start = coarse_to_fine_start(
+        problem, geometry, clusters=cluster_count(geometry.shape),
+        anderson=DEFAULT_ANDERSON_MEMORY, rng=check_rng(rng).spawn(1)[0],
+    )  # fmt: skip
+    info = start.info
     if options.verbose:
-        print(f"sketchot.sinkhorn: built {kernel!r} in {kernel.info.build_time:.3f} s")
-    return solve(problem, kernel, options, rng=rng)
+        print(
+            f"sketchot.sinkhorn: coarse-to-fine start from {info['clusters']} clusters "
+            f"({info['coarse_iter']} coarse iterations, {info['seconds']:.2f} s)"
+        )
+    note = (
+        f"started from a coarse solve on {info['clusters'][0]} x {info['clusters'][1]} "
+        f"cluster centres ({info['seconds']:.2f} s)"
+    )
+    warm = replace(problem, log_u0=start.log_u0, log_v0=start.log_v0, notes=(*problem.notes, note))
+    return warm, info
 
 
 def warm_start(warmstart: Any) -> dict[str, Any]:
@@ -151,7 +204,11 @@ def sinkhorn_kernel(
         raise TypeError(f"kernel must be a sketchot KernelOperator; got {describe(kernel)}")
     check_kernel_metric(kernel, metric, p)
     problem = make_problem(a, b, kernel.shape, kernel.geometry.reg, reg_m, **warm_start(warmstart))
-    return solve(problem, kernel, options, rng=rng)
+    problem, coarse = coarse_start(problem, kernel.geometry, options, rng)
+    result = solve(problem, kernel, options, rng=rng)
+    if coarse is not None:
+        result.iteration_info["coarse_to_fine"] = coarse
+    return result
 
 
 def check_kernel_metric(kernel: KernelOperator, metric: Any, p: Any) -> None:
@@ -195,6 +252,7 @@ def solve(
         automatic and cold and g.max_cost() / g.reg > EPSILON_SCALING_SPREAD
     )
     schedule = _schedule(kernel) if wanted else None
+    every = options.check_interval(kernel.shape)
     notes = list(problem.notes)
     start = time.perf_counter()
     with Progress(
@@ -205,9 +263,9 @@ def solve(
         def run(schedule: list[KernelOperator] | None):
             return iterate(
                 kernel, problem, tol=tol, norm=norm, max_iter=options.max_iter,
-                check_every=options.check_every, strategy=strategy,
+                check_every=every, strategy=strategy,
                 anderson=options.anderson_memory(strategy != "multiplicative"), guard=guard,
-                progress=_Monitor(printer, live, options.check_every), schedule=schedule,
+                progress=_Monitor(printer, live, every), schedule=schedule,
             )  # fmt: skip
 
         state = run(schedule)

@@ -1,0 +1,236 @@
+"""Coarse-to-fine starts: solve on cluster centres, extrapolate the potentials to the points.
+
+At small ``reg`` the fine kernel is expensive (its products cost ``O(n m)`` exactly, or many
+cluster pairs for the block-local kernel) and a cold iteration needs many of them. The
+multiscale idea of Schmitzer (2019) and Feydy (2020) moves most of the work to a small
+problem:
+
+1. both clouds are clustered (k-means: :func:`coarsen`), each cluster a Dirac at its
+   weighted mean carrying the cluster's mass;
+2. the coarse problem (same cost, ``reg`` and ``reg_m``) is solved on the exact kernel of
+   the centres with an epsilon schedule (:func:`~sketchot.solver.engine.epsilon_schedule`),
+   ``O(k^2)`` per iteration;
+3. its potentials are extrapolated to the points by the soft-min (c-transform) formula
+
+   .. math:: f(x) = -\\rho_a \\, \\mathrm{reg} \\log \\sum_B \\beta_B
+             \\exp\\big((G_B - c(x, y_B)) / \\mathrm{reg}\\big),
+
+   the first half-step of the fine iteration against the coarse measure (no interpolation
+   guesswork; ``rho_a = 1`` for a balanced problem), and symmetrically for ``g``;
+4. the fine iteration starts from these potentials on whatever kernel was chosen, and stops
+   at the caller's tolerance as usual: the coarse stage only changes the start, never the
+   answer or its certificate.
+
+Cost of the start: the k-means ``O(s k d)`` on a sample, the assignment ``O(n log k)``, the
+coarse solve ``O(k^2)`` per iteration and the extrapolation ``O((n + m) k d)``.
+
+References
+----------
+B. Schmitzer, "Stabilized sparse scaling algorithms for entropy regularized transport
+problems", SIAM J. Sci. Comput. 41(3), 2019.
+J. Feydy, "Geometric data analysis, beyond convolutions", PhD thesis, ENS Paris-Saclay, 2020,
+Sec. 3.3 (multiscale Sinkhorn).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.cluster.vq import kmeans2
+from scipy.spatial import cKDTree
+
+from .._parallel import get_num_threads
+from .._validation import check_rng
+from ..gibbs import GibbsGeometry, gibbs_log_matvec
+from ..kernels import build_kernel
+from ..kernels.registry import EXACT_KIND, auto_backends
+from .engine import choose_strategy, epsilon_schedule, iterate
+from .problem import Problem
+
+#: Points of the sample the k-means runs on (the rest is assigned to the nearest centre).
+KMEANS_SAMPLE = 20_000
+
+#: Lloyd iterations of the k-means on the sample.
+KMEANS_ITER = 10
+
+#: Tolerance of the coarse solve (L1 marginal residual over the mass): the fine iteration
+#: corrects what remains, so the coarse stage only needs to be close.
+COARSE_TOL = 1e-4
+
+#: Iterations of the coarse solve at most (over its epsilon schedule).
+COARSE_MAX_ITER = 2000
+
+#: Clusters per cloud: at most this many (the coarse kernel is ``k x k``, stored) ...
+MAX_CLUSTERS = 2000
+#: ... and at most one per this many points (a coarse problem of the size of the fine one
+#: would be no cheaper).
+POINTS_PER_CLUSTER = 8
+
+#: ``coarse_to_fine='auto'`` uses the start from this many kernel entries ``n m`` on: below,
+#: a fine iteration costs little against the stage (k-means, the ``k x k`` solve) ...
+COARSE_MIN_ENTRIES = 50_000_000
+#: ... when the largest cost over ``reg`` is at least this (at larger ``reg`` a cold start
+#: converges in a few iterations anyway).
+COARSE_MIN_SPREAD = 30.0
+
+
+def coarse_pays(shape: tuple[int, int], spread: float) -> bool:
+    """Whether ``coarse_to_fine='auto'`` starts from a coarse solve: ``n m`` at least
+    :data:`COARSE_MIN_ENTRIES` and ``spread`` (largest cost over ``reg``) at least
+    :data:`COARSE_MIN_SPREAD`."""
+    return shape[0] * shape[1] >= COARSE_MIN_ENTRIES and spread >= COARSE_MIN_SPREAD
+
+
+def cluster_count(shape: tuple[int, int]) -> int:
+    """Clusters per cloud for clouds of ``shape = (n, m)`` points."""
+    return max(1, min(MAX_CLUSTERS, min(shape) // POINTS_PER_CLUSTER))
+
+
+@dataclass
+class Coarsening:
+    """One cloud clustered: ``centers`` with the ``masses`` of their clusters.
+
+    Attributes
+    ----------
+    centers : ndarray, shape (k, d)
+        Weighted means of the clusters (empty clusters dropped).
+    masses : ndarray, shape (k,)
+        Sum of the weights in each cluster.
+    labels : ndarray of int, shape (n,)
+        Cluster of every point.
+    """
+
+    centers: np.ndarray
+    masses: np.ndarray
+    labels: np.ndarray
+
+
+@dataclass
+class CoarseStart:
+    """What :func:`coarse_to_fine_start` returns.
+
+    Attributes
+    ----------
+    log_u0, log_v0 : ndarray
+        Extrapolated log-scalings of the fine problem (``u = a e^(f / reg)``).
+    info : dict
+        ``clusters`` ``(k_X, k_Y)``, ``coarse_iter``, ``coarse_status``, ``coarse_error`` and
+        ``seconds`` of the stage.
+    """
+
+    log_u0: np.ndarray
+    log_v0: np.ndarray
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def coarsen(points: np.ndarray, weights: np.ndarray, k: int, rng: Any = None) -> Coarsening:
+    """Cluster ``points`` into at most ``k`` clusters (k-means), with the clusters' masses.
+
+    The k-means (:func:`scipy.cluster.vq.kmeans2`, seeds drawn among the sample,
+    :data:`KMEANS_ITER` Lloyd steps) runs on a sample of at most :data:`KMEANS_SAMPLE`
+    points drawn in proportion to the weights; every point then joins its nearest seed (a
+    k-d tree) and each centre moves to its cluster's weighted mean. Points of zero weight
+    are assigned but carry no mass; clusters without mass are dropped (their points get
+    label ``-1``).
+    """
+    generator = check_rng(rng)
+    positive = np.flatnonzero(weights > 0)
+    k = max(1, min(int(k), positive.size))
+    if positive.size <= KMEANS_SAMPLE:
+        sample = points[positive]
+    else:
+        p = weights[positive] / weights[positive].sum()
+        sample = points[generator.choice(positive, KMEANS_SAMPLE, replace=True, p=p)]
+    if k >= sample.shape[0]:
+        seeds = sample
+    else:
+        with warnings.catch_warnings():
+            # an empty cluster is harmless: it gets no points and is dropped below
+            warnings.filterwarnings("ignore", "One of the clusters is empty")
+            seeds, _ = kmeans2(sample, k, iter=KMEANS_ITER, minit="points", seed=generator)
+    _, labels = cKDTree(seeds).query(points, workers=get_num_threads())
+    masses = np.bincount(labels, weights=weights, minlength=seeds.shape[0])
+    sums = np.stack(
+        [np.bincount(labels, weights=weights * points[:, j], minlength=seeds.shape[0])
+         for j in range(points.shape[1])],
+        axis=1,
+    )  # fmt: skip
+    used = masses > 0
+    # -1: a zero-weight point whose cluster carries no mass (it was dropped)
+    remap = np.where(used, np.cumsum(used) - 1, -1)
+    return Coarsening(sums[used] / masses[used, None], masses[used], remap[labels])
+
+
+def coarse_to_fine_start(
+    problem: Problem,
+    geometry: GibbsGeometry,
+    *,
+    clusters: int,
+    anderson: int = 0,
+    rng: Any = None,
+) -> CoarseStart:
+    """A warm start for ``problem`` on ``geometry`` from a coarse solve (module notes).
+
+    Parameters
+    ----------
+    problem : Problem
+        The fine problem (weights, ``reg``, ``reg_m``).
+    geometry : GibbsGeometry
+        The fine clouds and cost.
+    clusters : int
+        Clusters per cloud at most.
+    anderson : int, default=0
+        Anderson memory of the coarse iteration.
+    rng : None, int or Generator
+        For the k-means seeding and samples.
+
+    Returns
+    -------
+    CoarseStart
+    """
+    start = time.perf_counter()
+    generator = check_rng(rng)
+    reg = problem.reg
+    coarse_x = coarsen(geometry.Xc, problem.a, clusters, generator)
+    coarse_y = coarsen(geometry.Yc, problem.b, clusters, generator)
+    coarse_geometry = GibbsGeometry(
+        coarse_x.centers, coarse_y.centers, reg, geometry.cost, geometry.cost.p
+    )
+    coarse_problem = Problem(coarse_x.masses, coarse_y.masses, reg, problem.reg_m)
+    # the coarse kernel is small (k x k): the exact kind's record, stored
+    exact = auto_backends(EXACT_KIND, coarse_geometry.X.shape[1], cost=geometry.cost)[0]
+    kernel = build_kernel(coarse_geometry, exact.name)
+    schedule = [
+        kernel.at_reg(r)
+        for r in epsilon_schedule(reg, coarse_geometry.max_cost())[:-1]
+    ]  # fmt: skip
+    state = iterate(
+        kernel, coarse_problem, tol=COARSE_TOL, max_iter=COARSE_MAX_ITER, norm="l1",
+        strategy=choose_strategy(kernel, "auto"), anderson=anderson, schedule=schedule,
+    )  # fmt: skip
+    rho_a, rho_b = problem.exponents
+    # soft-min of the fine points against the coarse measure: u = a (K_coarse v)^-rho
+    with np.errstate(divide="ignore"):
+        log_a, log_b = np.log(problem.a), np.log(problem.b)
+    log_u0 = log_a - rho_a * gibbs_log_matvec(
+        geometry.Xc, coarse_y.centers, reg, state.log_v, cost=geometry.cost
+    )
+    log_v0 = log_b - rho_b * gibbs_log_matvec(
+        geometry.Yc, coarse_x.centers, reg, state.log_u, cost=geometry.cost
+    )
+    log_u0 = np.where(problem.a > 0, log_u0, -np.inf)
+    log_v0 = np.where(problem.b > 0, log_v0, -np.inf)
+    error = state.history[-1][1] if state.history else math.nan
+    info = {
+        "clusters": (coarse_x.centers.shape[0], coarse_y.centers.shape[0]),
+        "coarse_iter": state.n_iter,
+        "coarse_status": state.status,
+        "coarse_error": error,
+        "seconds": time.perf_counter() - start,
+    }
+    return CoarseStart(log_u0, log_v0, info)
