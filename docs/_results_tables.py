@@ -14,6 +14,7 @@ from pathlib import Path
 INCLUDED = (
     "sinkhorn_speed_quick",
     "small_reg_quick",
+    "small_reg_coarse",
     "dask_scale_quick",
     "polyts_improved_quick",
     "unbalanced_quick",
