@@ -154,9 +154,14 @@ class LocalPolyKernel(KernelOperator):
         return self.expansion.log_rmatvec(full) if log else self.expansion.rmatmat(full)
 
 
+#: A timed iteration longer than this is not timed twice (:func:`local_iteration_seconds`).
+SLOW_PASS_SECONDS = 1.0
+
+
 def local_iteration_seconds(kernel: LocalPolyKernel) -> float:
     """Seconds of one log-domain iteration (the solver's path at small ``reg``): the faster
-    of two timed passes (the first one also pays one-time costs)."""
+    of two timed passes (the first one also pays one-time costs), or the first alone when it
+    takes more than :data:`SLOW_PASS_SECONDS`."""
     n, m = kernel.shape
     times = []
     for _ in range(2):
@@ -164,6 +169,8 @@ def local_iteration_seconds(kernel: LocalPolyKernel) -> float:
         # the projection is computed when read: an iteration needs it
         _ = kernel.fused_pass("rows", np.zeros(m), np.zeros(n), log=True).projection
         times.append(time.perf_counter() - start)
+        if times[0] > SLOW_PASS_SECONDS:
+            break  # one-time costs are small against such a pass: a second one is waste
     return min(times)
 
 

@@ -65,3 +65,26 @@ def test_dimension_limit_is_refused_clearly():
     X = rng.random((50, 6))
     with pytest.raises(ValueError, match="d = 6"):
         build_local(GibbsGeometry(X, X, 0.1))
+
+
+def test_the_iteration_estimate_times_whole_iterations(monkeypatch):
+    """``auto`` compares the estimate with the exact kernel's iteration: each timed pass must
+    compute its projection (read lazily), and a slow first pass is not timed twice."""
+    from sketchot.kernels import local
+
+    rng = np.random.default_rng(5)
+    kernel = build_local(GibbsGeometry(rng.random((300, 3)), rng.random((200, 3)), 0.05), rng=0)
+    projections = []
+    original = kernel.expansion.log_rmatvec
+
+    def counted(log_u):
+        projections.append(1)
+        return original(log_u)
+
+    monkeypatch.setattr(kernel.expansion, "log_rmatvec", counted)
+    monkeypatch.setattr(local, "SLOW_PASS_SECONDS", 1e9)
+    local.local_iteration_seconds(kernel)
+    assert len(projections) == 2
+    monkeypatch.setattr(local, "SLOW_PASS_SECONDS", 0.0)
+    local.local_iteration_seconds(kernel)
+    assert len(projections) == 3
