@@ -65,8 +65,10 @@ STALL_FACTOR = 2.0
 #: its build and iterations then cost about what POT's dense solver costs.
 DIRECT_DENSE_ENTRIES = 25_000_000
 
-#: Rows timed to estimate one iteration of the exact kernel.
+#: Rows timed to estimate one iteration of the exact kernel ...
 TIMED_ROWS = 256
+#: ... and at most this many entries (32 MiB in float64).
+TIMED_ENTRIES = 1 << 22
 
 #: Iterations over which the build of a stored exact kernel is counted in the comparison.
 BUILD_AMORTISED = 100
@@ -180,8 +182,9 @@ def worth_doubling(previous: float, error: float, target: float, rank: int, cap:
 def exact_iteration_seconds(geometry: GibbsGeometry, *, stored: bool) -> float:
     """Seconds of one exact iteration, extrapolated from ``TIMED_ROWS`` rows: computing the
     block's exponentials (streamed) or one product with it (stored), both sides."""
-    n = geometry.shape[0]
-    rows = slice(0, min(n, TIMED_ROWS))
+    n, m = geometry.shape
+    # at most TIMED_ENTRIES entries: 256 rows of a million columns would take 2 GB
+    rows = slice(0, min(n, TIMED_ROWS, max(1, TIMED_ENTRIES // max(m, 1))))
     start = time.perf_counter()
     block = np.exp(geometry.log_block(rows))
     computed = time.perf_counter() - start
