@@ -15,6 +15,7 @@ INCLUDED = (
     "sinkhorn_speed_quick",
     "small_reg_quick",
     "small_reg_coarse",
+    "small_reg_coarse_1e6",
     "dask_scale_quick",
     "polyts_improved_quick",
     "unbalanced_quick",
