@@ -114,6 +114,13 @@ def coarse_start(
         anderson=DEFAULT_ANDERSON_MEMORY, rng=check_rng(rng).spawn(1)[0],
     )  # fmt: skip
     info = start.info
+    finite = np.all(np.isfinite(start.log_u0[problem.a > 0])) and np.all(
+        np.isfinite(start.log_v0[problem.b > 0])
+    )
+    if not finite:  # a failed coarse solve is no start: the fine iteration starts cold
+        note = f"the coarse solve ended {info['coarse_status']}: started cold"
+        return replace(problem, notes=(*problem.notes, note)), {**info, "used": False}
+    info["used"] = True
     if options.verbose:
         print(
             f"sketchot.sinkhorn: coarse-to-fine start from {info['clusters']} clusters "

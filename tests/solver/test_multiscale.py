@@ -115,3 +115,22 @@ def test_bad_requests_are_refused(clouds):
             None, None, X, Y, 0.1, "exact", coarse_to_fine=True,
             metric=lambda A, B: np.abs(A[:, None, 0] - B[None, :, 0]),
         )  # fmt: skip
+
+
+def test_a_failed_coarse_solve_starts_cold(clouds, monkeypatch):
+    """Non-finite extrapolated potentials (a coarse solve that broke down) are no start: the
+    fine iteration runs cold, and the result says so."""
+    import importlib
+
+    body = importlib.import_module("sketchot.solver.sinkhorn")  # the module, not the function
+    X, Y = clouds
+
+    def broken(problem, geometry, **kwargs):
+        bad = np.full(problem.a.shape, np.nan), np.full(problem.b.shape, np.nan)
+        return multiscale.CoarseStart(*bad, {"coarse_status": "breakdown"})
+
+    monkeypatch.setattr(body, "coarse_to_fine_start", broken)
+    res = sketchot.sinkhorn(None, None, X, Y, 0.01, "exact", coarse_to_fine=True)
+    assert res.converged and res.accuracy_met
+    assert res.iteration_info["coarse_to_fine"]["used"] is False
+    assert any("started cold" in note for note in res.notes)
