@@ -195,7 +195,7 @@ def exact_iteration_seconds(geometry: GibbsGeometry, *, stored: bool) -> float:
     # stored: one product per iteration plus the build, amortised over BUILD_AMORTISED
     per_row = product + computed / BUILD_AMORTISED if stored else computed + product
     seconds = per_row / block.shape[0] * n
-    if not stored and n * geometry.shape[1] >= THREADED_PASS_MIN_ENTRIES:
+    if not stored and n * m >= THREADED_PASS_MIN_ENTRIES:
         # the streamed passes share their row blocks among the pool's threads (timed above
         # on one): the block-local kernel's estimate times its real, threaded passes
         seconds /= get_num_threads()

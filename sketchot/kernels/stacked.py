@@ -66,13 +66,7 @@ class StackedGeometry:
     """What the engine reads from a stacked operator's geometry: ``reg``, ``shape`` and an
     upper bound of the cost (:meth:`max_cost`)."""
 
-    def __init__(
-        self,
-        log_kernel: np.ndarray,
-        reg: float,
-        max_cost: float | None = None,
-        buffer: np.ndarray | None = None,
-    ) -> None:
+    def __init__(self, log_kernel: np.ndarray, reg: float, max_cost: float | None = None) -> None:
         self.reg = float(reg)
         self.batch, self.n, self.m = log_kernel.shape
         self.shape = (self.batch * self.n, self.batch * self.m)

@@ -173,6 +173,13 @@ def epsilon_schedule(reg: float, spread: float, factor: float = 0.5) -> list[flo
     return [reg * (spread / reg) ** ((count - k) / count) for k in range(count)] + [reg]
 
 
+def annealing_kernels(kernel: KernelOperator) -> list[KernelOperator]:
+    """The kernel at the larger regs of :func:`epsilon_schedule` from the largest cost down
+    (``iterate``'s ``schedule``); the kernel must rebuild itself (``at_reg``)."""
+    g = kernel.geometry
+    return [kernel.at_reg(reg) for reg in epsilon_schedule(g.reg, g.max_cost())[:-1]]
+
+
 def iterate(
     kernel: KernelOperator,
     problem: Problem,

@@ -49,7 +49,7 @@ from .._validation import check_rng
 from ..gibbs import GibbsGeometry, gibbs_log_matvec
 from ..kernels import build_kernel
 from ..kernels.registry import EXACT_KIND, auto_backends
-from .engine import choose_strategy, epsilon_schedule, iterate
+from .engine import annealing_kernels, choose_strategy, iterate
 from .problem import Problem
 
 #: Points of the sample the k-means runs on (the rest is assigned to the nearest centre).
@@ -205,13 +205,10 @@ def coarse_to_fine_start(
     # the coarse kernel is small (k x k): the exact kind's record, stored
     exact = auto_backends(EXACT_KIND, coarse_geometry.X.shape[1], cost=geometry.cost)[0]
     kernel = build_kernel(coarse_geometry, exact.name)
-    schedule = [
-        kernel.at_reg(r)
-        for r in epsilon_schedule(reg, coarse_geometry.max_cost())[:-1]
-    ]  # fmt: skip
     state = iterate(
         kernel, coarse_problem, tol=COARSE_TOL, max_iter=COARSE_MAX_ITER, norm="l1",
-        strategy=choose_strategy(kernel, "auto"), anderson=anderson, schedule=schedule,
+        strategy=choose_strategy(kernel, "auto"), anderson=anderson,
+        schedule=annealing_kernels(kernel),
     )  # fmt: skip
     rho_a, rho_b = problem.exponents
     # soft-min of the fine points against the coarse measure: u = a (K_coarse v)^-rho

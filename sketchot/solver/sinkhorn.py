@@ -30,7 +30,7 @@ from ..gibbs import GibbsGeometry, dual_lower_bound, make_cost
 from ..kernels import KernelOperator, build_kernel, get_backend
 from .advice import advise
 from .auto import solve_auto
-from .engine import STALL_CHECKS, choose_strategy, epsilon_schedule, iterate
+from .engine import STALL_CHECKS, annealing_kernels, choose_strategy, iterate
 from .errors import AccuracyWarning, InvalidResultError, InvalidResultWarning
 from .multiscale import cluster_count, coarse_pays, coarse_to_fine_start
 from .options import DEFAULT_ANDERSON_MEMORY, SolverOptions
@@ -258,7 +258,7 @@ def solve(
     wanted = options.epsilon_scaling is True or (
         automatic and cold and g.max_cost() / g.reg > EPSILON_SCALING_SPREAD
     )
-    schedule = _schedule(kernel) if wanted else None
+    schedule = annealing_kernels(kernel) if wanted else None
     every = options.check_interval(kernel.shape)
     notes = list(problem.notes)
     start = time.perf_counter()
@@ -284,7 +284,7 @@ def solve(
                 f"{state.history[-1][1] if state.history else float('nan'):.2g} after "
                 f"{state.n_iter} iterations; solved again with an epsilon schedule"
             )
-            state = run(_schedule(kernel))
+            state = run(annealing_kernels(kernel))
         live.close(state.status)
     elapsed = time.perf_counter() - start
     summary = plan_summary(kernel, state.log_u, state.log_v)
@@ -313,12 +313,6 @@ def solve(
     if options.accuracy is not None:
         result.true_kernel = _check_true_kernel(result, options, rng)
     return finish_solve(result, options, guard, printer)
-
-
-def _schedule(kernel: KernelOperator) -> list[KernelOperator]:
-    """The exact kernel at the epsilon schedule's larger regs, from the squared diameter."""
-    g = kernel.geometry
-    return [kernel.at_reg(reg) for reg in epsilon_schedule(g.reg, g.max_cost())[:-1]]
 
 
 def finish_solve(result, options, guard, printer):
