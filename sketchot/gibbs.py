@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from scipy.spatial.distance import cdist
 
+from ._arrays import current_context
 from ._parallel import Part, run_parts
 
 #: Log-domain products over at least this many entries use the thread pool.
@@ -313,6 +314,9 @@ class GibbsGeometry:
         coordinates keep ``||x||^2 + ||y||^2 - 2 x.y`` accurate.
     Xc, Yc : ndarray
         Centred clouds.
+    context : ArrayContext
+        The library and device of the caller's points (:mod:`sketchot._arrays`; NumPy unless
+        the call passed e.g. PyTorch tensors): where the kernel runs its products.
     x_sq, y_sq : ndarray
         Squared norms of the centred points.
     """
@@ -323,6 +327,8 @@ class GibbsGeometry:
         self.X = X
         self.Y = Y
         self.reg = float(reg)
+        # where the caller's points live: kernels that can run there do (kernels.device)
+        self.context = current_context()
         self.cost = make_cost(metric, p)
         if self.cost.translation_invariant:
             self.center = (X.sum(axis=0) + Y.sum(axis=0)) / (X.shape[0] + Y.shape[0])
@@ -363,7 +369,9 @@ class GibbsGeometry:
 
     def at_reg(self, reg: float) -> GibbsGeometry:
         """The same clouds and cost at another ``reg``."""
-        return GibbsGeometry(self.X, self.Y, reg, self.cost)
+        geometry = GibbsGeometry(self.X, self.Y, reg, self.cost)
+        geometry.context = self.context
+        return geometry
 
     @property
     def shape(self) -> tuple[int, int]:

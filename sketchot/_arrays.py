@@ -1,0 +1,266 @@
+"""Where the caller's arrays live: their library, device and dtype (the Array API boundary).
+
+A call with PyTorch tensors (or any library implementing the Python Array API standard:
+CuPy, JAX, ...; recognised by ``array-api-compat``, as SciPy and scikit-learn do) is solved
+with its points' products on that device where a kernel can (see
+:mod:`sketchot.kernels.device`) and answers in the same library, on the same device, in the
+points' floating dtype: the :class:`ArrayContext` of the inputs records where they live,
+:meth:`ArrayContext.to_host` gives the solver its float64 host view (no copy for CPU
+tensors), and :meth:`ArrayContext.wrap` shows a result in the caller's arrays.
+
+Nothing here imports PyTorch: a library is recognised from the type of an array the caller
+passed, so ``import sketchot`` never loads it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: Result types whose attributes are scalars or strings; they pass through unchanged.
+_PLAIN = (str, bytes, bool, int, float, complex, type(None), dict, slice)
+
+
+def _library(value: Any) -> str | None:
+    """The array library of ``value`` (``None`` for NumPy arrays, lists and scalars)."""
+    if value is None or isinstance(value, (np.ndarray, np.generic, *_PLAIN, list)):
+        return None
+    root = type(value).__module__.split(".")[0]
+    if root in ("dask", "numpy"):
+        return None
+    if root == "torch" or hasattr(value, "__array_namespace__"):
+        return root
+    return None
+
+
+@dataclass(frozen=True)
+class ArrayContext:
+    """The library, device and floating dtype of the caller's arrays.
+
+    Attributes
+    ----------
+    library : str
+        ``'numpy'``, ``'torch'``, ``'cupy'``, ...
+    xp : module
+        The library's Array API namespace (``array_api_compat.array_namespace``).
+    device : object
+        The device of the inputs (``'cpu'`` for NumPy).
+    dtype : object
+        The floating dtype of results (the points' own when they are float32 or float64,
+        else float64), in the library's dtype objects.
+    """
+
+    library: str
+    xp: Any
+    device: Any
+    dtype: Any
+
+    @property
+    def is_numpy(self) -> bool:
+        """Whether the caller passed NumPy arrays (nothing to convert)."""
+        return self.library == "numpy"
+
+    @property
+    def on_host(self) -> bool:
+        """Whether the arrays are in host memory (NumPy, or a CPU device)."""
+        return self.is_numpy or str(self.device) == "cpu"
+
+    def to_host(self, value: Any) -> Any:
+        """A NumPy view of one of the caller's arrays (a copy only off the host or for a dtype
+        NumPy lacks); anything else unchanged."""
+        if _library(value) != self.library:
+            return value
+        if self.library == "torch":
+            value = value.detach()
+            native = str(value.dtype) in ("torch.float32", "torch.float64")
+            if value.is_complex() or not value.is_floating_point() or native:
+                return value.cpu().numpy()
+            return value.cpu().double().numpy()  # float16 / bfloat16: NumPy lacks bfloat16
+        try:
+            return np.from_dlpack(self.xp.asarray(value, device="cpu"))
+        except (TypeError, ValueError, BufferError, RuntimeError, AttributeError):
+            return np.asarray(value)
+
+    def to_user(self, value: np.ndarray) -> Any:
+        """A NumPy array in the caller's library on their device (floating arrays in
+        :attr:`dtype`)."""
+        if self.is_numpy:
+            return value
+        value = np.ascontiguousarray(value)
+        if self.library == "torch":
+            import torch  # the caller passed a tensor: torch is loaded already
+
+            tensor = torch.from_numpy(value)
+            if tensor.is_floating_point():
+                return tensor.to(device=self.device, dtype=self.dtype)
+            return tensor.to(device=self.device)
+        array = self.xp.asarray(value, device=self.device)
+        if np.issubdtype(value.dtype, np.floating):
+            array = self.xp.astype(array, self.dtype)
+        return array
+
+    def wrap(self, value: Any) -> Any:
+        """``value`` as the caller sees it: arrays in their library, sketchot objects
+        (results, plans, kernels) behind a :class:`UserArrays` view; scalars unchanged."""
+        if self.is_numpy or isinstance(value, _PLAIN):
+            return value
+        if isinstance(value, np.generic):
+            return value.item()
+        if isinstance(value, np.ndarray):
+            return self.to_user(value)
+        if isinstance(value, (tuple, list)):
+            return type(value)(self.wrap(item) for item in value)
+        if type(value).__module__.split(".")[0] == "sketchot":
+            return value if isinstance(value, UserArrays) else UserArrays(value, self)
+        return value
+
+    def call(self, func: Callable, *args: Any, **kwargs: Any) -> Any:
+        """``func`` on host views of the arguments, its answer wrapped."""
+        args = tuple(self.to_host(arg) for arg in args)
+        kwargs = {name: self.to_host(arg) for name, arg in kwargs.items()}
+        return self.wrap(func(*args, **kwargs))
+
+
+NUMPY = ArrayContext("numpy", np, "cpu", np.dtype(np.float64))
+
+
+def array_context(**arrays: Any) -> ArrayContext:
+    """The :class:`ArrayContext` of the named inputs (``None`` entries ignored; a pair such as
+    a warm start counts by its items).
+
+    Raises
+    ------
+    TypeError
+        When the inputs mix array libraries or devices, naming the arguments.
+    """
+    found: dict[str, Any] = {}
+    for name, value in arrays.items():
+        items = value if isinstance(value, (tuple, list)) and len(value) <= 2 else (value,)
+        for item in items:
+            if _library(item) is not None:
+                found.setdefault(name, item)
+    if not found:
+        return NUMPY
+    from array_api_compat import array_namespace, device
+
+    names = list(found)
+    libraries = {name: _library(found[name]) for name in names}
+    if len(set(libraries.values())) > 1:
+        listed = ", ".join(f"{name} ({lib})" for name, lib in libraries.items())
+        raise TypeError(f"the arrays must come from one library; got {listed}")
+    devices = {name: device(found[name]) for name in names}
+    if len({str(d) for d in devices.values()}) > 1:
+        listed = ", ".join(f"{name} on {d}" for name, d in devices.items())
+        raise TypeError(f"the arrays must live on one device; got {listed}")
+    library = libraries[names[0]]
+    xp = array_namespace(*found.values())
+    # results take the points' floating dtype (the first named array that has one)
+    dtype = xp.float64
+    for value in found.values():
+        if getattr(value, "dtype", None) in (xp.float32, xp.float64) and value.ndim == 2:
+            dtype = value.dtype
+            break
+    return ArrayContext(library, xp, devices[names[0]], dtype)
+
+
+class UserArrays:
+    """A sketchot object seen in the caller's array library.
+
+    Attributes and method results that are NumPy arrays come back as the caller's arrays on
+    their device; arguments the caller passes in their arrays reach the object as host views.
+    ``isinstance`` sees the wrapped object's class; :attr:`host` is the object itself.
+    """
+
+    __slots__ = ("_context", "_host")
+
+    def __init__(self, host: Any, context: ArrayContext) -> None:
+        object.__setattr__(self, "_host", host)
+        object.__setattr__(self, "_context", context)
+
+    @property
+    def host(self) -> Any:
+        """The wrapped object, with NumPy arrays."""
+        return self._host
+
+    @property  # isinstance(view, SinkhornResult) holds, as for the object itself
+    def __class__(self) -> type:  # type: ignore[override]
+        return type(self._host)
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._host, name)
+        if inspect.ismethod(value) or (callable(value) and not isinstance(value, type)):
+            if type(value).__module__.split(".")[0] == "sketchot" and not inspect.isroutine(
+                value
+            ):
+                return self._context.wrap(value)
+            return functools.partial(self._context.call, value)
+        return self._context.wrap(value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._host, name, self._context.to_host(value))
+
+    def __dir__(self) -> list[str]:
+        return dir(self._host)
+
+    def __repr__(self) -> str:
+        return repr(self._host)
+
+    def __len__(self) -> int:
+        return len(self._host)
+
+    def __iter__(self):
+        return (self._context.wrap(item) for item in self._host)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._context.wrap(self._host[key])
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._context.call(self._host, *args, **kwargs)
+
+
+#: The context of the public call in progress (NumPy outside one): read once, where a
+#: geometry is built (:class:`sketchot.gibbs.GibbsGeometry`), so that kernels know the device.
+_CURRENT: contextvars.ContextVar[ArrayContext] = contextvars.ContextVar("sketchot_arrays")
+
+
+def current_context() -> ArrayContext:
+    """The :class:`ArrayContext` of the public call in progress (:data:`NUMPY` outside one)."""
+    return _CURRENT.get(NUMPY)
+
+
+def in_user_arrays(*names: str) -> Callable:
+    """Decorator of a public function: the arguments ``names`` (arrays, or pairs of arrays)
+    decide the :class:`ArrayContext`; the function runs on host views of every argument, with
+    the context current (:func:`current_context`), and its answer comes back in the caller's
+    library (:meth:`ArrayContext.wrap`)."""
+
+    def decorate(func: Callable) -> Callable:
+        signature = inspect.signature(func)
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind_partial(*args, **kwargs)
+            context = array_context(**{n: bound.arguments.get(n) for n in names})
+            if context.is_numpy:
+                return func(*args, **kwargs)
+            for name in names:
+                value = bound.arguments.get(name)
+                if isinstance(value, (tuple, list)):
+                    bound.arguments[name] = type(value)(context.to_host(v) for v in value)
+                elif name in bound.arguments:
+                    bound.arguments[name] = context.to_host(value)
+            token = _CURRENT.set(context)
+            try:
+                return context.wrap(func(*bound.args, **bound.kwargs))
+            finally:
+                _CURRENT.reset(token)
+
+        return wrapper
+
+    return decorate
