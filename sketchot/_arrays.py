@@ -73,7 +73,9 @@ class ArrayContext:
 
     def to_host(self, value: Any) -> Any:
         """A NumPy view of one of the caller's arrays (a copy only off the host or for a dtype
-        NumPy lacks); anything else unchanged."""
+        NumPy lacks); a :class:`UserArrays` view, its object; anything else unchanged."""
+        if isinstance(value, UserArrays):
+            return value.host
         if _library(value) != self.library:
             return value
         if self.library == "torch":
@@ -92,7 +94,7 @@ class ArrayContext:
         :attr:`dtype`)."""
         if self.is_numpy:
             return value
-        value = np.ascontiguousarray(value)
+        value = np.require(value, requirements="C")  # keeps 0-d values 0-d
         if self.library == "torch":
             import torch  # the caller passed a tensor: torch is loaded already
 
@@ -131,8 +133,8 @@ NUMPY = ArrayContext("numpy", np, "cpu", np.dtype(np.float64))
 
 
 def array_context(**arrays: Any) -> ArrayContext:
-    """The :class:`ArrayContext` of the named inputs (``None`` entries ignored; a pair such as
-    a warm start counts by its items).
+    """The :class:`ArrayContext` of the named inputs (``None`` entries ignored; a list or
+    tuple counts by its items; a :class:`UserArrays` view by the context it was made in).
 
     Raises
     ------
@@ -140,27 +142,33 @@ def array_context(**arrays: Any) -> ArrayContext:
         When the inputs mix array libraries or devices, naming the arguments.
     """
     found: dict[str, Any] = {}
+    views: dict[str, ArrayContext] = {}
     for name, value in arrays.items():
-        items = value if isinstance(value, (tuple, list)) and len(value) <= 2 else (value,)
+        items = value if isinstance(value, (tuple, list)) else (value,)
         for item in items:
-            if _library(item) is not None:
+            if isinstance(item, UserArrays):
+                views.setdefault(name, item._context)
+            elif _library(item) is not None:
                 found.setdefault(name, item)
     if not found:
-        return NUMPY
+        contexts = list(views.values())
+        return contexts[0] if contexts else NUMPY
     from array_api_compat import array_namespace, device
 
     names = list(found)
     libraries = {name: _library(found[name]) for name in names}
+    libraries.update({name: context.library for name, context in views.items()})
     if len(set(libraries.values())) > 1:
         listed = ", ".join(f"{name} ({lib})" for name, lib in libraries.items())
         raise TypeError(f"the arrays must come from one library; got {listed}")
     devices = {name: device(found[name]) for name in names}
+    devices.update({name: context.device for name, context in views.items()})
     if len({str(d) for d in devices.values()}) > 1:
         listed = ", ".join(f"{name} on {d}" for name, d in devices.items())
         raise TypeError(f"the arrays must live on one device; got {listed}")
     library = libraries[names[0]]
     xp = array_namespace(*found.values())
-    # results take the points' floating dtype (the first named array that has one)
+    # results take the points' floating dtype (the first named matrix that has one)
     dtype = xp.float64
     for value in found.values():
         if getattr(value, "dtype", None) in (xp.float32, xp.float64) and value.ndim == 2:
@@ -195,9 +203,7 @@ class UserArrays:
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._host, name)
         if inspect.ismethod(value) or (callable(value) and not isinstance(value, type)):
-            if type(value).__module__.split(".")[0] == "sketchot" and not inspect.isroutine(
-                value
-            ):
+            if type(value).__module__.split(".")[0] == "sketchot" and not inspect.isroutine(value):
                 return self._context.wrap(value)
             return functools.partial(self._context.call, value)
         return self._context.wrap(value)
@@ -234,11 +240,12 @@ def current_context() -> ArrayContext:
     return _CURRENT.get(NUMPY)
 
 
-def in_user_arrays(*names: str) -> Callable:
-    """Decorator of a public function: the arguments ``names`` (arrays, or pairs of arrays)
+def in_user_arrays(*names: str, scalar: bool = False) -> Callable:
+    """Decorator of a public function: the arguments ``names`` (arrays, or lists of arrays)
     decide the :class:`ArrayContext`; the function runs on host views of every argument, with
     the context current (:func:`current_context`), and its answer comes back in the caller's
-    library (:meth:`ArrayContext.wrap`)."""
+    library (:meth:`ArrayContext.wrap`; with ``scalar=True`` a number comes back as a 0-d
+    array, as POT's backends return values)."""
 
     def decorate(func: Callable) -> Callable:
         signature = inspect.signature(func)
@@ -249,6 +256,8 @@ def in_user_arrays(*names: str) -> Callable:
             context = array_context(**{n: bound.arguments.get(n) for n in names})
             if context.is_numpy:
                 return func(*args, **kwargs)
+            if scalar:
+                _refuse_gradients(func.__name__, {n: bound.arguments.get(n) for n in names})
             for name in names:
                 value = bound.arguments.get(name)
                 if isinstance(value, (tuple, list)):
@@ -257,10 +266,24 @@ def in_user_arrays(*names: str) -> Callable:
                     bound.arguments[name] = context.to_host(value)
             token = _CURRENT.set(context)
             try:
-                return context.wrap(func(*bound.args, **bound.kwargs))
+                answer = func(*bound.args, **bound.kwargs)
             finally:
                 _CURRENT.reset(token)
+            if scalar and isinstance(answer, (float, np.floating)):
+                return context.to_user(np.asarray(answer, dtype=np.float64))
+            return context.wrap(answer)
 
         return wrapper
 
     return decorate
+
+
+def _refuse_gradients(function: str, arrays: dict[str, Any]) -> None:
+    """A number returned without its gradient would break ``backward()`` far from the cause."""
+    for name, value in arrays.items():
+        if getattr(value, "requires_grad", False):
+            raise TypeError(
+                f"{name} requires grad, and sketchot.{function} returns its value without a "
+                "gradient: for OT(a, b) with autograd use sketchot.nn.sinkhorn_divergence(X, Y, "
+                "a, b, reg=..., debias=False) (or debias=True for the divergence)"
+            )

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ._arrays import in_user_arrays
 from ._dask import any_dask, require_dask
 from ._validation import unknown_names
 from .kernels import make_kernel as make_kernel_in_memory
@@ -110,6 +111,7 @@ def _build(rank: Any, dtype: Any) -> dict[str, Any]:
 
 
 @_documented
+@in_user_arrays("a", "b", "X", "Y", "warmstart")
 def sinkhorn(
     a: Any,
     b: Any,
@@ -282,6 +284,7 @@ def _signature(func, leading: dict[str, Any], skip: tuple[str, ...] = ()):
     return func
 
 
+@in_user_arrays("a", "b", "X", "Y", scalar=True)
 def sinkhorn2(a: Any, b: Any, X: Any, Y: Any = None, reg: float = 1.0, backend: str = "auto",
               **kwargs: Any) -> float:  # fmt: skip
     """``<P, M>`` of :func:`sinkhorn`'s plan (POT's ``sinkhorn2``: the linear cost, without
@@ -411,6 +414,7 @@ _signature(
 
 @_named_only("the kernel already fixes reg, the cost and the backend's parameters")
 @_documented
+@in_user_arrays("a", "b", "kernel", "warmstart")
 def sinkhorn_kernel(
     a: Any,
     b: Any,
@@ -487,6 +491,7 @@ def sinkhorn_kernel(
     )  # fmt: skip
 
 
+@in_user_arrays("X", "Y")
 def make_kernel(
     X: Any,
     Y: Any,

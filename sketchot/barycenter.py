@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from ._arrays import in_user_arrays
 from ._defaults import DEFAULT_ACCURACY
 from ._validation import (
     check_bool,
@@ -157,6 +158,7 @@ class BarycenterResult:
         )
 
 
+@in_user_arrays("clouds", "weights", "X_init")
 def barycenter(
     clouds: Any,
     weights: Any = None,

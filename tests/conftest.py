@@ -4,6 +4,38 @@ import numpy as np
 import pytest
 
 
+class Library:
+    """An array library the public calls take: ``library(a, X, ...)`` converts NumPy inputs
+    (``None`` passes), ``library.owns(value)`` says whether a result is in that library."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.module = pytest.importorskip(name) if name != "numpy" else np
+
+    def __call__(self, *arrays):
+        converted = tuple(self.convert(array) for array in arrays)
+        return converted[0] if len(converted) == 1 else converted
+
+    def convert(self, array):
+        if array is None or self.name == "numpy":
+            return array
+        return self.module.as_tensor(np.asarray(array))
+
+    def owns(self, value) -> bool:
+        kind = np.ndarray if self.name == "numpy" else self.module.Tensor
+        return isinstance(value, kind)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@pytest.fixture(params=["numpy", "torch"])
+def library(request) -> Library:
+    """The contract and solver tests run on NumPy arrays and on PyTorch CPU tensors (skipped
+    without torch), with the same tolerances: results come back in the inputs' library."""
+    return Library(request.param)
+
+
 @pytest.fixture
 def colours() -> tuple[np.ndarray, np.ndarray]:
     """Two colour-like clouds in [0, 1]^3 with different distributions (source, target)."""

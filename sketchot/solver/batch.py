@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from .._arrays import in_user_arrays
 from .._defaults import DEFAULT_MAX_DENSE_BYTES
 from .._memory import USABLE_FRACTION, available_bytes
 from .._validation import check_float, check_int, describe
@@ -151,6 +152,7 @@ class BatchResult:
         )
 
 
+@in_user_arrays("X", "Y", "a", "b")
 def sinkhorn_batch(
     X: Any,
     Y: Any,

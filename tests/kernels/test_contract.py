@@ -13,11 +13,15 @@ from sketchot.solver import plan_summary
 
 
 @pytest.fixture(params=available_backends())
-def kernel(request, colours):
-    """Every registered backend at its record's test parameters: a new backend is tested
-    without editing this file."""
-    X, Y = colours
-    return make_kernel(X, Y, 0.5, request.param, rng=1, **get_backend(request.param).test_params)
+def kernel(request, colours, library):
+    """Every registered backend at its record's test parameters (a new backend is tested
+    without editing this file), built from NumPy arrays and from PyTorch tensors: the
+    operator built where the tensors live must keep the contract the engine reads, with host
+    vectors, at the same tolerances."""
+    X, Y = library(*colours)
+    params = get_backend(request.param).test_params
+    built = sketchot.make_kernel(X, Y, 0.5, request.param, rng=1, **params)
+    return getattr(built, "host", built)  # a tensor call shows the operator behind a view
 
 
 def test_registry_has_the_four_builtin_backends():

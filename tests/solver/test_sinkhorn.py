@@ -16,12 +16,13 @@ def weighted_problem(seed, n=60, m=45):
 
 
 @pytest.mark.parametrize("reg", [1.0, 0.1, 0.02])
-def test_exact_reproduces_pot(reg):
+def test_exact_reproduces_pot(reg, library):
     a, b, X, Y = weighted_problem(0)
     M = ot.dist(X, Y)
     plan, log = ot.sinkhorn(a, b, M, reg, log=True)
     # POT's criterion at POT's tolerance (the default stops at the accuracy, sooner)
-    ours = sinkhorn(a, b, X, Y, reg=reg, backend="exact", anderson=0, tol=1e-9)
+    ours = sinkhorn(*library(a, b, X, Y), reg=reg, backend="exact", anderson=0, tol=1e-9)
+    assert library.owns(ours.plan) and library.owns(ours.u) and library.owns(ours.potentials[0])
     assert ours.converged and ours.log_domain  # the stabilised path, POT's iterates
     assert ours.n_iter == log["niter"] + 1  # POT's niter is the 0-based index of the last one
     # same iteration from the same start: agreement to rounding, far below the 1e-8 required
@@ -29,9 +30,8 @@ def test_exact_reproduces_pot(reg):
     np.testing.assert_allclose(ours.u, log["u"], rtol=1e-8)
     np.testing.assert_allclose(ours.v, log["v"], rtol=1e-8)
     assert ours.value_linear == pytest.approx(np.sum(plan * M), rel=1e-8)
-    assert sketchot.sinkhorn2(a, b, X, Y, reg, "exact", anderson=0, tol=1e-9) == pytest.approx(
-        ot.sinkhorn2(a, b, M, reg), rel=1e-8
-    )
+    value = sketchot.sinkhorn2(*library(a, b, X, Y), reg, "exact", anderson=0, tol=1e-9)
+    assert float(value) == pytest.approx(ot.sinkhorn2(a, b, M, reg), rel=1e-8)
 
 
 @pytest.mark.parametrize("reg", [1.0, 0.1, 0.02])
@@ -47,8 +47,8 @@ def test_anderson_reaches_pots_fixed_point_in_fewer_iterations(reg):
     assert ours.value_linear == pytest.approx(np.sum(plan * M), rel=1e-9)
 
 
-def test_streamed_exact_equals_dense():
-    a, b, X, Y = weighted_problem(1)
+def test_streamed_exact_equals_dense(library):
+    a, b, X, Y = library(*weighted_problem(1))
     dense = sinkhorn(a, b, X, Y, reg=0.1, backend="exact")
     streamed = sinkhorn(a, b, X, Y, reg=0.1, backend="exact", max_dense_bytes=0)
     assert not streamed.kernel.is_dense  # ExactKernel's own attribute
@@ -96,19 +96,20 @@ def test_far_outlier_row_stays_finite():
     assert np.all(np.isfinite(result.marginals[0]))
 
 
-def test_zero_weights_get_no_mass_and_no_nan():
+def test_zero_weights_get_no_mass_and_no_nan(library):
     a, b, X, Y = weighted_problem(5)
     a[[0, 7]] = 0.0
     b[3] = 0.0
-    a, b = a / a.sum(), b / b.sum()
+    a, b, X, Y = library(a / a.sum(), b / b.sum(), X, Y)
     for backend, params in [("exact", {}), ("nystrom", {"n_landmarks": 40}), ("polyts", {})]:
         # warn=False: polyts is coarse at reg = 0.5 (its true-kernel check would warn)
         result = sinkhorn(a, b, X, Y, reg=0.5, backend=backend, rng=0, warn=False, **params)
-        row, col = result.marginals
+        row, col = map(np.asarray, result.marginals)
+        assert library.owns(result.marginals[0])
         assert row[0] == 0.0 and row[7] == 0.0 and col[3] == 0.0
         assert np.all(np.isfinite(row)) and np.all(np.isfinite(col))
         assert np.isfinite(result.value) and np.isfinite(result.value_dual)
-        assert np.all(np.isfinite(result.barycentric_map()))
+        assert np.all(np.isfinite(np.asarray(result.barycentric_map())))
 
 
 def test_non_convergence_is_reported_and_warned():
@@ -132,11 +133,12 @@ def test_float32_tolerance_is_raised_with_a_warning():
     assert result.value_linear == pytest.approx(reference.value_linear, rel=1e-4)
 
 
-def test_result_quantities_are_consistent():
+def test_result_quantities_are_consistent(library):
     a, b, X, Y = weighted_problem(8)
-    result = sinkhorn(a, b, X, Y, reg=0.3, backend="exact", tol=1e-12)
-    plan, M = result.plan, ot.dist(X, Y)
-    np.testing.assert_allclose(result.potentials[0], np.log(result.u))
+    result = sinkhorn(*library(a, b, X, Y), reg=0.3, backend="exact", tol=1e-12)
+    plan, M = np.asarray(result.plan), ot.dist(X, Y)
+    assert library.owns(result.marginals[0]) and library.owns(result.barycentric_map())
+    np.testing.assert_allclose(result.potentials[0], np.log(np.asarray(result.u)))
     np.testing.assert_allclose(result.marginals[0], plan.sum(1), rtol=1e-10)
     assert sum(result.marginal_errors) < 1e-10
     # POT's ot.solve_sample convention: <P, M> + reg KL(P | a b^T), generalised KL
@@ -146,7 +148,7 @@ def test_result_quantities_are_consistent():
     assert result.value_dual == pytest.approx(result.value, rel=1e-9)
     lazy = result.lazy_plan
     vec = np.linspace(0, 1, 45)
-    np.testing.assert_allclose(lazy.matvec(vec), plan @ vec, rtol=1e-10)
+    np.testing.assert_allclose(lazy.matvec(library(vec)), plan @ vec, rtol=1e-10)
     np.testing.assert_allclose(lazy.rmatvec(np.ones(60)), plan.sum(0), rtol=1e-10)
     np.testing.assert_allclose(lazy.rows([2, 5]), plan[[2, 5]], rtol=1e-10)
     np.testing.assert_allclose(result.barycentric_map(), plan @ Y / plan.sum(1)[:, None], rtol=1e-9)
@@ -157,8 +159,8 @@ def test_result_quantities_are_consistent():
 
 
 @pytest.mark.parametrize("backend", ["exact", "nystrom", "polyts", "rff"])
-def test_out_of_sample_map_on_fitted_points(backend):
-    a, b, X, Y = weighted_problem(9)
+def test_out_of_sample_map_on_fitted_points(backend, library):
+    a, b, X, Y = library(*weighted_problem(9))
     result = sinkhorn(a, b, X, Y, reg=1.0, backend=backend, rng=0, warn=False)
     fitted = result.barycentric_map()
     np.testing.assert_allclose(result.barycentric_map(X), fitted, rtol=1e-9, atol=1e-12)
@@ -167,8 +169,8 @@ def test_out_of_sample_map_on_fitted_points(backend):
     )
 
 
-def test_true_kernel_check():
-    a, b, X, Y = weighted_problem(10)
+def test_true_kernel_check(library):
+    a, b, X, Y = library(*weighted_problem(10))
     exact = sinkhorn(a, b, X, Y, reg=0.5, backend="exact", tol=1e-12)
     check = exact.check_true_kernel()
     assert check.exhaustive and check.error_a < 1e-9 and check.error_b < 1e-9
