@@ -14,10 +14,11 @@ passed, so ``import sketchot`` never loads it.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -240,6 +241,17 @@ def current_context() -> ArrayContext:
     return _CURRENT.get(NUMPY)
 
 
+@contextlib.contextmanager
+def solving_in(context: ArrayContext) -> Iterator[None]:
+    """Make ``context`` current for the solves inside the block (a front that converts its
+    inputs itself, such as :mod:`sketchot.nn`'s autograd function)."""
+    token = _CURRENT.set(context)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
 def in_user_arrays(*names: str, scalar: bool = False) -> Callable:
     """Decorator of a public function: the arguments ``names`` (arrays, or lists of arrays)
     decide the :class:`ArrayContext`; the function runs on host views of every argument, with
@@ -264,11 +276,8 @@ def in_user_arrays(*names: str, scalar: bool = False) -> Callable:
                     bound.arguments[name] = type(value)(context.to_host(v) for v in value)
                 elif name in bound.arguments:
                     bound.arguments[name] = context.to_host(value)
-            token = _CURRENT.set(context)
-            try:
+            with solving_in(context):
                 answer = func(*bound.args, **bound.kwargs)
-            finally:
-                _CURRENT.reset(token)
             if scalar and isinstance(answer, (float, np.floating)):
                 return context.to_user(np.asarray(answer, dtype=np.float64))
             return context.wrap(answer)

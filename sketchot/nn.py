@@ -4,8 +4,9 @@
 Needs PyTorch (``pip install "sketchot[torch]"``); ``import sketchot`` never imports it, this
 module is loaded on first use of ``sketchot.SamplesLoss`` or ``sketchot.nn``.
 
-The solve runs in NumPy float64 on the host (tensors on another device are copied to the host
-and the value and gradients copied back; float32 tensors get float32 results). The backward
+The iteration runs in NumPy float64 on the host, the kernels' products where the tensors live
+(:mod:`sketchot.kernels.device`); the value and gradients come back on that device (float32
+tensors get float32 results). The backward
 pass is the envelope-theorem gradient of :func:`sketchot.sinkhorn_divergence` (no unrolled
 iterations, memory ``O((n + m) (r + d))``), multiplied by the incoming gradient; it is not
 differentiable again (no second derivatives).
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ._arrays import array_context, solving_in
 from .loss import DivergenceResult, SinkhornDivergence
 
 #: GeomLoss's ``backend`` names; sketchot chooses its kernel with ``backend='auto'`` for them.
@@ -34,7 +36,8 @@ class SinkhornDivergenceFunction(torch.autograd.Function):
     def forward(ctx, X, Y, a, b, solve):
         inputs = (X, Y, a, b)
         arrays = [None if t is None else t.detach().cpu().to(torch.float64).numpy() for t in inputs]
-        result = solve(*arrays)
+        with solving_in(array_context(X=X, Y=Y, a=a, b=b)):  # kernels run on X's device
+            result = solve(*arrays)
         ctx.grads = (result.grad_X, result.grad_Y, result.grad_a, result.grad_b)
         ctx.meta = [None if t is None else (t.dtype, t.device) for t in inputs]
         return torch.tensor(result.value, dtype=X.dtype, device=X.device)
