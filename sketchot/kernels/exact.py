@@ -295,4 +295,8 @@ def build_exact(
     random)."""
     del rng
     max_dense_bytes = check_int(max_dense_bytes, "max_dense_bytes", minimum=0)
+    from .device import DeviceExactKernel, runs_on_device  # it builds on this module
+
+    if runs_on_device(geometry):  # the caller's points are e.g. tensors: products there
+        return DeviceExactKernel(geometry, dtype=dtype, max_dense_bytes=max_dense_bytes)
     return ExactKernel(geometry, dtype=dtype, max_dense_bytes=max_dense_bytes)

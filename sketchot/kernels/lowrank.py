@@ -172,7 +172,12 @@ class FactorMaps:
 
 def low_rank_from_maps(geometry: GibbsGeometry, maps: FactorMaps) -> LowRankKernel:
     """The in-memory operator of fitted maps: ``A = left_factor(X)``, ``B = right_factor(Y)``."""
-    operator = LowRankKernel(
+    operator_class = LowRankKernel
+    if not geometry.context.is_numpy:  # the caller's points are e.g. tensors: products there
+        from .device import DeviceLowRankKernel  # it builds on this module
+
+        operator_class = DeviceLowRankKernel
+    operator = operator_class(
         geometry,
         maps.info,
         maps.left_factor(geometry.X),

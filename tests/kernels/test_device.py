@@ -1,0 +1,163 @@
+"""The device operators (:mod:`sketchot.kernels.device`) against the NumPy ones: the same
+contract, the same numbers. Run on PyTorch CPU tensors (the code is the same on CUDA, where
+the last test also runs)."""
+
+import numpy as np
+import pytest
+
+import sketchot
+from sketchot._arrays import array_context
+from sketchot.gibbs import GibbsGeometry
+from sketchot.kernels import ExactKernel, LowRankKernel
+from sketchot.kernels.base import ratios_and_bad
+from sketchot.kernels.device import DeviceExactKernel, DeviceLowRankKernel
+
+torch = pytest.importorskip("torch")
+
+#: products in float64 on both sides, summed in other orders: agreement to rounding
+RTOL = 1e-10
+
+
+def pair(reg=0.3, metric="sqeuclidean", n=70, m=55, seed=0):
+    rng = np.random.default_rng(seed)
+    X, Y = rng.random((n, 3)), rng.beta(2, 5, size=(m, 3))
+    host = GibbsGeometry(X, Y, reg, metric)
+    device = GibbsGeometry(X, Y, reg, metric)
+    device.context = array_context(X=torch.as_tensor(X))
+    return host, device
+
+
+@pytest.fixture(params=[1 << 30, 0], ids=["stored", "streamed"])
+def kernels(request):
+    host, device = pair()
+    reference = ExactKernel(host, max_dense_bytes=request.param)
+    built = sketchot.kernels.exact.build_exact(device, max_dense_bytes=request.param)
+    assert isinstance(built, DeviceExactKernel) and built.is_dense == reference.is_dense
+    built._rows_per_block = 16  # several blocks: the streamed sums cross block edges
+    return reference, built
+
+
+def test_products_rows_and_out_of_sample_match(kernels):
+    reference, device = kernels
+    rng = np.random.default_rng(1)
+    V, U = rng.standard_normal((55, 3)), rng.standard_normal((70, 2))
+    np.testing.assert_allclose(device.matmat(V), reference.matmat(V), rtol=RTOL)
+    np.testing.assert_allclose(device.rmatmat(U), reference.rmatmat(U), rtol=RTOL)
+    np.testing.assert_allclose(device.to_dense(), reference.to_dense(), rtol=RTOL)
+    np.testing.assert_allclose(device._rows([3, 9]), reference._rows([3, 9]), rtol=RTOL)
+    new = rng.random((5, 3))
+    np.testing.assert_allclose(device.apply_new(new, V), reference.apply_new(new, V), rtol=RTOL)
+    v, u = V[:, 0], U[:, 0]
+    # the dot test: rmatvec is the adjoint of matvec
+    assert device.matvec(v) @ u == pytest.approx(v @ device.rmatvec(u), rel=1e-12)
+
+
+@pytest.mark.parametrize("exponent", [1.0, 0.7])
+def test_fused_passes_linear_and_log_match(kernels, exponent):
+    reference, device = kernels
+    rng = np.random.default_rng(2)
+    w, numerator = rng.random(55) + 0.1, np.full(70, 1 / 70)
+    numerator[4] = 0.0  # a zero weight: ratio 0, never bad
+    for log in (False, True):
+        with np.errstate(divide="ignore"):  # log 0 = -inf: the zero weight
+            values = np.log(w) if log else w
+            top = np.log(numerator) if log else numerator
+            ours = device.fused_pass("rows", values, top, log=log, exponent=exponent)
+            theirs = reference.fused_pass("rows", values, top, log=log, exponent=exponent)
+        for name in ("products", "ratios", "projection"):
+            np.testing.assert_allclose(
+                getattr(ours, name), getattr(theirs, name), rtol=RTOL, err_msg=name
+            )
+        assert np.array_equal(ours.bad, theirs.bad)
+        index = [1, 6, 30]
+        np.testing.assert_allclose(
+            device.project("rows", ours.ratios[index], index, log=log),
+            reference.project("rows", theirs.ratios[index], index, log=log),
+            rtol=RTOL,
+        )
+
+
+def test_bad_products_are_reported_as_the_numpy_rules_say(kernels):
+    """A weight vector with negative entries gives non-positive products: the streamed
+    pass's mask and ratios are :func:`ratios_and_bad`'s, block by block."""
+    reference, device = kernels
+    w = np.linspace(-1.0, 1.0, 55)
+    numerator = np.full(70, 1 / 70)
+    ours = device.fused_pass("rows", w, numerator)
+    expected = ratios_and_bad(numerator, reference.matvec(w))
+    np.testing.assert_allclose(ours.ratios, expected[0], rtol=RTOL)
+    assert ours.bad.any() and np.array_equal(ours.bad, expected[1])
+
+
+def test_absorbed_kernels_match(kernels):
+    reference, device = kernels
+    rng = np.random.default_rng(3)
+    alpha, beta = rng.normal(scale=50, size=70), rng.normal(scale=50, size=55)
+    alpha[2] = -np.inf  # a zero weight's row: every entry at the floor
+    ours, theirs = device.absorbed(alpha, beta), reference.absorbed(alpha, beta)
+    np.testing.assert_allclose(ours.to_dense(), theirs.to_dense(), rtol=RTOL)
+    w = rng.random(55)
+    a = np.full(70, 1 / 70)
+    np.testing.assert_allclose(
+        ours.fused_pass("rows", w, a).projection, theirs.fused_pass("rows", w, a).projection,
+        rtol=RTOL,
+    )  # fmt: skip
+    with pytest.raises(NotImplementedError):
+        ours.fused_pass("rows", w, a, log=True)
+
+
+def test_float32_storage_and_the_euclidean_cost():
+    host, device = pair(metric="euclidean")
+    reference = ExactKernel(host, dtype=np.float32)
+    ours = sketchot.kernels.exact.build_exact(device, dtype=np.float32)
+    assert isinstance(ours, DeviceExactKernel)
+    w = np.linspace(0.5, 1.5, 55)
+    # both store float32 entries of the same float64 values: products agree to float32 rounding
+    np.testing.assert_allclose(ours.matvec(w), reference.matvec(w), rtol=1e-6)
+    callable_cost = GibbsGeometry(host.X, host.Y, 0.3, lambda A, B: np.ones((len(A), len(B))))
+    callable_cost.context = device.context
+    assert type(sketchot.kernels.exact.build_exact(callable_cost)) is ExactKernel
+
+
+@pytest.mark.parametrize("backend", ["nystrom", "rff", "polyts"])
+def test_low_rank_factors_run_on_the_device(backend):
+    rng = np.random.default_rng(4)
+    X, Y = rng.random((80, 3)), rng.random((60, 3))
+    params = sketchot.get_backend(backend).test_params
+    reference = sketchot.make_kernel(X, Y, 0.5, backend, rng=5, **params)
+    view = sketchot.make_kernel(torch.as_tensor(X), torch.as_tensor(Y), 0.5, backend, rng=5,
+                                **params)  # fmt: skip
+    ours = view.host
+    assert isinstance(ours, DeviceLowRankKernel) and isinstance(ours, LowRankKernel)
+    np.testing.assert_allclose(ours.factors[0], reference.factors[0])  # the same fit
+    w, a = rng.random(60) + 0.5, np.full(80, 1 / 80)
+    for name in ("products", "ratios", "projection"):
+        np.testing.assert_allclose(
+            getattr(ours.fused_pass("rows", ours.project("cols", w), a), name),
+            getattr(reference.fused_pass("rows", reference.project("cols", w), a), name),
+            rtol=RTOL, atol=1e-14,
+        )  # fmt: skip
+    np.testing.assert_allclose(ours.rmatvec(a), reference.rmatvec(a), rtol=RTOL, atol=1e-14)
+
+
+def test_a_solve_on_device_kernels_equals_the_numpy_solve():
+    rng = np.random.default_rng(6)
+    X, Y = rng.random((90, 2)), rng.random((70, 2))
+    for params in ({"backend": "exact"}, {"backend": "exact", "max_dense_bytes": 0},
+                   {"backend": "exact", "log_domain": True, "anderson": 0}):  # fmt: skip
+        reference = sketchot.sinkhorn(None, None, X, Y, reg=0.02, **params)
+        ours = sketchot.sinkhorn(None, None, torch.as_tensor(X), torch.as_tensor(Y), reg=0.02,
+                                 **params)  # fmt: skip
+        assert isinstance(ours.host.kernel, DeviceExactKernel)
+        assert ours.n_iter == reference.n_iter and ours.backend == reference.backend
+        np.testing.assert_allclose(ours.potentials[0].numpy(), reference.potentials[0],
+                                   rtol=1e-9, atol=1e-9)  # fmt: skip
+        assert ours.true_kernel.bound == pytest.approx(reference.true_kernel.bound, rel=1e-3,
+                                                       abs=1e-12)  # fmt: skip
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_kernels_hold_their_data_on_the_device():
+    X = torch.rand(500, 3, dtype=torch.float64, device="cuda")
+    kernel = sketchot.make_kernel(X, X, 0.1, "exact").host
+    assert kernel._Xd.device.type == "cuda" and kernel._dense.device.type == "cuda"
