@@ -14,9 +14,11 @@ from .base import (
     KernelInfo,
     KernelOperator,
     check_operand,
+    fast_ratios_and_bad,
     matrix_fused_pass,
     refuse_log,
 )
+from .device import DeviceArrays
 
 # Features of new points are built about 32 MB at a time.
 NEW_POINTS_BLOCK_ENTRIES = 1 << 22
@@ -130,6 +132,43 @@ class LowRankKernel(KernelOperator):
         return (values.astype(self.dtype) @ factor).astype(np.float64)
 
 
+class DeviceLowRankKernel(LowRankKernel):
+    """``K ~ A B^T`` with the factors also held on the caller's device, where every product
+    runs (``factors``, ``left`` and ``right`` stay NumPy arrays, for users and POT)."""
+
+    def __init__(self, geometry: GibbsGeometry, *args: Any, **kwargs: Any) -> None:
+        super().__init__(geometry, *args, **kwargs)
+        self._on = DeviceArrays(geometry.context)
+        self._left_d = self._on.put(self.left, self.dtype)
+        self._right_d = self._on.put(self.right, self.dtype)
+
+    def _factor_d(self, side: str) -> Any:
+        return self._left_d if side == "rows" else self._right_d
+
+    def matmat(self, V: Any) -> np.ndarray:
+        V = self._on.put(check_operand(V, self.shape[1], "V", vector=False), self.dtype)
+        return self._on.get(self._left_d @ (self._right_d.T @ V))
+
+    def rmatmat(self, U: Any) -> np.ndarray:
+        U = self._on.put(check_operand(U, self.shape[0], "U", vector=False), self.dtype)
+        return self._on.get(self._right_d @ (self._left_d.T @ U))
+
+    def fused_pass(self, side, w, numerator, *, log=False, exponent=1.0) -> FusedPass:
+        if log:
+            return super().fused_pass(side, w, numerator, log=log, exponent=exponent)
+        factor = self._factor_d(side)
+        with np.errstate(over="ignore", invalid="ignore"):
+            products = self._on.get(factor @ self._on.put(w, self.dtype))
+            ratios, bad = fast_ratios_and_bad(numerator, products, exponent)
+        projection = self._on.get(self._on.put(ratios, self.dtype) @ factor)
+        return FusedPass(products, ratios, projection, bad)
+
+    def project(self, side, values, index=None, *, log=False) -> np.ndarray:
+        if log or index is not None:
+            return super().project(side, values, index, log=log)
+        return self._on.get(self._on.put(values, self.dtype) @ self._factor_d(side))
+
+
 @dataclass(frozen=True)
 class FactorMaps:
     """A fitted low-rank kernel before its factors are built: the row maps and the
@@ -174,8 +213,6 @@ def low_rank_from_maps(geometry: GibbsGeometry, maps: FactorMaps) -> LowRankKern
     """The in-memory operator of fitted maps: ``A = left_factor(X)``, ``B = right_factor(Y)``."""
     operator_class = LowRankKernel
     if not geometry.context.is_numpy:  # the caller's points are e.g. tensors: products there
-        from .device import DeviceLowRankKernel  # it builds on this module
-
         operator_class = DeviceLowRankKernel
     operator = operator_class(
         geometry,

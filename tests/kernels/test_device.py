@@ -10,7 +10,8 @@ from sketchot._arrays import array_context
 from sketchot.gibbs import GibbsGeometry
 from sketchot.kernels import ExactKernel, LowRankKernel
 from sketchot.kernels.base import ratios_and_bad
-from sketchot.kernels.device import DeviceExactKernel, DeviceLowRankKernel
+from sketchot.kernels.exact import DeviceExactKernel
+from sketchot.kernels.lowrank import DeviceLowRankKernel
 
 torch = pytest.importorskip("torch")
 
