@@ -29,7 +29,7 @@ from ..gibbs import BLOCK_BYTES, GibbsGeometry
 #: A block of the streamed kernel on an accelerator takes at most this share of its free
 #: memory (several temporaries of the block's size live at once).
 DEVICE_MEMORY_SHARE = 0.125
-#: ... and at most this many bytes (larger blocks no longer pay on any device measured).
+#: ... and at most this many bytes (a cap, so that the stored data keep their room).
 MAX_DEVICE_BLOCK_BYTES = 1 << 30
 
 
