@@ -40,6 +40,7 @@ from .._parallel import get_num_threads
 from .._validation import check_rng
 from ..gibbs import GibbsGeometry
 from .base import THREADED_PASS_MIN_ENTRIES, KernelOperator
+from .device import block_seconds, runs_on_device
 from .registry import (
     EXACT_KIND,
     LOCAL_KIND,
@@ -185,17 +186,21 @@ def exact_iteration_seconds(geometry: GibbsGeometry, *, stored: bool) -> float:
     n, m = geometry.shape
     # at most TIMED_ENTRIES entries: 256 rows of a million columns would take 2 GB
     rows = slice(0, min(n, TIMED_ROWS, max(1, TIMED_ENTRIES // max(m, 1))))
-    start = time.perf_counter()
-    block = np.exp(geometry.log_block(rows))
-    computed = time.perf_counter() - start
-    start = time.perf_counter()
-    block @ np.ones(block.shape[1])
-    block.T @ np.ones(block.shape[0])
-    product = time.perf_counter() - start
+    on_device = runs_on_device(geometry)
+    if on_device:  # the caller's arrays are e.g. CUDA tensors: the device's own speed
+        computed, product = block_seconds(geometry, rows)
+    else:
+        start = time.perf_counter()
+        block = np.exp(geometry.log_block(rows))
+        computed = time.perf_counter() - start
+        start = time.perf_counter()
+        block @ np.ones(block.shape[1])
+        block.T @ np.ones(block.shape[0])
+        product = time.perf_counter() - start
     # stored: one product per iteration plus the build, amortised over BUILD_AMORTISED
     per_row = product + computed / BUILD_AMORTISED if stored else computed + product
-    seconds = per_row / block.shape[0] * n
-    if not stored and n * m >= THREADED_PASS_MIN_ENTRIES:
+    seconds = per_row / (rows.stop - rows.start) * n
+    if not stored and not on_device and n * m >= THREADED_PASS_MIN_ENTRIES:
         # the streamed passes share their row blocks among the pool's threads (timed above
         # on one): the block-local kernel's estimate times its real, threaded passes
         seconds /= get_num_threads()

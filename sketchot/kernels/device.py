@@ -20,6 +20,7 @@ Costs per pass as for the NumPy operators: ``O(n m d)`` streamed exact, ``O(n m)
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -75,6 +76,43 @@ class DeviceArrays:
 
     def dtype(self, dtype: np.dtype) -> Any:
         return self.xp.float32 if dtype == np.float32 else self.xp.float64
+
+
+def neg_cost_on_device(
+    xp: Any, X: Any, x_sq: Any, Y: Any, y_sq: Any, geometry: GibbsGeometry
+) -> Any:
+    """``-c(x_i, y_j) / reg`` for centred device points and their squared norms, float64:
+    ``-(||x||^2 + ||y||^2 - 2 x.y) / reg`` clamped at 0 before the division (the square
+    root of it for the Euclidean cost), as :func:`sketchot.gibbs.neg_cost_over_reg`."""
+    out = X @ Y.T  # in-place updates (the standard's operators) spare temporaries
+    out *= -2.0
+    out += x_sq[:, None]
+    out += y_sq[None, :]
+    out = xp.maximum(out, 0.0)  # rounding can make tiny distances negative
+    if not geometry.cost.sqeuclidean:
+        out = xp.sqrt(out)
+    out *= -1.0 / geometry.reg
+    return out
+
+
+def block_seconds(geometry: GibbsGeometry, rows: slice) -> tuple[float, float]:
+    """Seconds to compute the kernel's block ``exp(-c / reg)`` of ``rows`` on the caller's
+    device, and of its two products (``K 1``, ``K^T 1``): what ``auto`` extrapolates an
+    exact iteration from (:func:`sketchot.kernels.auto.exact_iteration_seconds`)."""
+    on = DeviceArrays(geometry.context)
+    xp = on.xp
+    X, Y = on.put(geometry.Xc[rows]), on.put(geometry.Yc)
+    x_sq, y_sq = on.put(geometry.x_sq[rows]), on.put(geometry.y_sq)
+    float(xp.sum(X[:1, :1]))  # the copies are done before the clock starts
+    start = time.perf_counter()
+    block = xp.exp(neg_cost_on_device(xp, X, x_sq, Y, y_sq, geometry))
+    float(xp.sum(block[:1, :1]))  # a host read waits for the device
+    computed = time.perf_counter() - start
+    start = time.perf_counter()
+    total = xp.sum(block @ xp.ones(Y.shape[0], dtype=block.dtype, device=block.device))
+    total += xp.sum(xp.ones(X.shape[0], dtype=block.dtype, device=block.device) @ block)
+    float(total)
+    return computed, time.perf_counter() - start
 
 
 def logsumexp(xp: Any, logits: Any, axis: int) -> Any:

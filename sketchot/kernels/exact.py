@@ -38,7 +38,13 @@ from .base import (
     log_ratios_and_bad,
     ratios_and_bad,
 )
-from .device import DeviceArrays, device_block_bytes, logsumexp, runs_on_device
+from .device import (
+    DeviceArrays,
+    device_block_bytes,
+    logsumexp,
+    neg_cost_on_device,
+    runs_on_device,
+)
 from .registry import register_backend
 
 #: Log of the floor of an absorbed kernel's entries: one unit above log(tiny) so that exp
@@ -311,17 +317,8 @@ class DeviceExactKernel(ExactKernel):
     def _neg_cost(self, X: Any, x_sq: Any, Y: Any = None, y_sq: Any = None) -> Any:
         """``-c(x_i, y_j) / reg`` of device points (``Y`` the fitted targets by default),
         float64 on the device."""
-        xp, g = self._on.xp, self.geometry
         Y, y_sq = (self._Yd, self._y_sq) if Y is None else (Y, y_sq)
-        out = X @ Y.T  # in-place updates (the standard's operators) spare temporaries
-        out *= -2.0
-        out += x_sq[:, None]
-        out += y_sq[None, :]
-        out = xp.maximum(out, 0.0)  # rounding can make tiny distances negative
-        if not g.cost.sqeuclidean:
-            out = xp.sqrt(out)
-        out *= -1.0 / g.reg
-        return out
+        return neg_cost_on_device(self._on.xp, X, x_sq, Y, y_sq, self.geometry)
 
     def _neg_cost_rows(self, rows: slice) -> Any:
         return self._neg_cost(self._Xd[rows], self._x_sq[rows])
