@@ -135,8 +135,9 @@ def cell(data: str, n: int, relative_reg: float, method: str, seed: int) -> dict
             if host.true_kernel is None
             else float(host.true_kernel.bound)
         )
-        out["detail"] = host.backend + ("" if host.kernel.geometry.context.is_numpy else
-                                        f" on {host.kernel.geometry.context.device}")  # fmt: skip
+        device_kernel = type(host.kernel).__name__.startswith("Device")
+        where = f"products on {host.kernel.geometry.context.device}" if device_kernel else "host"
+        out["detail"] = f"{host.backend} ({where})"
         out["result_type"] = type(res.potentials[0]).__module__.split(".")[0]
     elif method.startswith("POT"):
         import ot

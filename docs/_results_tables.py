@@ -19,6 +19,7 @@ INCLUDED = (
     "dask_scale_quick",
     "polyts_improved_quick",
     "unbalanced_quick",
+    "gpu_quick",
 )
 
 
