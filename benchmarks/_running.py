@@ -37,4 +37,6 @@ class CellRunner:
     def close(self, kill: bool = False) -> None:
         if self.pool is not None:
             self.pool.terminate() if kill else self.pool.close()
+            # wait for the workers: one killed at exit may be writing a cache (KeOps's)
+            self.pool.join()
             self.pool = None

@@ -20,6 +20,7 @@ INCLUDED = (
     "polyts_improved_quick",
     "unbalanced_quick",
     "gpu_quick",
+    "gpu_1e5",
 )
 
 

@@ -118,7 +118,8 @@ class ArrayContext:
         if isinstance(value, np.ndarray):
             return self.to_user(value)
         if isinstance(value, (tuple, list)):
-            return type(value)(self.wrap(item) for item in value)
+            items = [self.wrap(item) for item in value]
+            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
         if type(value).__module__.split(".")[0] == "sketchot":
             return value if isinstance(value, UserArrays) else UserArrays(value, self)
         return value
