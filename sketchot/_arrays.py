@@ -70,7 +70,7 @@ class ArrayContext:
     @property
     def on_host(self) -> bool:
         """Whether the arrays are in host memory (NumPy, or a CPU device)."""
-        return self.is_numpy or str(self.device) == "cpu"
+        return self.is_numpy or "cpu" in str(self.device).lower()
 
     def to_host(self, value: Any) -> Any:
         """A NumPy view of one of the caller's arrays (a copy only off the host or for a dtype

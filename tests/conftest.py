@@ -6,11 +6,15 @@ import pytest
 
 class Library:
     """An array library the public calls take: ``library(a, X, ...)`` converts NumPy inputs
-    (``None`` passes), ``library.owns(value)`` says whether a result is in that library."""
+    (``None`` passes), ``library.owns(value)`` says whether a result is in that library.
+    ``array_api_strict`` is the standard's own strict implementation: a test that passes on it
+    uses nothing outside the Array API (the stand-in for CuPy and the others)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.module = pytest.importorskip(name) if name != "numpy" else np
+        if name == "array_api_strict":
+            pytest.importorskip("array_api_compat")
 
     def __call__(self, *arrays):
         converted = tuple(self.convert(array) for array in arrays)
@@ -19,20 +23,26 @@ class Library:
     def convert(self, array):
         if array is None or self.name == "numpy":
             return array
-        return self.module.as_tensor(np.asarray(array))
+        if self.name == "torch":
+            return self.module.as_tensor(np.asarray(array))
+        return self.module.asarray(np.asarray(array))
 
     def owns(self, value) -> bool:
-        kind = np.ndarray if self.name == "numpy" else self.module.Tensor
-        return isinstance(value, kind)
+        if self.name == "numpy":
+            return isinstance(value, np.ndarray)
+        if self.name == "torch":
+            return isinstance(value, self.module.Tensor)
+        return type(value).__module__.startswith(self.name)
 
     def __repr__(self) -> str:
         return self.name
 
 
-@pytest.fixture(params=["numpy", "torch"])
+@pytest.fixture(params=["numpy", "torch", "array_api_strict"])
 def library(request) -> Library:
-    """The contract and solver tests run on NumPy arrays and on PyTorch CPU tensors (skipped
-    without torch), with the same tolerances: results come back in the inputs' library."""
+    """The contract and solver tests run on NumPy arrays, on PyTorch CPU tensors and on the
+    Array API's strict arrays (each skipped when not installed), with the same tolerances:
+    results come back in the inputs' library."""
     return Library(request.param)
 
 

@@ -43,17 +43,16 @@ def runs_on_device(geometry: GibbsGeometry) -> bool:
 
 
 def device_block_bytes(context: Any) -> int:
-    """Bytes of one streamed block on the context's device: the NumPy block size on a CPU, a
-    share of the free memory on an accelerator (CUDA through torch)."""
+    """Bytes of one streamed block on the context's device: a share of the free memory of a
+    CUDA device (asked through torch), the NumPy block size elsewhere."""
     if context.on_host:
         return BLOCK_BYTES
-    try:
-        import torch
+    if context.library == "torch" and str(context.device).startswith("cuda"):
+        import torch  # the caller's arrays are CUDA tensors: torch is loaded already
 
         free, _ = torch.cuda.mem_get_info(context.device)
         return int(min(MAX_DEVICE_BLOCK_BYTES, DEVICE_MEMORY_SHARE * free))
-    except (ImportError, RuntimeError, TypeError, ValueError):
-        return 8 * BLOCK_BYTES
+    return BLOCK_BYTES  # a device whose free memory this module cannot ask for
 
 
 class DeviceArrays:

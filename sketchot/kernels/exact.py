@@ -321,7 +321,7 @@ class DeviceExactKernel(ExactKernel):
         return neg_cost_on_device(self._on.xp, X, x_sq, Y, y_sq, self.geometry)
 
     def _neg_cost_rows(self, rows: slice) -> Any:
-        return self._neg_cost(self._Xd[rows], self._x_sq[rows])
+        return self._neg_cost(self._Xd[rows, ...], self._x_sq[rows])
 
     def _computed_block(self, rows: slice) -> Any:
         block = self._on.xp.exp(self._neg_cost_rows(rows))
@@ -333,6 +333,9 @@ class DeviceExactKernel(ExactKernel):
             rows = row_slices(self.shape[0], self._rows_per_block)
             self._stored = self._on.xp.concat([self._computed_block(r) for r in rows], axis=0)
         return self._stored
+
+    def _block(self, rows: slice) -> Any:
+        return self._computed_block(rows) if self._dense is None else self._dense[rows, ...]
 
     def _time_one_pass(self) -> float:
         n, m = self.shape
@@ -388,8 +391,8 @@ class DeviceExactKernel(ExactKernel):
         step = max(1, device_block_bytes(self.geometry.context) // (8 * max(1, other.shape[0])))
         out = []
         for start in range(0, own.shape[0], step):
-            block = slice(start, start + step)
-            logits = self._neg_cost(own[block], own_sq[block], other, other_sq)
+            block = slice(start, min(start + step, own.shape[0]))  # the standard's bounds
+            logits = self._neg_cost(own[block, ...], own_sq[block], other, other_sq)
             logits += weights[None, :]
             out.append(self._on.get(logsumexp(xp, logits, axis=1)))
         return np.concatenate(out)
@@ -466,8 +469,8 @@ class DeviceExactKernel(ExactKernel):
         V = self._cast(values)
         out = []
         for start in range(0, len(points), self._rows_per_block):
-            rows = slice(start, start + self._rows_per_block)
-            block = xp.exp(self._neg_cost(X[rows], x_sq[rows]))
+            rows = slice(start, min(start + self._rows_per_block, len(points)))
+            block = xp.exp(self._neg_cost(X[rows, ...], x_sq[rows]))
             out.append(self._on.get(xp.astype(block, V.dtype) @ V))
         return np.concatenate(out, axis=0)
 
