@@ -157,7 +157,10 @@ def sinkhorn(
     a : array-like of shape (n,) or None
         Source weights (non-negative; ``None`` for uniform ``1/n``). Zero weights are allowed.
         If any of ``a``, ``b``, ``X``, ``Y`` is a Dask array, the solve runs with Dask
-        (:mod:`sketchot.distributed`; ``pip install "sketchot[dask]"``).
+        (:mod:`sketchot.distributed`; ``pip install "sketchot[dask]"``). PyTorch tensors (or
+        another Array API library's arrays) give a result in that library, on their device,
+        in the points' dtype, the kernel's products run there (``pip install
+        "sketchot[torch]"``; the user guide's page on arrays).
     b : array-like of shape (m,) or None
         Target weights; the same total mass as ``a`` for balanced transport.
     X : array-like, shape (n, d)
