@@ -131,6 +131,28 @@ class ArrayContext:
         return self.wrap(func(*args, **kwargs))
 
 
+class DeviceArrays:
+    """Host <-> device moves of one context (float64 on the way in unless told)."""
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+        self.xp = context.xp
+
+    def put(self, array: np.ndarray, dtype: Any = np.float64) -> Any:
+        array = np.ascontiguousarray(array, dtype=dtype)
+        if self.context.library == "torch":
+            import torch  # the caller passed a tensor: torch is loaded already
+
+            return torch.from_numpy(array).to(self.context.device)
+        return self.xp.asarray(array, device=self.context.device)
+
+    def get(self, array: Any) -> np.ndarray:
+        return np.asarray(self.context.to_host(array), dtype=np.float64)
+
+    def dtype(self, dtype: np.dtype) -> Any:
+        return self.xp.float32 if dtype == np.float32 else self.xp.float64
+
+
 NUMPY = ArrayContext("numpy", np, "cpu", np.dtype(np.float64))
 
 

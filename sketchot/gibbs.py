@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from scipy.spatial.distance import cdist
 
-from ._arrays import current_context
+from ._arrays import DeviceArrays, current_context
 from ._parallel import Part, run_parts
 
 #: Log-domain products over at least this many entries use the thread pool.
@@ -246,6 +246,33 @@ def gibbs_log_matvec(
     return out
 
 
+def neg_cost_on_device(
+    xp: Any, X: Any, x_sq: Any, Y: Any, y_sq: Any, reg: float, cost: Cost
+) -> Any:
+    """:func:`neg_cost_over_reg` for centred points and squared norms held by an Array API
+    library ``xp`` on its device, float64: ``-(||x||^2 + ||y||^2 - 2 x.y) / reg`` clamped at
+    0 before the division (its square root for the Euclidean cost)."""
+    out = X @ Y.T  # in-place updates (the standard's operators) spare temporaries
+    out *= -2.0
+    out += x_sq[:, None]
+    out += y_sq[None, :]
+    out = xp.maximum(out, 0.0)  # rounding can make tiny distances negative
+    if not cost.sqeuclidean:
+        out = xp.sqrt(out)
+    out *= -1.0 / reg
+    return out
+
+
+def logsumexp_on_device(xp: Any, logits: Any, axis: int) -> Any:
+    """``log sum exp`` along ``axis`` with a maximum shift (``-inf`` for an all ``-inf``
+    line), in the Array API namespace ``xp``; ``logits`` is overwritten."""
+    top = xp.max(logits, axis=axis, keepdims=True)
+    shift = xp.where(xp.isfinite(top), top, 0.0)
+    logits -= shift
+    total = xp.sum(xp.exp(logits), axis=axis)
+    return xp.log(total) + xp.squeeze(shift, axis=axis)
+
+
 def check_finite_norms(name: str, points: np.ndarray) -> None:
     """Refuse a cloud whose squared norms overflow float64 (values above ~1e154): every cost
     built from them would be inf or NaN, whatever ``reg``. ``O(n d)``."""
@@ -416,12 +443,57 @@ class GibbsGeometry:
     def matmat(self, index: Any, V: np.ndarray, *, transpose: bool = False) -> np.ndarray:
         """``K[index, :] @ V`` (or ``K[:, index].T @ V``), ``O(len(index) m d)``."""
         own, other, cost = self._sides(transpose)
+        if self._on_device(cost):
+            return self._device_rows(own[index], other, cost, V, "matmat")
         return gibbs_matmat(own[index], other, self.reg, V, cost)
 
     def log_matvec(self, index: Any, log_v: np.ndarray, *, transpose: bool = False) -> np.ndarray:
         """``log (K[index, :] @ exp(log_v))`` (or the transposed form), stable for any reg."""
         own, other, cost = self._sides(transpose)
+        if self._on_device(cost):
+            return self._device_rows(own[index], other, cost, log_v, "log_matvec")
         return gibbs_log_matvec(own[index], other, self.reg, log_v, cost)
+
+    def _on_device(self, cost: Cost) -> bool:
+        """Whether true-kernel values are computed where the caller's points live (arrays of
+        another library than NumPy; the costs the device blocks compute)."""
+        return not self.context.is_numpy and cost.name in ("sqeuclidean", "euclidean")
+
+    def _device_rows(
+        self, own: np.ndarray, other: np.ndarray, cost: Cost, values: np.ndarray, what: str
+    ) -> np.ndarray:
+        """Row blocks of ``K(own, other)`` on the caller's device: ``K @ values``
+        (``'matmat'``), ``log K @ exp(values)`` (``'log_matvec'``) or the softmax average
+        ``sum_j softmax_j(w_j - c_j / reg) values_j`` with ``values = (log_w, V)``
+        (``'softmax'``); NumPy float64 out."""
+        on = DeviceArrays(self.context)
+        xp = on.xp
+        A, B = on.put(own), on.put(other)
+        a_sq, b_sq = xp.sum(A * A, axis=1), xp.sum(B * B, axis=1)
+        if what == "softmax":
+            log_w, V = on.put(values[0]), on.put(values[1])
+        else:
+            V = on.put(values)
+        out = []
+        step = block_rows(other.shape[0])
+        for start in range(0, own.shape[0], step):
+            rows = slice(start, min(start + step, own.shape[0]))  # the standard's bounds
+            logits = neg_cost_on_device(xp, A[rows, ...], a_sq[rows], B, b_sq, self.reg, cost)
+            if what == "matmat":
+                out.append(on.get(xp.exp(logits) @ V))
+                continue
+            if what == "log_matvec":
+                logits += V[None, :]
+                out.append(on.get(logsumexp_on_device(xp, logits, axis=1)))
+                continue
+            logits += log_w[None, :]
+            logits -= xp.max(logits, axis=1, keepdims=True)
+            weights = xp.exp(logits)
+            weights /= xp.sum(weights, axis=1, keepdims=True)
+            out.append(on.get(weights @ V))
+        if not out:
+            return np.zeros((0, *np.shape(values if what != "softmax" else values[1])[1:]))
+        return np.concatenate(out, axis=0)
 
     def block(self, index: Any) -> np.ndarray:
         """True rows ``K[index, :]``."""
@@ -452,4 +524,6 @@ class GibbsGeometry:
         """
         own, other, cost = self._sides(transpose)
         centred = own if points is None else points - self.center
+        if self._on_device(cost):
+            return self._device_rows(centred, other, cost, (log_weights, values), "softmax")
         return gibbs_softmax_average(centred, other, self.reg, log_weights, values, cost)

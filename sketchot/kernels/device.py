@@ -23,9 +23,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
-
-from ..gibbs import BLOCK_BYTES, GibbsGeometry
+from .._arrays import DeviceArrays
+from ..gibbs import BLOCK_BYTES, GibbsGeometry, neg_cost_on_device
 
 #: A block of the streamed kernel on an accelerator takes at most this share of its free
 #: memory (several temporaries of the block's size live at once).
@@ -55,45 +54,6 @@ def device_block_bytes(context: Any) -> int:
     return BLOCK_BYTES  # a device whose free memory this module cannot ask for
 
 
-class DeviceArrays:
-    """Host <-> device moves of one context (float64 on the way in unless told)."""
-
-    def __init__(self, context: Any) -> None:
-        self.context = context
-        self.xp = context.xp
-
-    def put(self, array: np.ndarray, dtype: Any = np.float64) -> Any:
-        array = np.ascontiguousarray(array, dtype=dtype)
-        if self.context.library == "torch":
-            import torch
-
-            return torch.from_numpy(array).to(self.context.device)
-        return self.xp.asarray(array, device=self.context.device)
-
-    def get(self, array: Any) -> np.ndarray:
-        return np.asarray(self.context.to_host(array), dtype=np.float64)
-
-    def dtype(self, dtype: np.dtype) -> Any:
-        return self.xp.float32 if dtype == np.float32 else self.xp.float64
-
-
-def neg_cost_on_device(
-    xp: Any, X: Any, x_sq: Any, Y: Any, y_sq: Any, geometry: GibbsGeometry
-) -> Any:
-    """``-c(x_i, y_j) / reg`` for centred device points and their squared norms, float64:
-    ``-(||x||^2 + ||y||^2 - 2 x.y) / reg`` clamped at 0 before the division (the square
-    root of it for the Euclidean cost), as :func:`sketchot.gibbs.neg_cost_over_reg`."""
-    out = X @ Y.T  # in-place updates (the standard's operators) spare temporaries
-    out *= -2.0
-    out += x_sq[:, None]
-    out += y_sq[None, :]
-    out = xp.maximum(out, 0.0)  # rounding can make tiny distances negative
-    if not geometry.cost.sqeuclidean:
-        out = xp.sqrt(out)
-    out *= -1.0 / geometry.reg
-    return out
-
-
 def block_seconds(geometry: GibbsGeometry, rows: slice) -> tuple[float, float]:
     """Seconds to compute the kernel's block ``exp(-c / reg)`` of ``rows`` on the caller's
     device, and of its two products (``K 1``, ``K^T 1``): what ``auto`` extrapolates an
@@ -104,7 +64,7 @@ def block_seconds(geometry: GibbsGeometry, rows: slice) -> tuple[float, float]:
     x_sq, y_sq = on.put(geometry.x_sq[rows]), on.put(geometry.y_sq)
     float(xp.sum(X[:1, :1]))  # the copies are done before the clock starts
     start = time.perf_counter()
-    block = xp.exp(neg_cost_on_device(xp, X, x_sq, Y, y_sq, geometry))
+    block = xp.exp(neg_cost_on_device(xp, X, x_sq, Y, y_sq, geometry.reg, geometry.cost))
     float(xp.sum(block[:1, :1]))  # a host read waits for the device
     computed = time.perf_counter() - start
     start = time.perf_counter()
@@ -112,13 +72,3 @@ def block_seconds(geometry: GibbsGeometry, rows: slice) -> tuple[float, float]:
     total += xp.sum(xp.ones(X.shape[0], dtype=block.dtype, device=block.device) @ block)
     float(total)
     return computed, time.perf_counter() - start
-
-
-def logsumexp(xp: Any, logits: Any, axis: int) -> Any:
-    """``log sum exp`` along ``axis`` with a maximum shift (``-inf`` for an all ``-inf``
-    line), in the Array API namespace ``xp``; ``logits`` is overwritten."""
-    top = xp.max(logits, axis=axis, keepdims=True)
-    shift = xp.where(xp.isfinite(top), top, 0.0)
-    logits -= shift
-    total = xp.sum(xp.exp(logits), axis=axis)
-    return xp.log(total) + xp.squeeze(shift, axis=axis)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .._arrays import DeviceArrays
 from .._defaults import DEFAULT_MAX_DENSE_BYTES
 from .._validation import check_int
 from ..gibbs import (
@@ -23,6 +24,8 @@ from ..gibbs import (
     block_rows,
     gibbs_log_matvec,
     gibbs_matmat,
+    logsumexp_on_device,
+    neg_cost_on_device,
     row_slices,
 )
 from .base import (
@@ -38,13 +41,7 @@ from .base import (
     log_ratios_and_bad,
     ratios_and_bad,
 )
-from .device import (
-    DeviceArrays,
-    device_block_bytes,
-    logsumexp,
-    neg_cost_on_device,
-    runs_on_device,
-)
+from .device import device_block_bytes, runs_on_device
 from .registry import register_backend
 
 #: Log of the floor of an absorbed kernel's entries: one unit above log(tiny) so that exp
@@ -318,7 +315,9 @@ class DeviceExactKernel(ExactKernel):
         """``-c(x_i, y_j) / reg`` of device points (``Y`` the fitted targets by default),
         float64 on the device."""
         Y, y_sq = (self._Yd, self._y_sq) if Y is None else (Y, y_sq)
-        return neg_cost_on_device(self._on.xp, X, x_sq, Y, y_sq, self.geometry)
+        return neg_cost_on_device(
+            self._on.xp, X, x_sq, Y, y_sq, self.geometry.reg, self.geometry.cost
+        )
 
     def _neg_cost_rows(self, rows: slice) -> Any:
         return self._neg_cost(self._Xd[rows, ...], self._x_sq[rows])
@@ -394,7 +393,7 @@ class DeviceExactKernel(ExactKernel):
             block = slice(start, min(start + step, own.shape[0]))  # the standard's bounds
             logits = self._neg_cost(own[block, ...], own_sq[block], other, other_sq)
             logits += weights[None, :]
-            out.append(self._on.get(logsumexp(xp, logits, axis=1)))
+            out.append(self._on.get(logsumexp_on_device(xp, logits, axis=1)))
         return np.concatenate(out)
 
     def fused_pass(

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from .._arrays import DeviceArrays
 from ..gibbs import GibbsGeometry
 from .base import (
     FusedPass,
@@ -18,7 +19,6 @@ from .base import (
     matrix_fused_pass,
     refuse_log,
 )
-from .device import DeviceArrays
 
 # Features of new points are built about 32 MB at a time.
 NEW_POINTS_BLOCK_ENTRIES = 1 << 22

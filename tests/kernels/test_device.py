@@ -176,3 +176,38 @@ def test_auto_times_the_exact_iteration_on_the_device():
         assert ours > 0 and theirs > 0
     computed, product = sketchot.kernels.device.block_seconds(device, slice(0, 50))
     assert computed > 0 and product > 0
+
+
+@pytest.mark.parametrize("name", ["torch", "array_api_strict"])
+@pytest.mark.parametrize("metric", ["sqeuclidean", "euclidean"])
+def test_geometry_true_kernel_values_on_the_device_match_the_host(name, metric):
+    """The true-kernel values the solver asks the geometry for (the true-kernel check's
+    rows, the safeguard's repairs, barycentric maps of exact kernels) are computed where the
+    points live; the same numbers as on the host."""
+    module = pytest.importorskip(name)
+    host, device = pair(reg=0.05, metric=metric)
+    device.context = array_context(X=module.asarray(host.X))
+    rng = np.random.default_rng(7)
+    index = [0, 5, 17, 69]
+    V, log_v = rng.standard_normal((55, 2)), rng.normal(size=55)
+    np.testing.assert_allclose(device.matmat(index, V), host.matmat(index, V), rtol=RTOL)
+    np.testing.assert_allclose(
+        device.log_matvec(index, log_v), host.log_matvec(index, log_v), rtol=RTOL
+    )
+    log_u = rng.normal(size=70)
+    np.testing.assert_allclose(
+        device.log_matvec([1, 2], log_u, transpose=True),
+        host.log_matvec([1, 2], log_u, transpose=True),
+        rtol=RTOL,
+    )
+    values = rng.random((55, 3))
+    for points in (None, rng.random((6, 3))):
+        np.testing.assert_allclose(
+            device.softmax_average(points, log_v, values),
+            host.softmax_average(points, log_v, values),
+            rtol=RTOL,
+        )
+    mapped = device.softmax_average(None, log_u, host.X, transpose=True)
+    np.testing.assert_allclose(
+        mapped, host.softmax_average(None, log_u, host.X, transpose=True), rtol=RTOL
+    )
