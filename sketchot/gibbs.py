@@ -443,20 +443,22 @@ class GibbsGeometry:
     def matmat(self, index: Any, V: np.ndarray, *, transpose: bool = False) -> np.ndarray:
         """``K[index, :] @ V`` (or ``K[:, index].T @ V``), ``O(len(index) m d)``."""
         own, other, cost = self._sides(transpose)
-        if self._on_device(cost):
+        if self.computes_on_device(cost):
             return self._device_rows(own[index], other, cost, V, "matmat")
         return gibbs_matmat(own[index], other, self.reg, V, cost)
 
     def log_matvec(self, index: Any, log_v: np.ndarray, *, transpose: bool = False) -> np.ndarray:
         """``log (K[index, :] @ exp(log_v))`` (or the transposed form), stable for any reg."""
         own, other, cost = self._sides(transpose)
-        if self._on_device(cost):
+        if self.computes_on_device(cost):
             return self._device_rows(own[index], other, cost, log_v, "log_matvec")
         return gibbs_log_matvec(own[index], other, self.reg, log_v, cost)
 
-    def _on_device(self, cost: Cost) -> bool:
-        """Whether true-kernel values are computed where the caller's points live (arrays of
-        another library than NumPy; the costs the device blocks compute)."""
+    def computes_on_device(self, cost: Cost | None = None) -> bool:
+        """Whether the kernel's values are computed where the caller's points live: arrays
+        of another library than NumPy, and a cost the device blocks compute (squared
+        Euclidean or Euclidean; ``cost`` defaults to the geometry's)."""
+        cost = self.cost if cost is None else cost
         return not self.context.is_numpy and cost.name in ("sqeuclidean", "euclidean")
 
     def _device_rows(
@@ -524,6 +526,6 @@ class GibbsGeometry:
         """
         own, other, cost = self._sides(transpose)
         centred = own if points is None else points - self.center
-        if self._on_device(cost):
+        if self.computes_on_device(cost):
             return self._device_rows(centred, other, cost, (log_weights, values), "softmax")
         return gibbs_softmax_average(centred, other, self.reg, log_weights, values, cost)

@@ -115,6 +115,12 @@ class DaskGibbsGeometry:
         )
         self._max_sq = None
 
+    def computes_on_device(self, cost: Any = None) -> bool:
+        """Never: Dask chunks are NumPy arrays (the in-memory geometry's rule, for callers
+        that take either)."""
+        del cost
+        return False
+
     @property
     def shape(self) -> tuple[int, int]:
         """``(n, m)``."""

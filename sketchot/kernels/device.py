@@ -3,10 +3,12 @@
 When a call passes PyTorch tensors (or another Array API library's arrays), every geometry
 records the :class:`~sketchot._arrays.ArrayContext` of the inputs, and the exact and low-rank
 builders return their device operators (:class:`~sketchot.kernels.exact.DeviceExactKernel`,
-:class:`~sketchot.kernels.lowrank.DeviceLowRankKernel`), built on this module's moves: the
-clouds (or the factors) are copied once to that device,
-and every product, the exact kernel's blocks, exponentials and log-sum-exps included, runs
-there through the library's Array API namespace (``array-api-compat``). They keep the
+:class:`~sketchot.kernels.lowrank.DeviceLowRankKernel`): the clouds (or the factors) are
+copied once to that device (:class:`~sketchot._arrays.DeviceArrays`), and every product, the
+exact kernel's blocks, exponentials and log-sum-exps included (:mod:`sketchot.gibbs`'s
+device functions), runs there through the library's Array API namespace
+(``array-api-compat``). This module says when (:func:`runs_on_device`), with which block
+sizes, and times a block there for ``auto``. They keep the
 operator contract of :mod:`sketchot.kernels.base` unchanged: vectors in and out are NumPy
 float64 on the host, so the one iteration (:mod:`sketchot.solver.engine`) drives them as it
 drives the NumPy operators, and each half-step moves ``O(n + m)`` numbers between host and
@@ -34,11 +36,9 @@ MAX_DEVICE_BLOCK_BYTES = 1 << 30
 
 
 def runs_on_device(geometry: GibbsGeometry) -> bool:
-    """Whether a kernel of this geometry should run on the caller's device: arrays of a
-    library other than NumPy, and a cost the device blocks compute (squared Euclidean or
-    Euclidean)."""
-    context = geometry.context
-    return not context.is_numpy and geometry.cost.name in ("sqeuclidean", "euclidean")
+    """Whether a kernel of this geometry should run on the caller's device (the geometry's
+    own rule: :meth:`~sketchot.gibbs.GibbsGeometry.computes_on_device`)."""
+    return geometry.computes_on_device()
 
 
 def device_block_bytes(context: Any) -> int:
