@@ -38,12 +38,11 @@ from typing import Any
 import numpy as np
 from _results import md_table, write_json, write_text
 from _running import CellRunner
+from small_reg import clouds as small_reg_clouds
 
 import sketchot
-from sketchot.color import load_image, sample_pixels
 from sketchot.solver.plans import sampled_true_kernel_check
 
-ROOT = Path(__file__).resolve().parents[1]
 DATA = ("colours", "uniform", "gauss64")
 RELATIVE_REGS = (0.1, 0.01)
 METHODS = (
@@ -62,18 +61,11 @@ CHECK_SAMPLES = 256
 
 
 def clouds(data: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    if data == "uniform":
-        return rng.random((n, 3)), rng.random((n, 3))
+    """``small_reg.py``'s photo colours and uniform points, and Gaussian clouds in d = 64."""
     if data == "gauss64":
+        rng = np.random.default_rng(seed)
         return rng.standard_normal((n, 64)), rng.standard_normal((n, 64)) + 1.0
-    source = load_image(ROOT / "images" / "default_source.png")
-    target = load_image(ROOT / "images" / "default_target.png")
-    replace = n > 480_000  # the target has 640 x 960 pixels
-    return (
-        sample_pixels(source, n, rng=rng, replace=replace).colors,
-        sample_pixels(target, n, rng=rng, replace=replace).colors,
-    )
+    return small_reg_clouds("uniform" if data == "uniform" else "photo", n, seed)
 
 
 def mean_sq_distance(X: np.ndarray, Y: np.ndarray) -> float:

@@ -149,9 +149,6 @@ class DeviceArrays:
     def get(self, array: Any) -> np.ndarray:
         return np.asarray(self.context.to_host(array), dtype=np.float64)
 
-    def dtype(self, dtype: np.dtype) -> Any:
-        return self.xp.float32 if dtype == np.float32 else self.xp.float64
-
 
 NUMPY = ArrayContext("numpy", np, "cpu", np.dtype(np.float64))
 

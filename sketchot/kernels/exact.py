@@ -440,7 +440,7 @@ class DeviceExactKernel(ExactKernel):
                     numerator[rows].min() > 0
                     and smallest >= floor
                     and smallest > 0
-                    and (np.isfinite(p.max()))
+                    and np.isfinite(p.max())
                 ):
                     ratios[rows] = (numerator[rows] / p) ** exponent
                 else:
