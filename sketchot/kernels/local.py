@@ -110,7 +110,12 @@ class LocalPolyKernel(KernelOperator):
             # New target points need the expansion with the roles of the clouds swapped.
             e = self.expansion
             self._transposed = LocalGaussianExpansion(
-                g.reg, tau=e.tau, rtol=e.rtol, max_features=e.max_features, rng=e.rng
+                g.reg,
+                tau=e.tau,
+                rtol=e.rtol,
+                max_features=e.max_features,
+                truncate=e.truncate,
+                rng=e.rng,
             ).fit(g.Yc, g.Xc)
         expansion = self._transposed if transpose else self.expansion
         centred = points - g.center
@@ -195,6 +200,7 @@ def build_local(
     tau: float = 1.0,
     rtol: float = 1e-9,
     max_features: int = 1000,
+    truncate: float | None = None,
 ) -> LocalPolyKernel:
     """The block-local kernel on a geometry (``O((n + m) R)`` build; see the module notes).
 
@@ -207,15 +213,26 @@ def build_local(
         Relative error of every entry the degree is chosen for.
     max_features : int, default=1000
         Most features ``C(degree + d, d)`` per point (this bounds the dimension).
+    truncate : float or None, default=None
+        Log-domain products skip the cluster pairs whose bounded share of every row is below
+        ``truncate`` in total (the solver's iterations, plan summaries and maps run on them
+        at small ``reg``); ``None``: ``rtol``, so a product keeps the entries' relative
+        accuracy; ``0`` computes every pair.
     """
     expansion = LocalGaussianExpansion(
-        geometry.reg, tau=tau, rtol=rtol, max_features=max_features, rng=rng
+        geometry.reg,
+        tau=tau,
+        rtol=rtol,
+        max_features=max_features,
+        truncate=rtol if truncate is None else truncate,
+        rng=rng,
     ).fit(geometry.Xc, geometry.Yc)
     info = KernelInfo(
         "polyts_local",
         {
             "tau": tau,
             "rtol": rtol,
+            "truncate": expansion.truncate,
             "degree": expansion.degree_,
             "clusters": expansion.n_clusters_,
             "entry_error_bound": expansion.entry_error_bound_,

@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 from numpy.polynomial import chebyshev as C
 from scipy.spatial import cKDTree
+from scipy.special import logsumexp
 
 from .._parallel import get_num_threads, run_parts
 from .._validation import check_float, check_int, check_matrix, check_rng
@@ -76,6 +77,8 @@ _ROW_BLOCK = 4096
 _SAMPLE = 20000
 # Largest degree tried when the degree is chosen from the tolerance.
 _MAX_DEGREE = 30
+# Output clusters per group of a truncated product: neighbours, so their kept inputs overlap.
+_TRUNCATED_GROUP = 32
 # Points per block of the feature computation (R x block doubles stay in cache).
 _FEATURE_BLOCK = 2048
 
@@ -110,6 +113,15 @@ class LocalGaussianExpansion:
         Clusters with fewer points use exact kernel entries instead of the ``R`` features
         (an isolated colour would otherwise cost a full rank-``R`` term against every point
         of the other side). ``0`` expands every cluster.
+    truncate : float, default=0.0
+        Log-domain products (:meth:`log_matvec`, :meth:`log_rmatvec`,
+        :meth:`log_matvec_new`) skip the cluster pairs whose bounded contribution to every
+        row of the output cluster is below ``truncate / k`` of the row's lower bound (``k``
+        input clusters), so each row misses at most a fraction ``truncate`` of its sum; the
+        bounds come from the clusters' radii and the weights' extremes in each cluster
+        (:func:`_kept_pairs`), so the skipped pairs follow the weights: at small ``reg``
+        with converged potentials most far pairs go. ``0`` computes every pair. Linear
+        products (:meth:`matmat`, weights of any sign) are never truncated.
     rng : None, int, Generator, ...
         Draws the sample on which the farthest-point clustering runs.
 
@@ -165,6 +177,7 @@ class LocalGaussianExpansion:
     max_features: int = 1000
     max_feature_bytes: int = 1 << 31
     exact_below: int = 8
+    truncate: float = 0.0
     rng: Any = None
 
     # ------------------------------------------------------------------ fitting
@@ -194,6 +207,12 @@ class LocalGaussianExpansion:
         max_features = check_int(self.max_features, "max_features", minimum=1)
         check_int(self.max_feature_bytes, "max_feature_bytes", minimum=0)
         self._exact_below = check_int(self.exact_below, "exact_below", minimum=0)
+        self._truncate = check_float(self.truncate, "truncate", minimum=0.0)
+        if self._truncate >= 1.0:
+            raise ValueError(
+                f"truncate must be < 1 (the fraction of a row's sum a product may miss); "
+                f"got {self._truncate}"
+            )
         X = check_matrix(X, "X")
         Y = X if Y is None else check_matrix(Y, "Y", n_features=X.shape[1], feature_name="X")
         d = X.shape[1]
@@ -264,14 +283,14 @@ class LocalGaussianExpansion:
         """
         self._check_fitted()
         log_v = self._check_log(log_v, self._y.n_points, "log_v")
-        scale, Z = _apply(self._x, self._y, log_v, None, self._monomials, self.reg)
+        scale, Z = _apply(self._x, self._y, log_v, None, self._monomials, self.reg, self._truncate)
         return _log_of_scaled(scale, Z[:, 0])
 
     def log_rmatvec(self, log_u: Any) -> np.ndarray:
         """``log(K^T exp(log_u))``, shape ``(m,)``."""
         self._check_fitted()
         log_u = self._check_log(log_u, self._x.n_points, "log_u")
-        scale, Z = _apply(self._y, self._x, log_u, None, self._monomials, self.reg)
+        scale, Z = _apply(self._y, self._x, log_u, None, self._monomials, self.reg, self._truncate)
         return _log_of_scaled(scale, Z[:, 0])
 
     def log_matvec_new(self, X_new: Any, log_v: Any) -> np.ndarray:
@@ -284,7 +303,7 @@ class LocalGaussianExpansion:
         """
         side = self._new_side(X_new)
         log_v = self._check_log(log_v, self._y.n_points, "log_v")
-        scale, Z = _apply(side, self._y, log_v, None, self._monomials, self.reg)
+        scale, Z = _apply(side, self._y, log_v, None, self._monomials, self.reg, self._truncate)
         return _log_of_scaled(scale, Z[:, 0])
 
     def barycentric_map(self, X_new: Any, log_v: Any) -> np.ndarray:
@@ -523,31 +542,41 @@ def _cover(
 # ---------------------------------------------------------------------- one side
 @dataclass
 class _Batch:
-    """Clusters ``first:stop`` of one side, padded to a common size for batched products.
+    """Clusters ``ids`` of one side (ascending, so of similar sizes), padded to a common size
+    for batched products.
 
-    ``index`` (clusters x padded size) holds sorted row indices, padding repeating each
-    cluster's first row, and ``valid`` marks the real rows; both are ``None`` for a single
-    cluster, read as the contiguous ``rows``.
+    ``first:stop`` are the clusters' positions in the list the batch was cut from. ``index``
+    (clusters x padded size) holds sorted row indices, padding repeating each cluster's first
+    row, and ``valid`` marks the real rows; both are ``None`` for a single cluster, read as
+    its contiguous ``rows``.
     """
 
+    ids: np.ndarray
     first: int
     stop: int
-    rows: slice
+    rows: slice | None
     index: np.ndarray | None
     valid: np.ndarray | None
 
     @classmethod
-    def make(cls, first: int, stop: int, offsets: np.ndarray, sizes: np.ndarray) -> _Batch:
-        rows = slice(int(offsets[first]), int(offsets[stop]))
-        if stop - first == 1:
-            return cls(first, stop, rows, None, None)
-        width = int(sizes[first:stop].max())
-        steps = np.arange(width)
-        valid = steps[None, :] < sizes[first:stop, None]
-        index = np.where(
-            valid, offsets[first:stop, None] + steps[None, :], offsets[first:stop, None]
-        )
-        return cls(first, stop, rows, index, valid)
+    def make(cls, ids: np.ndarray, first: int, offsets: np.ndarray, sizes: np.ndarray) -> _Batch:
+        stop = first + ids.size
+        if ids.size == 1:
+            cluster = int(ids[0])
+            rows = slice(int(offsets[cluster]), int(offsets[cluster + 1]))
+            return cls(ids, first, stop, rows, None, None)
+        steps = np.arange(int(sizes[ids].max()))
+        valid = steps[None, :] < sizes[ids, None]
+        index = np.where(valid, offsets[ids, None] + steps[None, :], offsets[ids, None])
+        return cls(ids, first, stop, None, index, valid)
+
+    def select(self, chosen: np.ndarray, first: int) -> _Batch:
+        """The batch of its clusters ``chosen`` (a mask), at position ``first`` of a list."""
+        ids = self.ids[chosen]
+        if self.index is None:
+            return _Batch(ids, first, first + 1, self.rows, None, None)
+        index, valid = self.index[chosen], self.valid[chosen]
+        return _Batch(ids, first, first + ids.size, None, index, valid)
 
     def gather(self, values: np.ndarray) -> np.ndarray:
         """``values`` of the batch's rows, shape ``(clusters, padded size, ...)``."""
@@ -562,7 +591,8 @@ class _Side:
 
     ``local`` are the local coordinates ``p = x - c_A`` (sorted); ``base`` is
     ``-(||p||^2 + 2 c_A . p) / reg``; ``features`` the scaled monomials of ``p sqrt(2/reg)``
-    (``None`` when recomputed per block).
+    (``None`` when recomputed per block); ``cluster_radius`` the largest ``||p||`` of each
+    cluster (the truncation bounds' reach).
     """
 
     order: np.ndarray
@@ -576,6 +606,7 @@ class _Side:
     reg: float
     points: np.ndarray
     n_small: int
+    cluster_radius: np.ndarray
 
     @classmethod
     def build(cls, centred, labels, centers, plan, reg, store, exact_below) -> _Side:
@@ -596,11 +627,24 @@ class _Side:
             )
             / reg
         )
-        radius = float(np.sqrt(np.einsum("ij,ij->i", local, local).max()))
+        sq_local = np.einsum("ij,ij->i", local, local)
+        cluster_radius = np.sqrt(np.maximum.reduceat(sq_local, offsets[:-1]))
+        radius = float(cluster_radius.max())
         # Sorted by size, the clusters handled exactly are a prefix.
         n_small = int(np.searchsorted(counts, exact_below))
         side = cls(
-            order, offsets, centers, local, base, None, radius, plan, reg, centred[order], n_small
+            order,
+            offsets,
+            centers,
+            local,
+            base,
+            None,
+            radius,
+            plan,
+            reg,
+            centred[order],
+            n_small,
+            cluster_radius,
         )
         if store:
             side.features = _local_monomials(local * np.sqrt(2.0 / reg), plan)
@@ -622,8 +666,8 @@ class _Side:
     def rows(self, cluster: int) -> slice:
         return slice(int(self.offsets[cluster]), int(self.offsets[cluster + 1]))
 
-    def batches(self, first: int, stop: int, max_clusters: int) -> list[_Batch]:
-        """Clusters ``first:stop`` in batches of similar sizes, each padded to one size.
+    def batches(self, ids: np.ndarray, max_clusters: int) -> list[_Batch]:
+        """Clusters ``ids`` (ascending: increasing sizes) in batches, each padded to one size.
 
         A batch has at most ``max_clusters`` clusters and about ``_ROW_BLOCK`` padded rows;
         sizes within a batch differ by at most a factor 5/4 (plus 4 rows), so padding wastes
@@ -631,19 +675,31 @@ class _Side:
         """
         sizes = np.diff(self.offsets)
         out: list[_Batch] = []
-        c0 = first
-        while c0 < stop:
+        c0 = 0
+        while c0 < ids.size:
             c1 = c0 + 1
             while (
-                c1 < stop
+                c1 < ids.size
                 and c1 - c0 < max_clusters
-                and sizes[c1] <= 1.25 * sizes[c0] + 4
-                and (c1 - c0 + 1) * sizes[c1] <= _ROW_BLOCK
+                and sizes[ids[c1]] <= 1.25 * sizes[ids[c0]] + 4
+                and (c1 - c0 + 1) * sizes[ids[c1]] <= _ROW_BLOCK
             ):
                 c1 += 1
-            out.append(_Batch.make(c0, c1, self.offsets, sizes))
+            out.append(_Batch.make(ids[c0:c1], c0, self.offsets, sizes))
             c0 = c1
         return out
+
+    def expanded_groups(self, size: int, spatial: bool) -> list[np.ndarray]:
+        """The expanded clusters in groups of at most ``size``, each ascending (by size).
+
+        ``spatial``: neighbouring clusters together (consecutive leaves of a k-d tree on the
+        centres), so that the input clusters a truncated product keeps for a group are few;
+        otherwise consecutive sizes (the fewest padded batches).
+        """
+        ids = np.arange(self.n_small, self.n_clusters)
+        if spatial and ids.size > size:
+            ids = ids[cKDTree(self.centers[self.n_small :], leafsize=size).indices]
+        return [np.sort(ids[start : start + size]) for start in range(0, ids.size, size)]
 
     def batch_features(self, batch: _Batch) -> np.ndarray:
         """Features of a batch, shape ``(clusters, padded size, R)`` (a view when unpadded)."""
@@ -705,13 +761,14 @@ def _apply(
     values: np.ndarray | None,
     plan: _MonomialPlan,
     reg: float,
+    truncate: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``sum_j exp(log_w_j) K_ij values_j`` as ``exp(scale_i) Z_i``, in the caller's order.
 
     For each group of expanded output clusters ``A`` (sized so that the moments fit
-    ``_MOMENT_BYTES``):
+    ``_MOMENT_BYTES``) and the expanded input clusters ``B`` it keeps:
 
-    1. per batch of expanded input clusters ``B`` of similar sizes (threads): exponents
+    1. per batch of input clusters ``B`` of similar sizes (threads): exponents
        ``E_jA = base_j + log_w_j + 2 c_A . q_j / reg`` (``|B| x |group|``), shift
        ``s_AB = max_j E_jA``, weights ``exp(E - s) <= 1`` and moments
        ``G_AB = Psi_B^T (weights * values)`` (``R x k`` per pair), one batched matrix product
@@ -720,37 +777,67 @@ def _apply(
        - ||c_A - c_B||^2 / reg + s_AB``, ``M = Phi_A G_A`` and
        ``Z_i = sum_B exp(T_iB - max_B T_iB) M_iB``, ``scale_i = max_B T_iB``.
 
+    ``truncate > 0`` (log-domain products, ``values=None``): a group keeps the input clusters
+    that some pair of it needs by :func:`_kept_pairs`; every row then misses at most a
+    fraction ``truncate`` of its sum. Groups are then spatial, so that they keep few.
+
     Clusters below ``exact_below`` points use exact entries (:func:`_exact_scaled`), merged
     with :func:`_combine`. ``values=None`` means a single column of ones (log-domain
     products), for which ``Z_i >= e^-tau`` whenever a weight is non-zero, so ``log Z`` is safe.
     """
     n_values = 1 if values is None else values.shape[1]
+    truncated = truncate > 0.0 and values is None
     w_sorted = log_w[inn.order]
     v_sorted = None if values is None else values[inn.order]
-    pair_sq = (
-        np.einsum("ij,ij->i", out.centers, out.centers)[:, None]
-        + np.einsum("ij,ij->i", inn.centers, inn.centers)[None, :]
-        - 2.0 * out.centers @ inn.centers.T
-    )
     # Only the expanded (large) input clusters kb: take part in the pairs.
     kb = inn.n_small
     k_in = inn.n_clusters - kb
-    pair_const = -np.maximum(pair_sq[:, kb:], 0.0) / reg  # (k_out, k_in)
+    in_sq = np.einsum("ij,ij->i", inn.centers[kb:], inn.centers[kb:])
     in_coupling = (2.0 / reg) * inn.centers[kb:].T  # (d, k_in)
     scale = np.full(out.n_points, -np.inf)
     Z = np.zeros((out.n_points, n_values))
     per_cluster = plan.n_features * max(k_in, 1) * n_values * 8
     group = max(1, min(out.n_clusters, _MOMENT_BYTES // per_cluster))
-    in_batches = inn.batches(kb, inn.n_clusters, inn.n_clusters)
+    if truncated:
+        group = min(group, _TRUNCATED_GROUP)
+    all_inputs = np.arange(k_in)
+    in_batches = inn.batches(kb + all_inputs, inn.n_clusters)
+    if truncated and k_in:
+        starts = inn.offsets[kb:-1]  # expanded clusters are a suffix: reduceat's last is right
+        with np.errstate(divide="ignore"):
+            in_bounds = (
+                np.log(np.diff(inn.offsets)[kb:]),
+                np.maximum.reduceat(w_sorted, starts),
+                np.minimum.reduceat(w_sorted, starts),
+                inn.cluster_radius[kb:],
+            )
 
-    def one_group(g0: int, g1: int, parallel: bool) -> None:
-        """Steps 1 and 2 for the output clusters ``g0:g1``."""
+    def one_group(ids: np.ndarray, parallel: bool) -> None:
+        """Steps 1 and 2 for the output clusters ``ids``."""
         R = plan.n_features
-        n_group = g1 - g0
-        out_coupling = (2.0 / reg) * out.centers[g0:g1].T  # (d, n_group)
+        n_group = ids.size
+        pair_sq = np.einsum("ij,ij->i", out.centers[ids], out.centers[ids])[:, None] + in_sq
+        pair_sq -= 2.0 * out.centers[ids] @ inn.centers[kb:].T
+        np.maximum(pair_sq, 0.0, out=pair_sq)
+        kept, batches = all_inputs, in_batches
+        if truncated:
+            keep = _kept_pairs(pair_sq, out.cluster_radius[ids], *in_bounds, reg, truncate)
+            chosen = keep.any(axis=0)
+            kept = np.flatnonzero(chosen)
+            if kept.size == 0:  # every input weight is zero: the rows stay empty
+                return
+            # the full batches' kept clusters: sizes stay similar, positions follow `kept`
+            batches, position = [], 0
+            for batch in in_batches:
+                mask = chosen[batch.ids - kb]
+                if mask.any():
+                    batches.append(batch.select(mask, position))
+                    position += batches[-1].stop - batches[-1].first
+        out_coupling = (2.0 / reg) * out.centers[ids].T  # (d, n_group)
+        kept_coupling = in_coupling[:, kept] if truncated else in_coupling
         # -inf marks a pair whose input block has only zero weights: it stays out of row maxima.
-        shifts = np.empty((k_in, n_group))
-        moments = np.empty((n_group, R, k_in, n_values))
+        shifts = np.empty((kept.size, n_group))
+        moments = np.empty((n_group, R, kept.size, n_values))
 
         def exponents(batch: _Batch, rows: slice | None = None) -> np.ndarray:
             if rows is not None:  # a slice of one large cluster
@@ -790,14 +877,14 @@ def _apply(
                     E = exponents(batch)
                     top = E.max(axis=1)  # (clusters, n_group)
                     block = weighted_moments(E, batch, None, top)
-                shifts[batch.first - kb : batch.stop - kb] = top
-                moments[:, :, batch.first - kb : batch.stop - kb, :] = block.reshape(
+                shifts[batch.first : batch.stop] = top
+                moments[:, :, batch.first : batch.stop, :] = block.reshape(
                     -1, R, n_group, n_values
                 ).transpose(2, 1, 0, 3)
 
         def output_rows(G, totals_rows, local, base, F):
-            """``(scale, Z)`` of padded rows ``(clusters, size)`` against all input clusters."""
-            T = local @ in_coupling  # (clusters, size, k_in)
+            """``(scale, Z)`` of padded rows ``(clusters, size)`` against the kept clusters."""
+            T = local @ kept_coupling  # (clusters, size, kept)
             T += base[:, :, None]
             T += totals_rows[:, None, :]
             top = T.max(axis=2)
@@ -809,10 +896,8 @@ def _apply(
 
         def output_batches(batches) -> None:
             for batch in batches:
-                G = moments[batch.first - g0 : batch.stop - g0].reshape(
-                    batch.stop - batch.first, R, -1
-                )
-                tot = totals[batch.first - g0 : batch.stop - g0]
+                G = moments[batch.first : batch.stop].reshape(batch.stop - batch.first, R, -1)
+                tot = totals[batch.first : batch.stop]
                 if batch.index is None:
                     for start in range(batch.rows.start, batch.rows.stop, _ROW_BLOCK):
                         rows = slice(start, min(start + _ROW_BLOCK, batch.rows.stop))
@@ -837,15 +922,14 @@ def _apply(
                 Z[rows] = z[batch.valid]
 
         with np.errstate(under="ignore", invalid="ignore"):
-            run_parts(input_batches, in_batches, parallel)
-            totals = pair_const[g0:g1] + shifts.T
-            out_batches = out.batches(g0, g1, g1 - g0)
-            run_parts(output_batches, out_batches, parallel)
+            run_parts(input_batches, batches, parallel)
+            totals = shifts.T - pair_sq[:, kept] / reg
+            run_parts(output_batches, out.batches(ids, n_group), parallel)
 
     with _pool_without_blas_threads() as parallel:
         if k_in:
-            for g0 in range(out.n_small, out.n_clusters, group):
-                one_group(g0, min(g0 + group, out.n_clusters), parallel)
+            for ids in out.expanded_groups(group, spatial=truncated):
+                one_group(ids, parallel)
         # Exact entries: small output clusters against every input point, and the other
         # output points against the small input clusters.
         small_out, small_in = out.small_rows, inn.small_rows
@@ -872,6 +956,52 @@ def _apply(
     result_scale[out.order] = scale
     result_Z[out.order] = Z
     return result_scale, result_Z
+
+
+def _kept_pairs(
+    pair_sq: np.ndarray,
+    out_radius: np.ndarray,
+    in_log_size: np.ndarray,
+    in_top: np.ndarray,
+    in_low: np.ndarray,
+    in_radius: np.ndarray,
+    reg: float,
+    truncate: float,
+) -> np.ndarray:
+    """Which cluster pairs ``(A, B)`` a product truncated at ``truncate`` must compute.
+
+    For ``x_i`` in ``A`` and ``y_j`` in ``B`` the distance lies in ``[near, far]``,
+    ``near = max(0, ||c_A - c_B|| - r_A - r_B)`` and ``far = ||c_A - c_B|| + r_A + r_B``
+    (``r`` the clusters' largest radii), so with ``w_B^max, w_B^min`` the extreme log
+    weights of ``B``:
+
+    .. math::
+        S_{iB} = \\sum_{j \\in B} e^{w_j - \\|x_i - y_j\\|^2 / reg}
+              \\le \\exp(\\log|B| + w_B^{max} - near_{AB}^2 / reg) =: e^{U_{AB}},
+
+    and the row's whole sum is at least ``e^{L_A}`` with
+    ``L_A = max(LSE_B(log|B| + w_B^min - far_AB^2/reg), max_B(w_B^max - far_AB^2/reg))``.
+    A pair is skipped when ``U_AB <= L_A + log(truncate / k)`` over ``k`` input clusters:
+    the skipped pairs of a row sum to at most ``truncate`` times the row's sum (the
+    polynomial's own relative error comes on top). ``O(|group| k)``.
+
+    Returns
+    -------
+    ndarray of bool, shape (|group|, k)
+    """
+    distance = np.sqrt(pair_sq)
+    reach = out_radius[:, None] + in_radius[None, :]
+    near = np.maximum(distance - reach, 0.0)
+    far = distance + reach
+    far_sq = far * far / reg
+    upper = in_log_size + in_top - near * near / reg
+    with np.errstate(invalid="ignore", divide="ignore"):
+        lower = np.maximum(
+            logsumexp(in_log_size + in_low - far_sq, axis=1),
+            np.max(in_top - far_sq, axis=1),
+        )
+    threshold = lower + np.log(truncate) - np.log(in_top.size)
+    return upper > threshold[:, None]
 
 
 def _exact_scaled(

@@ -242,3 +242,97 @@ def test_log_domain_sinkhorn_reaches_true_kernel_marginals():
     cols = np.exp(log_v + gibbs_log_matvec(Y, X, reg, log_u))
     error = np.abs(rows - a).sum() + np.abs(cols - a).sum()
     assert error <= 1e-6
+
+
+# ---------------------------------------------------------------------- truncation
+def _pair_sums(kernel, log_v):
+    """Exact ``S_iB = sum_{j in B} exp(log_v_j - ||x_i - y_j||^2 / reg)`` per row (sorted
+    order) and expanded input cluster, with the inputs ``_kept_pairs`` reads."""
+    x, y = kernel._x, kernel._y
+    w = log_v[y.order]
+    kb = y.n_small
+    starts = y.offsets[kb:-1]
+    S = np.stack(
+        [
+            np.exp(gibbs_log_matvec(x.points, y.points[s:e], kernel.reg, w[s:e]))
+            for s, e in zip(starts, y.offsets[kb + 1 :], strict=True)
+        ],
+        axis=1,
+    )
+    bounds = (
+        np.log(np.diff(y.offsets)[kb:]),
+        np.maximum.reduceat(w, starts),
+        np.minimum.reduceat(w, starts),
+        y.cluster_radius[kb:],
+    )
+    return S, bounds
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    log_reg=st.floats(np.log(0.003), np.log(0.3)),
+    spread=st.floats(0.5, 3.0),
+    weight_spread=st.floats(0.0, 30.0),
+    truncate=st.sampled_from([1e-12, 1e-6, 1e-2]),
+)
+def test_skipped_cluster_pairs_hold_at_most_truncate_of_every_row(
+    seed, log_reg, spread, weight_spread, truncate
+):
+    """Invariant (the bound of ``_kept_pairs``, stated there): for any clouds and weights,
+    the pairs a truncated product skips carry at most ``truncate`` of each row's exact sum."""
+    rng = np.random.default_rng(seed)
+    reg = float(np.exp(log_reg))
+    X, Y = spread * rng.random((150, 3)), spread * rng.random((130, 3))
+    kernel = LocalGaussianExpansion(reg, exact_below=0, rng=rng).fit(X, Y)
+    log_v = weight_spread * rng.normal(size=130)
+    S, bounds = _pair_sums(kernel, log_v)
+    x, y = kernel._x, kernel._y
+    pair_sq = np.sum((x.centers[:, None, :] - y.centers[None, :, :]) ** 2, axis=2)
+    keep = local._kept_pairs(pair_sq, x.cluster_radius, *bounds, reg, truncate)
+    labels = np.repeat(np.arange(x.n_clusters), np.diff(x.offsets))
+    skipped = np.where(keep[labels], 0.0, S).sum(axis=1)
+    # exp() of the reference rounds at a few eps relative
+    assert np.all(skipped <= truncate * S.sum(axis=1) * (1 + 1e-12))
+    assert np.all(keep.any(axis=1))  # a row never loses all of its pairs
+
+
+@pytest.mark.parametrize("kind", ["photo", "uniform"])
+def test_truncated_log_products_within_entry_bound_plus_truncate(kind):
+    """A truncated product misses at most ``truncate`` of a row: its log is within
+    ``entry_error_bound_ + truncate`` of the exact one, and at small reg it skips pairs."""
+    # uniform points at this reg are nearly a cluster each: fewer keep the test short
+    n, m = (1500, 1400) if kind == "photo" else (400, 350)
+    X, Y = clouds(kind, n, m, seed=53)
+    reg, truncate = 0.003, 1e-6
+    rng = np.random.default_rng(4)
+    log_v, log_u = 5 * rng.normal(size=m), 5 * rng.normal(size=n)
+    # every cluster expanded (uniform points at this reg make only small ones)
+    full = LocalGaussianExpansion(reg, exact_below=0, rng=0).fit(X, Y)
+    cut = LocalGaussianExpansion(reg, exact_below=0, truncate=truncate, rng=0).fit(X, Y)
+    tol = cut.entry_error_bound_ + truncate + 1e-12
+    assert np.max(np.abs(cut.log_matvec(log_v) - gibbs_log_matvec(X, Y, reg, log_v))) <= tol
+    assert np.max(np.abs(cut.log_rmatvec(log_u) - gibbs_log_matvec(Y, X, reg, log_u))) <= tol
+    X_new = colours(200, 59)
+    expected = gibbs_log_matvec(X_new, Y, reg, log_v)
+    assert np.max(np.abs(cut.log_matvec_new(X_new, log_v) - expected)) <= tol
+    # skipping only removes positive terms
+    assert np.all(cut.log_matvec(log_v) <= full.log_matvec(log_v) + 1e-12)
+    # linear products are never truncated
+    V = rng.random((m, 2))
+    assert np.array_equal(cut.matmat(V), full.matmat(V))
+    # the bound skips most pairs here: clusters far apart against sqrt(reg) ~ 0.05
+    S, bounds = _pair_sums(cut, log_v)
+    x = cut._x
+    ka = x.n_small
+    pair_sq = np.sum((x.centers[ka:, None, :] - cut._y.centers[None, cut._y.n_small :]) ** 2, 2)
+    keep = local._kept_pairs(pair_sq, x.cluster_radius[ka:], *bounds, reg, truncate)
+    assert keep.mean() < 0.5
+
+
+def test_truncate_is_validated():
+    X = np.random.default_rng(0).random((10, 3))
+    with pytest.raises(ValueError, match="truncate must be < 1"):
+        LocalGaussianExpansion(0.1, truncate=1.0).fit(X)
+    with pytest.raises(ValueError, match="truncate must be >= 0"):
+        LocalGaussianExpansion(0.1, truncate=-1e-3).fit(X)
