@@ -322,7 +322,7 @@ def test_truncated_log_products_within_entry_bound_plus_truncate(kind):
     V = rng.random((m, 2))
     assert np.array_equal(cut.matmat(V), full.matmat(V))
     # the bound skips most pairs here: clusters far apart against sqrt(reg) ~ 0.05
-    S, bounds = _pair_sums(cut, log_v)
+    _, bounds = _pair_sums(cut, log_v)
     x = cut._x
     ka = x.n_small
     pair_sq = np.sum((x.centers[ka:, None, :] - cut._y.centers[None, cut._y.n_small :]) ** 2, 2)
