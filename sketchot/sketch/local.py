@@ -52,7 +52,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field, replace
 from math import comb, factorial
 from typing import Any
 
@@ -77,6 +77,9 @@ _ROW_BLOCK = 4096
 _SAMPLE = 20000
 # Largest degree tried when the degree is chosen from the tolerance.
 _MAX_DEGREE = 30
+# Padded features kept per side for the batches every product reads.
+_PADDED_BYTES = 1 << 30
+_IN_BATCH = 16
 # Output clusters per group of a truncated product: neighbours, so their kept inputs overlap.
 _TRUNCATED_GROUP = 32
 # Points per block of the feature computation (R x block doubles stay in cache).
@@ -570,14 +573,6 @@ class _Batch:
         index = np.where(valid, offsets[ids, None] + steps[None, :], offsets[ids, None])
         return cls(ids, first, stop, None, index, valid)
 
-    def select(self, chosen: np.ndarray, first: int) -> _Batch:
-        """The batch of its clusters ``chosen`` (a mask), at position ``first`` of a list."""
-        ids = self.ids[chosen]
-        if self.index is None:
-            return _Batch(ids, first, first + 1, self.rows, None, None)
-        index, valid = self.index[chosen], self.valid[chosen]
-        return _Batch(ids, first, first + ids.size, None, index, valid)
-
     def gather(self, values: np.ndarray) -> np.ndarray:
         """``values`` of the batch's rows, shape ``(clusters, padded size, ...)``."""
         if self.index is None:
@@ -607,13 +602,22 @@ class _Side:
     points: np.ndarray
     n_small: int
     cluster_radius: np.ndarray
+    # padded features of the batches products read again and again (within _PADDED_BYTES)
+    padded: dict = field(default_factory=dict)
 
     @classmethod
     def build(cls, centred, labels, centers, plan, reg, store, exact_below) -> _Side:
-        # Clusters numbered by increasing size, so that a range of clusters has similar sizes
-        # and can be padded into one batched product.
+        # Clusters numbered by size class (sizes within a factor 5/4; the exactly handled small
+        # ones first), neighbours together within a class: a range of clusters has similar
+        # sizes, so it pads into one batched product, and lies close together, so a truncated
+        # product keeps or skips it whole.
         counts = np.bincount(labels, minlength=centers.shape[0])
-        by_size = np.argsort(counts, kind="stable")
+        size_class = np.where(
+            counts < exact_below, -1.0, np.floor(np.log(np.maximum(counts, 1)) / np.log(1.25))
+        )
+        spatial = np.empty(counts.size, dtype=np.int64)
+        spatial[cKDTree(centers).indices] = np.arange(counts.size)
+        by_size = np.lexsort((spatial, size_class))
         rank = np.empty_like(by_size)
         rank[by_size] = np.arange(by_size.size)
         labels, centers, counts = rank[labels], centers[by_size], counts[by_size]
@@ -630,8 +634,8 @@ class _Side:
         sq_local = np.einsum("ij,ij->i", local, local)
         cluster_radius = np.sqrt(np.maximum.reduceat(sq_local, offsets[:-1]))
         radius = float(cluster_radius.max())
-        # Sorted by size, the clusters handled exactly are a prefix.
-        n_small = int(np.searchsorted(counts, exact_below))
+        # The clusters handled exactly are a prefix.
+        n_small = int(np.count_nonzero(counts < exact_below))
         side = cls(
             order,
             offsets,
@@ -677,13 +681,14 @@ class _Side:
         out: list[_Batch] = []
         c0 = 0
         while c0 < ids.size:
-            c1 = c0 + 1
+            c1, width = c0 + 1, sizes[ids[c0]]
             while (
                 c1 < ids.size
                 and c1 - c0 < max_clusters
                 and sizes[ids[c1]] <= 1.25 * sizes[ids[c0]] + 4
-                and (c1 - c0 + 1) * sizes[ids[c1]] <= _ROW_BLOCK
+                and (c1 - c0 + 1) * max(width, sizes[ids[c1]]) <= _ROW_BLOCK
             ):
+                width = max(width, sizes[ids[c1]])
                 c1 += 1
             out.append(_Batch.make(ids[c0:c1], c0, self.offsets, sizes))
             c0 = c1
@@ -706,7 +711,13 @@ class _Side:
         if batch.index is None:
             return self.block_features(batch.rows)[None]
         if self.features is not None:
-            return self.features[batch.index]
+            key = batch.ids.tobytes()
+            cached = self.padded.get(key)
+            if cached is None:
+                cached = self.features[batch.index]
+                if sum(a.nbytes for a in self.padded.values()) + cached.nbytes <= _PADDED_BYTES:
+                    self.padded[key] = cached
+            return cached
         flat = self.block_features_of(batch.index.ravel())
         return flat.reshape(*batch.index.shape, -1)
 
@@ -801,7 +812,7 @@ def _apply(
     if truncated:
         group = min(group, _TRUNCATED_GROUP)
     all_inputs = np.arange(k_in)
-    in_batches = inn.batches(kb + all_inputs, inn.n_clusters)
+    in_batches = inn.batches(kb + all_inputs, _IN_BATCH if truncated else inn.n_clusters)
     if truncated and k_in:
         starts = inn.offsets[kb:-1]  # expanded clusters are a suffix: reduceat's last is right
         with np.errstate(divide="ignore"):
@@ -823,21 +834,22 @@ def _apply(
         if truncated:
             keep = _kept_pairs(pair_sq, out.cluster_radius[ids], *in_bounds, reg, truncate)
             chosen = keep.any(axis=0)
-            kept = np.flatnonzero(chosen)
-            if kept.size == 0:  # every input weight is zero: the rows stay empty
+            if not chosen.any():  # every input weight is zero: the rows stay empty
                 return
-            # the full batches' kept clusters: sizes stay similar, positions follow `kept`
+            # whole batches (neighbours): their padded features are read as stored
             batches, position = [], 0
             for batch in in_batches:
-                mask = chosen[batch.ids - kb]
-                if mask.any():
-                    batches.append(batch.select(mask, position))
-                    position += batches[-1].stop - batches[-1].first
+                if chosen[batch.ids - kb].any():
+                    size = batch.stop - batch.first
+                    batches.append(replace(batch, first=position, stop=position + size))
+                    position += size
+            kept = np.concatenate([batch.ids for batch in batches]) - kb
         out_coupling = (2.0 / reg) * out.centers[ids].T  # (d, n_group)
         kept_coupling = in_coupling[:, kept] if truncated else in_coupling
         # -inf marks a pair whose input block has only zero weights: it stays out of row maxima.
         shifts = np.empty((kept.size, n_group))
-        moments = np.empty((n_group, R, kept.size, n_values))
+        # input-major, so that a batch's moments are one contiguous write
+        moments = np.empty((kept.size, n_group * n_values, R))
 
         def exponents(batch: _Batch, rows: slice | None = None) -> np.ndarray:
             if rows is not None:  # a slice of one large cluster
@@ -857,7 +869,7 @@ def _apply(
                 V = v_sorted[rows][None] if rows is not None else batch.gather(v_sorted)
                 E = (E[..., None] * V[:, :, None, :]).reshape(*E.shape[:2], -1)
             F = inn.batch_features(batch) if rows is None else inn.block_features(rows)[None]
-            return np.matmul(F.transpose(0, 2, 1), E)  # (clusters, R, n_group * k)
+            return np.matmul(E.transpose(0, 2, 1), F)  # (clusters, n_group * k, R)
 
         def input_batches(batches) -> None:
             for batch in batches:
@@ -878,9 +890,7 @@ def _apply(
                     top = E.max(axis=1)  # (clusters, n_group)
                     block = weighted_moments(E, batch, None, top)
                 shifts[batch.first : batch.stop] = top
-                moments[:, :, batch.first : batch.stop, :] = block.reshape(
-                    -1, R, n_group, n_values
-                ).transpose(2, 1, 0, 3)
+                moments[batch.first : batch.stop] = block
 
         def output_rows(G, totals_rows, local, base, F):
             """``(scale, Z)`` of padded rows ``(clusters, size)`` against the kept clusters."""
@@ -896,7 +906,12 @@ def _apply(
 
         def output_batches(batches) -> None:
             for batch in batches:
-                G = moments[batch.first : batch.stop].reshape(batch.stop - batch.first, R, -1)
+                # (clusters, R, kept * k): a strided view for one column (BLAS reads it as is)
+                G = (
+                    moments.reshape(kept.size, n_group, n_values, R)[:, batch.first : batch.stop]
+                    .transpose(1, 3, 0, 2)
+                    .reshape(batch.stop - batch.first, R, -1)
+                )
                 tot = totals[batch.first : batch.stop]
                 if batch.index is None:
                     for start in range(batch.rows.start, batch.rows.stop, _ROW_BLOCK):
