@@ -15,7 +15,11 @@ For each data set, ``n`` (``n`` points per side) and ``reg``:
   ``(0, 1)`` and for scalings ``log v ~ 100 N(0, 1)`` (spanning hundreds of orders of
   magnitude), against ``gibbs_log_matvec``;
 * peak traced memory (``tracemalloc``, numpy's allocations included) of fit plus one product
-  (build times are measured under tracemalloc, product times are not).
+  (build times are measured under tracemalloc, product times are not);
+* with ``--truncate T > 0`` (default ``1e-9``, the ``polyts_local`` backend's default: its
+  ``rtol``): the same product on ``LocalGaussianExpansion(reg, truncate=T)``, its time, the
+  share of expanded cluster pairs the bound keeps (``_kept_pairs``, these weights) and its
+  max relative error on the sampled rows (at most the entry bound plus ``T``).
 
 Data: ``photo`` = pixels of ``images/default_source.png`` (X) and ``images/default_target.png``
 (Y) in ``[0, 1]^3`` (drawn with replacement); ``uniform`` = uniform on ``[0, 1]^3``. Cases whose
@@ -32,6 +36,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 import time
 import tracemalloc
 from collections import defaultdict
@@ -50,6 +55,31 @@ from sketchot.sketch.local import LocalGaussianExpansion
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 IMAGES = Path(__file__).resolve().parents[1] / "images"
 REGS = (0.1, 0.03, 0.01, 0.003)
+
+
+class KeptPairs:
+    """Wraps ``local._kept_pairs`` to add up the cluster pairs the truncation bound keeps."""
+
+    def __init__(self) -> None:
+        self.kept, self.pairs = 0, 0
+        self._kept_pairs = local._kept_pairs
+
+    def __enter__(self) -> KeptPairs:
+        def kept_pairs(*args):
+            keep = self._kept_pairs(*args)
+            self.kept += int(keep.sum())
+            self.pairs += keep.size
+            return keep
+
+        local._kept_pairs = kept_pairs
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        local._kept_pairs = self._kept_pairs
+
+    @property
+    def share(self) -> float | None:
+        return self.kept / self.pairs if self.pairs else None
 
 
 class PhaseTimer:
@@ -136,6 +166,15 @@ def one_case(kind: str, n: int, reg: float, args: argparse.Namespace) -> dict[st
     check = rng.choice(n, min(n, args.check_rows), replace=False)
     exact = gibbs_log_matvec(X[check], Y, reg, log_v)
     row["max_rel_error"] = float(np.max(np.abs(np.expm1(approx[check] - exact))))
+    if args.truncate > 0:
+        cut = LocalGaussianExpansion(reg, truncate=args.truncate, rng=args.seed).fit(X, Y)
+        with KeptPairs() as kept:
+            cut_values = cut.log_matvec(log_v)
+        row["pairs_kept"] = kept.share
+        row["truncated_s"] = best_time(lambda: cut.log_matvec(log_v), repeats)
+        errors = np.abs(np.expm1(cut_values[check] - exact))
+        row["max_rel_error_truncated"] = float(np.max(errors))
+        del cut
     wide = kernel.log_matvec(log_v_wide)[check]
     exact = gibbs_log_matvec(X[check], Y, reg, log_v_wide)
     row["max_rel_error_wide"] = float(np.max(np.abs(np.expm1(wide - exact))))
@@ -160,8 +199,9 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| data | n | reg | clusters (X, Y) | exact pts | R | build s (cluster + features) | "
         "log_matvec s (moments + outputs + exact part) | dense K@v s | exact on the fly s | "
-        "max rel err K v | max rel err (log v spread 100) | peak MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "max rel err K v | max rel err (log v spread 100) | peak MB | "
+        "truncated log_matvec s (pairs kept) | max rel err truncated |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         clusters = f"{r['clusters'][0]}, {r['clusters'][1]} | {r['exact_points'][0]}, " + str(
@@ -171,7 +211,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         if "skipped" in r:
             lines.append(
                 f"| {r['data']} | {r['n']:.0e} | {r['reg']} | {clusters} | {r['features']} | "
-                f"{build} | skipped: {r['skipped']} | | | | | {r['peak_mb']:.0f} |"
+                f"{build} | skipped: {r['skipped']} | | | | | {r['peak_mb']:.0f} | | |"
             )
             continue
         product = (
@@ -179,10 +219,16 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
             f"{r['exact_part_s']:.3f})"
         )
         exact = f"{r['exact_on_the_fly_s']:.2f}" + ("*" if r["exact_extrapolated"] else "")
+        truncated = "-"
+        if r.get("truncated_s") is not None:
+            kept = r["pairs_kept"]
+            share = "no expanded pairs" if kept is None else f"{100 * kept:.0f}% of pairs"
+            truncated = f"{r['truncated_s']:.3f} ({share})"
         lines.append(
             f"| {r['data']} | {r['n']:.0e} | {r['reg']} | {clusters} | {r['features']} | "
             f"{build} | {product} | {fmt(r.get('dense_product_s'), '.4f')} | {exact} | "
-            f"{r['max_rel_error']:.1e} | {r['max_rel_error_wide']:.1e} | {r['peak_mb']:.0f} |"
+            f"{r['max_rel_error']:.1e} | {r['max_rel_error_wide']:.1e} | {r['peak_mb']:.0f} | "
+            f"{truncated} | {fmt(r.get('max_rel_error_truncated'), '.1e')} |"
         )
     return lines
 
@@ -199,9 +245,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--dense-bytes", type=float, default=3.5e9, help="n^2 doubles limit")
     parser.add_argument("--max-flops", type=float, default=1e12)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--truncate", type=float, default=1e-9, help="0: no truncated product")
     parser.add_argument("--json", type=Path, default=None, help="write the numbers here")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--out-name", default="local_kernel.md", help="the table's file name")
     args = parser.parse_args(argv)
+    command = sys.argv[1:] if argv is None else argv
     sizes = args.n or ([2000, 10000] if args.quick else [10**4, 2 * 10**4, 10**5, 10**6])
 
     load_start = os.getloadavg()[0]  # the machine is shared: say how busy it was
@@ -216,7 +265,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lines = [
         "# Block-local polynomial expansion of the Gibbs kernel",
         "",
-        f"Produced by `python benchmarks/local_kernel.py{' --quick' if args.quick else ''}` "
+        f"Produced by `python benchmarks/local_kernel.py {' '.join(command)}` "
         f"({platform.processor() or platform.machine()}, {local.THREADS} pool threads).",
         "",
         "Defaults: tau = 1, degree 9, R = C(9 + 3, 3) = 220 features, relative entry error bound "
@@ -232,8 +281,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "",
     ]
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "local_kernel.md").write_text("\n".join(lines))
-    print(f"Table: {args.out_dir / 'local_kernel.md'}")
+    (args.out_dir / args.out_name).write_text("\n".join(lines))
+    print(f"Table: {args.out_dir / args.out_name}")
     output = {"argv": argv, "quick": args.quick, "rows": rows}
     if args.json is not None:
         write_json(args.json, output)

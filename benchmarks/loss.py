@@ -31,6 +31,10 @@ target) for
     ``ot.solve_sample(X, Y, reg=reg, debias=True, tol=1e-6)`` on torch float64 tensors with
     ``grad='envelope'`` and ``.backward()`` (dense ``n x n``: loss and gradient), step 0
     only.
+``GeomLoss``
+    ``SamplesLoss('sinkhorn', p=2, blur=sqrt(reg / 2), scaling=s, backend=b)`` with ``b`` in
+    ``online`` and ``multiscale`` (KeOps, float64 tensors, compiled before the timed call)
+    and ``s`` in 0.5 and 0.9, value and ``.backward()``, step 0 only.
 
 each with its gradient's relative L2 error against sketchot's exact backend at ``tol=1e-9``
 (the reference at this size; first step's clouds). Times are one run each on a shared
@@ -61,6 +65,8 @@ import sketchot
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 LR = 0.05
 REF_TOL = 1e-12
+# GeomLoss's CPU backends at the speed size (KeOps): (backend, scaling)
+GEOMLOSS_PEERS = (("online", 0.5), ("online", 0.9), ("multiscale", 0.5), ("multiscale", 0.9))
 
 
 # ---------------------------------------------------------------- dense reference
@@ -188,20 +194,28 @@ def pot_step(X, Y, reg):
     return seconds, float(res.value.detach()), x.grad.numpy().copy()
 
 
-def geomloss_step(X, Y, reg, scaling):
-    """GeomLoss's divergence and gradient (torch, tensorized), in sketchot's units: its cost
-    is ``||x - y||^2 / 2`` at ``blur = sqrt(reg / 2)``, so ``S = 2 x`` its value. ``None``
-    when geomloss is not installed."""
+def geomloss_step(X, Y, reg, scaling, backend="tensorized"):
+    """GeomLoss's divergence and gradient (torch), in sketchot's units: its cost is
+    ``||x - y||^2 / 2`` at ``blur = sqrt(reg / 2)``, so ``S = 2 x`` its value. ``None``
+    when geomloss (or, for ``online`` and ``multiscale``, pykeops) is not installed. The
+    KeOps backends compile their formulas once per process, on a small call before the
+    timed one (a training loop pays that once)."""
     try:
         import geomloss
         import torch
+
+        if backend != "tensorized":
+            import pykeops  # noqa: F401
     except ImportError:
         return None
     x = torch.tensor(X, requires_grad=True)
     y = torch.tensor(Y)
     loss = geomloss.SamplesLoss(
-        "sinkhorn", p=2, blur=np.sqrt(reg / 2), scaling=scaling, backend="tensorized"
+        "sinkhorn", p=2, blur=np.sqrt(reg / 2), scaling=scaling, backend=backend
     )
+    if backend != "tensorized":
+        small = torch.tensor(X[:200], requires_grad=True)
+        loss(small, torch.tensor(Y[:200])).backward()
 
     def run():
         value = loss(x, y)
@@ -212,7 +226,9 @@ def geomloss_step(X, Y, reg, scaling):
     return seconds, 2.0 * float(value.detach()), 2.0 * x.grad.numpy()
 
 
-def speed(n: int, reg: float, seed: int, steps: int, reference: bool) -> dict[str, Any]:
+def speed(
+    n: int, reg: float, seed: int, steps: int, reference: bool, with_pot: bool
+) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     X, Y = rng.random((n, 3)), rng.random((n, 3))
     seconds, exact = float("nan"), None
@@ -255,13 +271,25 @@ def speed(n: int, reg: float, seed: int, steps: int, reference: bool) -> dict[st
         print(f"  step {step}: cold {t_cold:.2f} s, warm {t_warm:.2f} s", flush=True)
         Z = Z - LR * n * warm.grad_X
     out = {"n": n, "reg": reg, "exact_seconds": seconds, "steps": cells}
-    if reference:
+    if with_pot:
         t_pot, value, grad = pot_step(X, Y, reg)
         out["pot"] = {
             "seconds": t_pot, "value": value, "grad_rel_error": rel(grad, exact.grad_X),
             "value_abs_error": abs(value - exact.value),
         }  # fmt: skip
         print(f"  POT: {out['pot']}", flush=True)
+    out["geomloss"] = []
+    for backend, scaling in GEOMLOSS_PEERS:
+        step = geomloss_step(X, Y, reg, scaling, backend)
+        if step is None:
+            continue
+        t_geomloss, value, grad = step
+        peer = {"backend": backend, "scaling": scaling, "seconds": t_geomloss, "value": value}
+        if exact is not None:
+            peer["grad_rel_error"] = rel(grad, exact.grad_X)
+            peer["value_abs_error"] = abs(value - exact.value)
+        out["geomloss"].append(peer)
+        print(f"  GeomLoss {backend} {scaling}: {peer}", flush=True)
     return out
 
 
@@ -299,6 +327,12 @@ def report(correct: list[dict[str, Any]], speeds: list[dict[str, Any]]) -> str:
             rows.append(
                 [s["n"], s["reg"], 0, f"POT {p['seconds']:.2f}", "dense torch", "", "", "",
                  "", "", f"{p['grad_rel_error']:.1e}", ""]
+            )  # fmt: skip
+        for g in s.get("geomloss", []):
+            rows.append(
+                [s["n"], s["reg"], 0, f"GeomLoss {g['seconds']:.2f}",
+                 f"{g['backend']}, scaling {g['scaling']}", "", "", "", "", "",
+                 f"{g.get('grad_rel_error', float('nan')):.1e}", ""]
             )  # fmt: skip
     lines += md_table(
         ["n", "reg", "step", "cold s (cpu s)", "cold backends", "cold its", "warm s (cpu s)",
@@ -345,6 +379,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--no-pot", action="store_true", help="leave POT and the exact reference at --n out"
     )
+    parser.add_argument(
+        "--no-pot-speed", action="store_true", help="keep the exact reference, leave POT at --n out"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--out", default=None, help="file stem under benchmarks/results (default loss[_quick])"
@@ -361,7 +398,10 @@ def main(argv: list[str] | None = None) -> None:
         correct += correctness(n_ref, reg, args.seed, not args.no_pot)
     for reg in regs:
         print(f"speed, reg={reg}", flush=True)
-        speeds.append(speed(args.n, reg, args.seed, steps, not (args.quick or args.no_pot)))
+        reference = not (args.quick or args.no_pot)
+        speeds.append(
+            speed(args.n, reg, args.seed, steps, reference, reference and not args.no_pot_speed)
+        )
     text = report(correct, speeds)
     print(text)
     data = {
