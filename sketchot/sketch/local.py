@@ -80,7 +80,7 @@ _MAX_DEGREE = 30
 # Padded features kept per side for the batches every product reads.
 _PADDED_BYTES = 1 << 30
 _IN_BATCH = 16
-# Output clusters per group of a truncated product: neighbours, so their kept inputs overlap.
+# Output clusters per group of a truncated product (at least, memory allowing).
 _TRUNCATED_GROUP = 32
 # Points per block of the feature computation (R x block doubles stay in cache).
 _FEATURE_BLOCK = 2048
@@ -808,9 +808,13 @@ def _apply(
     scale = np.full(out.n_points, -np.inf)
     Z = np.zeros((out.n_points, n_values))
     per_cluster = plan.n_features * max(k_in, 1) * n_values * 8
-    group = max(1, min(out.n_clusters, _MOMENT_BYTES // per_cluster))
+    group = max(1, _MOMENT_BYTES // per_cluster)
     if truncated:
-        group = min(group, _TRUNCATED_GROUP)
+        # Neighbours in a group keep few inputs between them, but each group reads the kept
+        # inputs' features once: no smaller than the memory allows, and never below
+        # _TRUNCATED_GROUP where four times the moments' budget allows that.
+        group = max(group, min(_TRUNCATED_GROUP, 4 * group))
+    group = min(group, out.n_clusters)
     all_inputs = np.arange(k_in)
     in_batches = inn.batches(kb + all_inputs, _IN_BATCH if truncated else inn.n_clusters)
     if truncated and k_in:
