@@ -1,4 +1,4 @@
-"""The block-local polynomial Gibbs kernel: every entry to a relative ``~1e-9``, at any reg.
+"""The block-local polynomial Gibbs kernel: every entry to a small relative error, at any reg.
 
 An operator over :class:`~sketchot.sketch.LocalGaussianExpansion` (the sketch core's
 block-local expansion of ``exp(2 x.y / reg)`` around cluster centres). Its error is relative
@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from .._defaults import DEFAULT_ACCURACY
+from .._validation import check_float
 from ..gibbs import GibbsGeometry
 from ..sketch import LocalGaussianExpansion
 from .base import (
@@ -34,6 +36,17 @@ from .registry import register_backend
 
 #: Largest dimension at the default degree (9): ``C(9 + d, d) <= 1000`` features per point.
 MAX_DIMENSION = 4
+#: ``rtol`` sized from ``accuracy`` lies in this range (degrees 7 to 11 at ``tau = 1``).
+RTOL_RANGE = (1e-12, 1e-6)
+
+
+def rtol_for(accuracy: float) -> float:
+    """The entries' relative error for a solve to ``accuracy``: a thousandth of it, within
+    :data:`RTOL_RANGE`. A product of such entries is off by at most that fraction, so the
+    kernel adds about ``accuracy / 1000`` to the marginal error the true-kernel check
+    certifies."""
+    accuracy = check_float(accuracy, "accuracy", positive=True)
+    return float(np.clip(accuracy * 1e-3, *RTOL_RANGE))
 
 
 def _signed_log_product(log_product, log_w: np.ndarray, V: np.ndarray) -> np.ndarray:
@@ -198,9 +211,10 @@ def build_local(
     rng: Any = None,
     dtype: Any = np.float64,
     tau: float = 1.0,
-    rtol: float = 1e-9,
+    rtol: float | None = None,
     max_features: int = 1000,
     truncate: float | None = None,
+    accuracy: float = DEFAULT_ACCURACY,
 ) -> LocalPolyKernel:
     """The block-local kernel on a geometry (``O((n + m) R)`` build; see the module notes).
 
@@ -209,8 +223,10 @@ def build_local(
     tau : float, default=1.0
         Clusters are balls of radius ``sqrt(tau reg / 2)``: ``tau`` is the half width of the
         interval ``[-tau, tau]`` of the coupling argument ``2 p.q / reg``.
-    rtol : float, default=1e-9
-        Relative error of every entry the degree is chosen for.
+    rtol : float or None, default=None
+        Relative error of every entry the degree is chosen for; ``None``: sized from
+        ``accuracy`` by :func:`rtol_for` (``1e-6``, degree 7, at the default accuracy;
+        ``1e-9``, degree 9, at ``accuracy = 1e-6``).
     max_features : int, default=1000
         Most features ``C(degree + d, d)`` per point (this bounds the dimension).
     truncate : float or None, default=None
@@ -218,7 +234,11 @@ def build_local(
         ``truncate`` in total (the solver's iterations, plan summaries and maps run on them
         at small ``reg``); ``None``: ``rtol``, so a product keeps the entries' relative
         accuracy; ``0`` computes every pair.
+    accuracy : float, default=1e-3
+        The solve's target (the solver passes its own); sizes ``rtol`` when it is ``None``.
     """
+    if rtol is None:
+        rtol = rtol_for(accuracy)
     expansion = LocalGaussianExpansion(
         geometry.reg,
         tau=tau,

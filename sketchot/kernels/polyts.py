@@ -9,7 +9,7 @@
   ``rank``;
 * ``'local'``: an alias of the backend ``'polyts_local'`` at its defaults, the block-local
   expansion around cluster centres (:class:`~sketchot.kernels.local.LocalPolyKernel`): every
-  entry to a relative ``~1e-9`` at any reg, in dimension ``d <= 4``; its own parameters
+  entry to a relative ``accuracy / 1000`` at any reg, in dimension ``d <= 4``; its own parameters
   (``tau``, ``rtol``, ``max_features``, ``truncate``) are reachable as ``backend='polyts_local'``;
 * ``'auto'`` (default): ``'improved'`` when its sampled product error meets ``accuracy``,
   otherwise ``'polyts_local'`` where its record's dimension bound allows it and it meets
@@ -153,7 +153,8 @@ def build_polyts(
         Total number of features of a global variant (the constant included).
     accuracy : float, default=1e-3
         ``variant='auto'``: the sampled relative product error the global sketch must meet
-        (the solver passes its own ``accuracy``).
+        (the solver passes its own ``accuracy``); the block-local kernel sizes its entries'
+        error from it (:func:`~sketchot.kernels.local.rtol_for`).
 
     Notes
     -----
@@ -162,7 +163,7 @@ def build_polyts(
     """
     check_choice(variant, "variant", VARIANTS)
     if variant == "local":
-        return build_local(geometry, rng=rng, dtype=dtype)
+        return build_local(geometry, rng=rng, dtype=dtype, accuracy=accuracy)
     chosen = "improved" if variant == "auto" else variant
 
     def build_global() -> KernelOperator:
@@ -176,7 +177,9 @@ def build_polyts(
     accuracy = check_float(accuracy, "accuracy", positive=True)
     candidates = [("polyts", build_global)]
     if get_backend(LOCAL_BACKEND).applies_to(geometry.X.shape[1]):
-        candidates.append((LOCAL_BACKEND, lambda: build_local(geometry, rng=rng, dtype=dtype)))
+        candidates.append(
+            (LOCAL_BACKEND, lambda: build_local(geometry, rng=rng, dtype=dtype, accuracy=accuracy))
+        )
     choice = escalate(candidates, kernel_judge(accuracy, rng), skip=(VanishingFunctionError,))
     choice.kernel.info.reason = choice.reason
     return choice.kernel

@@ -22,7 +22,7 @@ def problem():
 @pytest.mark.parametrize("reg", [0.1, 0.01])
 def test_entries_are_relative_to_the_bound(problem, reg):
     X, Y = problem
-    kernel = build_local(GibbsGeometry(X, Y, reg), rng=0)
+    kernel = build_local(GibbsGeometry(X, Y, reg), rng=0, accuracy=1e-6)  # entries to 1e-9
     truth = np.exp(-cdist(X, Y, "sqeuclidean") / reg)
     dense = kernel.to_dense()
     bound = kernel.info.params["entry_error_bound"]
@@ -33,7 +33,7 @@ def test_entries_are_relative_to_the_bound(problem, reg):
 
 def test_log_passes_agree_with_linear_ones(problem):
     X, Y = problem
-    kernel = build_local(GibbsGeometry(X, Y, 0.05), rng=0)
+    kernel = build_local(GibbsGeometry(X, Y, 0.05), rng=0, accuracy=1e-6)  # entries to 1e-9
     rng = np.random.default_rng(1)
     v, a = rng.random(300) + 0.1, np.full(400, 1 / 400)
     linear = kernel.fused_pass("rows", v, a)
@@ -51,13 +51,32 @@ def test_small_reg_solve_meets_the_accuracy_where_scalings_overflow(problem):
     """reg = 0.002: the scalings span more than float64's range (e^700), so only log-domain
     products work; the true-kernel check (exact here: 400 x 300) must still pass."""
     X, Y = problem
-    kernel = build_local(GibbsGeometry(X, Y, 0.002), rng=0)
+    kernel = build_local(GibbsGeometry(X, Y, 0.002), rng=0, accuracy=1e-6)
     a, b = np.full(400, 1 / 400), np.full(300, 1 / 300)
     res = sinkhorn_kernel(a, b, kernel, max_iter=5000, tol=1e-9, accuracy=1e-6)
     assert res.converged and res.log_domain
     assert res.true_kernel.exhaustive and res.accuracy_met
     mapped = res.barycentric_map()
     assert np.all(mapped >= Y.min(axis=0) - 1e-9) and np.all(mapped <= Y.max(axis=0) + 1e-9)
+
+
+@pytest.mark.parametrize(
+    ("accuracy", "rtol", "degree"), [(1e-1, 1e-6, 7), (1e-3, 1e-6, 7), (1e-6, 1e-9, 9)]
+)
+def test_entries_are_sized_from_the_accuracy(problem, accuracy, rtol, degree):
+    """``rtol = accuracy / 1000`` within [1e-12, 1e-6]; the entries keep to it."""
+    X, Y = problem
+    kernel = build_local(GibbsGeometry(X, Y, 0.01), rng=0, accuracy=accuracy)
+    params = kernel.info.params
+    assert params["rtol"] == pytest.approx(rtol) and params["degree"] == degree
+    assert params["truncate"] == pytest.approx(rtol)
+    truth = np.exp(-cdist(X, Y, "sqeuclidean") / 0.01)
+    positive = truth > 1e-250
+    relative = np.abs(kernel.to_dense()[positive] / truth[positive] - 1)
+    assert relative.max() <= params["entry_error_bound"] <= rtol
+    # a named rtol wins over the accuracy
+    named = build_local(GibbsGeometry(X, Y, 0.01), rng=0, rtol=1e-9, accuracy=accuracy)
+    assert named.info.params["rtol"] == 1e-9
 
 
 def test_dimension_limit_is_refused_clearly():
