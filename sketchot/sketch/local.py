@@ -77,8 +77,6 @@ _ROW_BLOCK = 4096
 _SAMPLE = 20000
 # Largest degree tried when the degree is chosen from the tolerance.
 _MAX_DEGREE = 30
-# Padded features kept per side for the batches every product reads.
-_PADDED_BYTES = 1 << 30
 _IN_BATCH = 16
 # Output clusters per group of a truncated product (at least, memory allowing).
 _TRUNCATED_GROUP = 32
@@ -110,8 +108,9 @@ class LocalGaussianExpansion:
         raises a ``ValueError`` naming ``d``: the method never returns a cheaper, inaccurate
         kernel.
     max_feature_bytes : int, default=2**31
-        The features of both clouds are stored when they fit in this many bytes, and
-        recomputed block by block in every product otherwise (memory ``O((n + m) d)``).
+        The features of both clouds are stored when they fit in this many bytes (and what
+        is left keeps padded copies of the batches the products read), and recomputed block
+        by block in every product otherwise (memory ``O((n + m) d)``).
     exact_below : int, default=8
         Clusters with fewer points use exact kernel entries instead of the ``R`` features
         (an isolated colour would otherwise cost a full rank-``R`` term against every point
@@ -247,9 +246,13 @@ class LocalGaussianExpansion:
         self.n_features_ = n_features
         self.center_ = (X.sum(axis=0) + Y.sum(axis=0)) / (X.shape[0] + Y.shape[0])
         self._monomials = _MonomialPlan(d, degree, coef)
-        store = (X.shape[0] + Y.shape[0]) * n_features * 8 <= self.max_feature_bytes
+        feature_bytes = (X.shape[0] + Y.shape[0]) * n_features * 8
+        store = feature_bytes <= self.max_feature_bytes
         self._x = self._side(X, generator, store)
         self._y = self._side(Y, generator, store)
+        # what the budget leaves keeps padded copies of the batches products read
+        spare = (self.max_feature_bytes - feature_bytes) // 2 if store else 0
+        self._x.padded_budget = self._y.padded_budget = spare
         self.n_clusters_ = (self._x.n_clusters, self._y.n_clusters)
         self.cluster_radius_ = (self._x.radius, self._y.radius)
         self.n_exact_points_ = (self._x.small_rows, self._y.small_rows)
@@ -602,8 +605,9 @@ class _Side:
     points: np.ndarray
     n_small: int
     cluster_radius: np.ndarray
-    # padded features of the batches products read again and again (within _PADDED_BYTES)
+    # padded features of the batches products read again and again, within padded_budget
     padded: dict = field(default_factory=dict)
+    padded_budget: int = 0
 
     @classmethod
     def build(cls, centred, labels, centers, plan, reg, store, exact_below) -> _Side:
@@ -715,7 +719,8 @@ class _Side:
             cached = self.padded.get(key)
             if cached is None:
                 cached = self.features[batch.index]
-                if sum(a.nbytes for a in self.padded.values()) + cached.nbytes <= _PADDED_BYTES:
+                kept = sum(a.nbytes for a in self.padded.values())
+                if kept + cached.nbytes <= self.padded_budget:
                     self.padded[key] = cached
             return cached
         flat = self.block_features_of(batch.index.ravel())

@@ -207,15 +207,19 @@ def test_features_recomputed_when_over_budget_give_the_same_products():
     assert np.allclose(stored.log_matvec(log_v), streamed.log_matvec(log_v), rtol=0, atol=1e-13)
 
 
-def test_kept_padded_features_give_the_same_products(monkeypatch):
+def test_kept_padded_features_give_the_same_products():
     X, Y = clouds("uniform", 400, 300, seed=61)
     log_v = np.random.default_rng(2).normal(size=300)
     kernel = LocalGaussianExpansion(0.03, exact_below=0, truncate=1e-9, rng=0).fit(X, Y)
     first = kernel.log_matvec(log_v)
     assert kernel._y.padded  # the input side's batches were kept
     assert np.array_equal(kernel.log_matvec(log_v), first)
-    monkeypatch.setattr(local, "_PADDED_BYTES", 0)
-    fresh = LocalGaussianExpansion(0.03, exact_below=0, truncate=1e-9, rng=0).fit(X, Y)
+    # features stored, no budget left for padded copies: the same products
+    exact_fit = (400 + 300) * kernel.n_features_ * 8
+    fresh = LocalGaussianExpansion(
+        0.03, exact_below=0, truncate=1e-9, max_feature_bytes=exact_fit, rng=0
+    ).fit(X, Y)
+    assert fresh._y.features is not None and fresh._y.padded_budget == 0
     assert np.allclose(fresh.log_matvec(log_v), first, rtol=0, atol=1e-13)
     assert not fresh._y.padded
 
