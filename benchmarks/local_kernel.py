@@ -48,6 +48,7 @@ from _results import write_json
 from _running import best_time
 
 import sketchot.sketch.local as local
+from sketchot._parallel import get_num_threads
 from sketchot.color import load_image, sample_pixels
 from sketchot.gibbs import gibbs_block, gibbs_log_matvec
 from sketchot.sketch.local import LocalGaussianExpansion
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "# Block-local polynomial expansion of the Gibbs kernel",
         "",
         f"Produced by `python benchmarks/local_kernel.py {' '.join(command)}` "
-        f"({platform.processor() or platform.machine()}, {local.THREADS} pool threads).",
+        f"({platform.processor() or platform.machine()}, {get_num_threads()} pool threads).",
         "",
         "Defaults: tau = 1, degree 9, R = C(9 + 3, 3) = 220 features, relative entry error bound "
         f"{rows[0]['entry_error_bound']:.2e}. Times in seconds (best of {args.repeats}; one "
