@@ -16,6 +16,8 @@ INCLUDED = (
     "small_reg_quick",
     "small_reg_coarse",
     "small_reg_coarse_1e6",
+    "small_reg_truncate",
+    "local_kernel_truncate",
     "dask_scale_quick",
     "polyts_improved_quick",
     "unbalanced_quick",
