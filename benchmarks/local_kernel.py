@@ -48,7 +48,7 @@ from _results import write_json
 from _running import best_time
 
 import sketchot.sketch.local as local
-from sketchot._parallel import get_num_threads
+from sketchot import get_num_threads
 from sketchot.color import load_image, sample_pixels
 from sketchot.gibbs import gibbs_block, gibbs_log_matvec
 from sketchot.sketch.local import LocalGaussianExpansion
