@@ -77,6 +77,8 @@ _ROW_BLOCK = 4096
 _SAMPLE = 20000
 # Largest degree tried when the degree is chosen from the tolerance.
 _MAX_DEGREE = 30
+# Input clusters per batch of a truncated product: a batch is kept or skipped whole, so few
+# neighbours (more clusters per batch only save Python overhead).
 _IN_BATCH = 16
 # Output clusters per group of a truncated product (at least, memory allowing).
 _TRUNCATED_GROUP = 32
@@ -675,7 +677,7 @@ class _Side:
         return slice(int(self.offsets[cluster]), int(self.offsets[cluster + 1]))
 
     def batches(self, ids: np.ndarray, max_clusters: int) -> list[_Batch]:
-        """Clusters ``ids`` (ascending: increasing sizes) in batches, each padded to one size.
+        """Clusters ``ids`` (ascending: size classes in order) in batches, each padded.
 
         A batch has at most ``max_clusters`` clusters and about ``_ROW_BLOCK`` padded rows;
         sizes within a batch differ by at most a factor 5/4 (plus 4 rows), so padding wastes
@@ -699,7 +701,7 @@ class _Side:
         return out
 
     def expanded_groups(self, size: int, spatial: bool) -> list[np.ndarray]:
-        """The expanded clusters in groups of at most ``size``, each ascending (by size).
+        """The expanded clusters in groups of at most ``size``, each ascending (size classes).
 
         ``spatial``: neighbouring clusters together (consecutive leaves of a k-d tree on the
         centres), so that the input clusters a truncated product keeps for a group are few;
