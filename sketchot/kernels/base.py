@@ -412,6 +412,16 @@ def identity_pass(
     return FusedPass(products, ratios, ratios, bad)
 
 
+def log_fused_pass(
+    log_product: Any, log_rproduct: Any, w: np.ndarray, numerator: np.ndarray, exponent: float
+) -> FusedPass:
+    """The log-domain rows pass from an operator's two log products: ``log_product(w)``
+    (``log(K exp(w))``), its ratios, and ``log_rproduct(ratios)`` (``log(K^T exp(r))``)."""
+    products = log_product(w)
+    ratios, bad = log_ratios_and_bad(numerator, products, exponent)
+    return FusedPass(products, ratios, log_rproduct(ratios), bad)
+
+
 def dense_fused_pass(
     K: np.ndarray, w: np.ndarray, numerator: np.ndarray, exponent: float = 1.0
 ) -> FusedPass:

@@ -38,7 +38,7 @@ from .base import (
     dense_fused_pass,
     fast_ratios_and_bad,
     identity_pass,
-    log_ratios_and_bad,
+    log_fused_pass,
     ratios_and_bad,
 )
 from .device import device_block_bytes, runs_on_device
@@ -164,10 +164,13 @@ class ExactKernel(KernelOperator):
             return identity_pass(w, numerator, log=log, exponent=exponent)
         if log:
             g = self.geometry
-            products = gibbs_log_matvec(g.Xc, g.Yc, g.reg, w, g.cost)
-            ratios, bad = log_ratios_and_bad(numerator, products, exponent)
-            back = gibbs_log_matvec(g.Yc, g.Xc, g.reg, ratios, g.cost.transposed())
-            return FusedPass(products, ratios, back, bad)
+            return log_fused_pass(
+                lambda log_w: gibbs_log_matvec(g.Xc, g.Yc, g.reg, log_w, g.cost),
+                lambda log_u: gibbs_log_matvec(g.Yc, g.Xc, g.reg, log_u, g.cost.transposed()),
+                w,
+                numerator,
+                exponent,
+            )
         if self._dense is not None:
             return dense_fused_pass(self._dense, w, numerator, exponent)
         n, m = self.shape
@@ -408,10 +411,13 @@ class DeviceExactKernel(ExactKernel):
         if side == "cols":
             return identity_pass(w, numerator, log=log, exponent=exponent)
         if log:
-            products = self._log_matvec(w, transpose=False)
-            ratios, bad = log_ratios_and_bad(numerator, products, exponent)
-            back = self._log_matvec(ratios, transpose=True)
-            return FusedPass(products, ratios, back, bad)
+            return log_fused_pass(
+                lambda log_w: self._log_matvec(log_w, transpose=False),
+                lambda log_u: self._log_matvec(log_u, transpose=True),
+                w,
+                numerator,
+                exponent,
+            )
         weights = self._cast(w)
         if self._dense is not None:
             with np.errstate(over="ignore", invalid="ignore"):

@@ -36,7 +36,7 @@ from .registry import register_backend
 
 #: Largest dimension at the default degree (9): ``C(9 + d, d) <= 1000`` features per point.
 MAX_DIMENSION = 4
-#: ``rtol`` sized from ``accuracy`` lies in this range (degrees 7 to 11 at ``tau = 1``).
+#: ``rtol`` sized from ``accuracy`` lies in this range (degrees 7 to 12 at ``tau = 1``).
 RTOL_RANGE = (1e-12, 1e-6)
 
 
