@@ -181,6 +181,7 @@ def run_parts(
     parallel: bool,
     *,
     group: int | None = None,
+    threads: int | None = None,
 ) -> list[R]:
     """``[function(part) for part in groups(items, group)]``, on the pool, in group order.
 
@@ -204,6 +205,9 @@ def run_parts(
     group : int, optional
         Items per group (default: see :func:`groups`). Results that are summed must use a
         grouping that does not depend on the thread count (any fixed number, or the default).
+    threads : int, optional
+        Workers at most (default :func:`get_num_threads`), e.g. fewer where each group
+        holds much memory.
 
     Returns
     -------
@@ -216,7 +220,7 @@ def run_parts(
     [6, 22, 17]
     """
     results: list[R] = []
-    _drive(function, _nonempty_groups(items, group), parallel, results.append)
+    _drive(function, _nonempty_groups(items, group), parallel, results.append, threads)
     return results
 
 
@@ -273,9 +277,10 @@ def _drive(
     parts: list[Sequence[T]],
     parallel: bool,
     consume: Callable[[R], None],
+    threads: int | None = None,
 ) -> None:
     """Run ``function`` on every group and pass the results to ``consume`` in group order."""
-    threads = get_num_threads()
+    threads = get_num_threads() if threads is None else min(threads, get_num_threads())
     n_items = sum(len(part) for part in parts)
     if not parallel or threads == 1 or len(parts) < 2 or n_items < 2 * threads:
         for index, items in enumerate(parts):

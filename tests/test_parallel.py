@@ -53,6 +53,18 @@ def test_results_come_back_one_per_group_in_group_order(threads):
     assert results == groups(list(range(40)), 3)
 
 
+def test_threads_caps_the_workers_of_one_run():
+    def part(items):
+        time.sleep(0.02)  # long enough for every worker to take a group
+        return threading.current_thread().name
+
+    with sketchot.thread_limit(3):
+        names = run_parts(part, list(range(8)), parallel=True, group=1, threads=1)
+        assert set(names) == {threading.current_thread().name}  # the calling thread
+        names = run_parts(part, list(range(8)), parallel=True, group=1, threads=2)
+        assert len(set(names)) == 2
+
+
 def test_sums_are_bit_identical_with_any_number_of_threads():
     rng = np.random.default_rng(7)
     values = rng.standard_normal((500, 64)) * 10.0 ** rng.integers(-8, 8, size=(500, 1))

@@ -51,7 +51,8 @@ from ..gibbs import GibbsGeometry
 #: values are computed only when :meth:`DeferredPass.evaluate` is called, e.g. on a cluster),
 #: ``'block_diagonal'`` (``info.params['batch']`` independent problems of equal shapes
 #: stacked, rows and columns in consecutive slices: the solver measures its residual and
-#: mixes its iterates block by block).
+#: mixes its iterates block by block; with ``'absorb'``, ``absorbed(alpha, beta, previous,
+#: blocks=mask)`` recomputes only the blocks of ``mask`` and keeps ``previous``'s others).
 CAPABILITIES = frozenset(
     {
         "exact",

@@ -217,11 +217,18 @@ class StackedExactKernel(KernelOperator):
         return out.ravel()
 
     def absorbed(
-        self, alpha: np.ndarray, beta: np.ndarray, previous: Any = None
+        self,
+        alpha: np.ndarray,
+        beta: np.ndarray,
+        previous: Any = None,
+        blocks: np.ndarray | None = None,
     ) -> AbsorbedStackedKernel:
         """``diag(e^alpha) K diag(e^beta)``, pair by pair (see
-        :class:`~sketchot.kernels.exact.AbsorbedExactKernel`)."""
-        self.latest = AbsorbedStackedKernel(self, alpha, beta, previous)
+        :class:`~sketchot.kernels.exact.AbsorbedExactKernel`). ``blocks`` (a mask over the
+        pairs, with ``previous``): only these pairs are recomputed, the others keep
+        ``previous``'s entries (so their ``alpha``, ``beta`` must be ``previous``'s): the
+        solver re-absorbs the pairs whose scalings left its range, not the whole stack."""
+        self.latest = AbsorbedStackedKernel(self, alpha, beta, previous, blocks)
         return self.latest
 
 
@@ -242,6 +249,7 @@ class AbsorbedStackedKernel(StackedExactKernel):
         alpha: np.ndarray,
         beta: np.ndarray,
         previous: AbsorbedStackedKernel | None = None,
+        blocks: np.ndarray | None = None,
     ) -> None:
         KernelOperator.__init__(
             self, parent.geometry, KernelInfo("stacked_exact", dict(parent.info.params)),
@@ -253,11 +261,16 @@ class AbsorbedStackedKernel(StackedExactKernel):
         self.alpha = np.asarray(alpha, dtype=np.float64)
         self.beta = np.asarray(beta, dtype=np.float64)
         reuse = previous is not None and previous._linear is not None
+        if blocks is not None and not reuse:
+            raise ValueError("blocks re-absorbs part of a previous absorbed kernel; got none")
         store = previous._linear if reuse else parent.storage()
-        np.add(self.log_kernel, self.stack(self.alpha, "rows")[:, :, None], out=store)
-        store += self.stack(self.beta, "cols")[:, None, :]
-        np.maximum(store, LOG_FLOOR[np.dtype(np.float64)], out=store)  # -inf too
-        np.exp(store, out=store)
+        floor = LOG_FLOOR[np.dtype(np.float64)]
+        alpha_k, beta_k = self.stack(self.alpha, "rows"), self.stack(self.beta, "cols")
+        for k in (slice(None),) if blocks is None else np.flatnonzero(blocks):
+            np.add(self.log_kernel[k], alpha_k[k][..., :, None], out=store[k])
+            store[k] += beta_k[k][..., None, :]
+            np.maximum(store[k], floor, out=store[k])  # -inf too
+            np.exp(store[k], out=store[k])
         self._linear = store
 
     def fused_pass(self, side, w, numerator, *, log=False, exponent=1.0) -> FusedPass:
@@ -265,7 +278,7 @@ class AbsorbedStackedKernel(StackedExactKernel):
             raise NotImplementedError("an absorbed kernel runs linear passes only")
         return super().fused_pass(side, w, numerator, exponent=exponent)
 
-    def absorbed(self, alpha, beta, previous=None):
+    def absorbed(self, alpha, beta, previous=None, blocks=None):
         raise NotImplementedError("absorb into the parent kernel, not into an absorbed one")
 
 

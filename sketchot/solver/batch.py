@@ -18,17 +18,26 @@ rounds of at most ``round_iter`` iterations; after each, every pair's own residu
 kernel), converged pairs leave the stack and the rest continue, warm started from their
 potentials.
 
-Chunks. The pairs are solved in chunks of at most :data:`CACHE_ENTRIES` kernel entries, one
-after the other, in the order of their spreads (:func:`by_spread`): a chunk's stacks stay in
-the cache across its iterations, where a pass costs a fraction of one streamed from memory;
-a chunk's stacks (``-C / reg``, the absorbed kernel and one temporary: 24 bytes per entry)
-also fit ``max_bytes``. The start is POT's, except for the pairs where it would underflow
+Chunks. The pairs are solved in chunks of at most :data:`CACHE_ENTRIES` kernel entries, in
+the order of their spreads (:func:`by_spread`): a chunk's stacks stay in the cache across its
+iterations, where a pass costs a fraction of one streamed from memory; a chunk's stacks
+(``-C / reg``, the absorbed kernel and one temporary: 24 bytes per entry) also fit
+``max_bytes``. Chunks are independent problems: :func:`sketchot.get_num_threads` worker
+threads solve them at once (as many as ``max_bytes`` holds; BLAS releases the interpreter
+lock in the passes, and one thread's passes overlap the other's bookkeeping); the chunking
+does not depend on the number of threads, so neither do the results. Within a chunk, the
+engine re-absorbs only the pairs whose scalings left its range
+(:meth:`~sketchot.kernels.stacked.StackedExactKernel.absorbed` with ``blocks``).
+
+The start is POT's, except for the pairs where it would underflow
 (:func:`_start`); each pair's marginals and values are summed from the last absorbed kernel
 when it leaves (:class:`_PlanSums`).
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +47,7 @@ import numpy as np
 from .._arrays import in_user_arrays
 from .._defaults import DEFAULT_MAX_DENSE_BYTES
 from .._memory import USABLE_FRACTION, available_bytes
+from .._parallel import Part, get_num_threads, run_parts
 from .._validation import check_float, check_int, describe
 from ..kernels.stacked import StackedExactKernel, stacked_log_kernel
 from .engine import ABSORB_THRESHOLD, choose_strategy, iterate
@@ -92,7 +102,8 @@ class BatchResult:
     accuracy : float or None
         The accuracy target the checks are judged against.
     timings : dict
-        ``build`` (stacked kernels) and ``iterations`` seconds.
+        ``build`` (the stacked kernels, seconds summed over the chunks) and ``total`` (wall
+        seconds of the call).
     notes : list of str
     """
 
@@ -223,26 +234,47 @@ def sinkhorn_batch(
     B, n, m = X.shape[0], X.shape[1], Y.shape[1]
     chunk = chunk_size(B, n, m, max_bytes)
     out = _Outputs(B, n, m)
-    buffer = np.empty(chunk * n * m)  # every chunk's absorbed kernels, in the same memory
     order = by_spread(X, Y, chunk)
-    build = 0.0
-    for first in range(0, B, chunk):
-        pairs = order[first : first + chunk]
-        begin = time.perf_counter()
-        log_kernel = stacked_log_kernel(X[pairs], Y[pairs], reg)
-        build += time.perf_counter() - begin
-        _solve_chunk(log_kernel, a[pairs], b[pairs], reg, options, tol, norm, round_iter,
-                     out, pairs, buffer)  # fmt: skip
-        if options.verbose:
-            solved = first + pairs.size
-            done = int(out.converged[order[:solved]].sum())
-            print(f"sketchot.sinkhorn_batch: pairs {solved}/{B}, {done} converged")
+    firsts = list(range(0, B, chunk))
+    # memory for the absorbed kernels, one per worker, reused from chunk to chunk
+    buffers: queue.SimpleQueue = queue.SimpleQueue()
+    lock, tally = threading.Lock(), [0, 0]  # pairs solved and converged, for the progress
+
+    def solve(part: Part) -> float:
+        build = 0.0
+        for first in part:
+            pairs = order[first : first + chunk]
+            begin = time.perf_counter()
+            log_kernel = stacked_log_kernel(X[pairs], Y[pairs], reg)
+            build += time.perf_counter() - begin
+            try:
+                buffer = buffers.get_nowait()
+            except queue.Empty:
+                buffer = np.empty(chunk * n * m)
+            _solve_chunk(log_kernel, a[pairs], b[pairs], reg, options, tol, norm, round_iter,
+                         out, pairs, buffer)  # fmt: skip
+            buffers.put(buffer)
+            if options.verbose:
+                with lock:
+                    tally[0] += pairs.size
+                    tally[1] += int(out.converged[pairs].sum())
+                    elapsed = time.perf_counter() - start
+                    left = elapsed * (B - tally[0]) / tally[0]
+                    print(f"sketchot.sinkhorn_batch: pairs {tally[0]}/{B}, {tally[1]} converged, "
+                          f"{elapsed:.1f} s, about {left:.1f} s left")  # fmt: skip
+        return build
+
+    # chunks in flight at once: each holds its stacks (the grouping does not depend on it)
+    fits = int(min(max_bytes, USABLE_FRACTION * available_bytes()) // (
+        BYTES_PER_ENTRY * chunk * n * m))  # fmt: skip
+    threads = max(1, min(get_num_threads(), fits))
+    build = sum(run_parts(solve, firsts, parallel=len(firsts) > 1, group=1, threads=threads))
     total = time.perf_counter() - start
     return BatchResult(
         potentials=(out.log_u, out.log_v), marginals=(out.row, out.col),
         value_linear=out.value_linear, value=out.value, n_iter=out.n_iter, errors=out.errors,
         converged=out.errors <= tol, a=a, b=b, reg=reg, tol=tol, norm=norm,
-        accuracy=options.accuracy, timings={"build": build, "iterations": total - build},
+        accuracy=options.accuracy, timings={"build": build, "total": total},
         notes=notes,
     )  # fmt: skip
 

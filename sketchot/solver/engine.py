@@ -46,7 +46,8 @@ Block-diagonal kernels (the ``'block_diagonal'`` capability: many independent pr
 stacked, one pass over all of them per half-step): the error is the largest block's residual,
 each relative to its own mass, so that a run converges when every problem has; Anderson
 mixing runs block by block (:class:`~sketchot.solver.acceleration.BlockAndersonMixer`: each
-problem its own coefficients and restarts).
+problem its own coefficients and restarts), and an absorption recomputes only the blocks whose
+scalings left ``[e^-tau, e^tau]``.
 
 Deferred operators (the ``'deferred'`` capability, e.g. on a cluster): their passes are lazy
 (:class:`~sketchot.kernels.base.DeferredPass`) and the loop never forces one between checks.
@@ -369,7 +370,7 @@ class _Run:
         if self.deferred:
             self.pending.append((side, result))
             return result.ratios, result.projection, result
-        if not result.n_bad or self.log or self.guard is None:
+        if not result.n_bad or self.log:
             return result.ratios, result.projection, result
         if self.strategy == "absorb":
             # a vanished product of the absorbed exact kernel is a breakdown (repaired by an
@@ -377,6 +378,8 @@ class _Run:
             ratios = result.ratios.copy()
             ratios[result.bad] = np.inf
             return ratios, result.projection, result
+        if self.guard is None:
+            return result.ratios, result.projection, result
         ratios, projection = self.guard.apply(
             side, result, numerator, other, exponent=self.exponent[side]
         )
@@ -529,9 +532,8 @@ class _Run:
                     scaling = {"rows": u, "cols": v}
                     projection = self.op.project(second, scaling[second])
                 if self.strategy == "absorb" and self.out_of_bounds(u, v):
-                    self.absorb(*self.log_scalings(u, v))
+                    scaling = self.absorb_out_of_bounds(u, v)
                     self.counts["absorptions"] += 1
-                    scaling = {"rows": self.unit("rows"), "cols": self.unit("cols")}
                     projection = self.op.project(second, scaling[second])
                 last_finite = (scaling["rows"], scaling["cols"])
             if self.order == "paper":
@@ -607,6 +609,35 @@ class _Run:
         if self.all_active:
             return bool(u.min() < low or v.min() < low)
         return bool(np.any(u[self.active["rows"]] < low) or np.any(v[self.active["cols"]] < low))
+
+    def absorb_out_of_bounds(self, u: np.ndarray, v: np.ndarray) -> dict[str, np.ndarray]:
+        """Absorb the scalings (:meth:`absorb`) and return the new ones. A block-diagonal
+        kernel re-absorbs only the blocks whose scalings left ``[e^-tau, e^tau]`` (one
+        exponential per entry of those blocks, not of the whole stack); the others keep
+        their offsets and scalings."""
+        log_u, log_v = self.log_scalings(u, v)
+        if self.blocks == 1 or self.op is self.kernel:
+            self.absorb(log_u, log_v)
+            return {"rows": self.unit("rows"), "cols": self.unit("cols")}
+        bound = math.exp(self.tau)
+        out = np.zeros(self.blocks, dtype=bool)
+        for side, s in (("rows", u), ("cols", v)):
+            s = s.reshape(self.blocks, -1)
+            low = (s < 1.0 / bound) & self.active[side].reshape(self.blocks, -1)
+            out |= ((s > bound) | low | ~np.isfinite(s)).any(axis=1)
+        rows = np.repeat(out, u.size // self.blocks)
+        cols = np.repeat(out, v.size // self.blocks)
+        self.offset = {
+            "rows": np.where(rows, log_u, self.offset["rows"]),
+            "cols": np.where(cols, log_v, self.offset["cols"]),
+        }
+        self.op = self.kernel.absorbed(
+            self.offset["rows"], self.offset["cols"], previous=self.op, blocks=out
+        )
+        return {
+            "rows": np.where(rows, self.unit("rows"), u),
+            "cols": np.where(cols, self.unit("cols"), v),
+        }
 
     def can_reset(self, n_iter: int, max_iter: int) -> bool:
         return (

@@ -7,6 +7,8 @@ from hypothesis import strategies as st
 import sketchot
 from sketchot.kernels.stacked import StackedExactKernel, stacked_log_kernel
 from sketchot.solver.batch import BatchResult, by_spread, chunk_size
+from sketchot.solver.engine import iterate
+from sketchot.solver.problem import make_problem
 
 
 def pairs(seed, B=12, n=20, m=25, d=2, weighted=True):
@@ -247,3 +249,67 @@ def test_chunks_of_similar_spreads_return_the_pairs_in_order():
     for k in range(9):
         ref = sketchot.sinkhorn_batch(X[k : k + 1], Y[k : k + 1], reg=0.05, tol=1e-12)
         assert chunked.value[k] == pytest.approx(ref.value[0], rel=1e-10)
+
+
+def test_threads_change_nothing():
+    """Chunks are solved by worker threads; the chunking does not depend on their number,
+    so the results are the same bits with 1 or 2 threads."""
+    X, Y, a, b = pairs(15, B=10)
+    per_chunk = 24 * 20 * 25 * 2  # two pairs a chunk: five chunks
+    with sketchot.thread_limit(1):
+        one = sketchot.sinkhorn_batch(X, Y, a, b, reg=0.02, max_bytes=per_chunk)
+    with sketchot.thread_limit(2):
+        two = sketchot.sinkhorn_batch(X, Y, a, b, reg=0.02, max_bytes=per_chunk)
+    for name in ("value", "value_linear", "errors", "n_iter"):
+        np.testing.assert_array_equal(getattr(one, name), getattr(two, name))
+    np.testing.assert_array_equal(one.potentials[1], two.potentials[1])
+
+
+def test_only_the_pairs_out_of_range_are_reabsorbed():
+    """At small reg one pair's scalings leave the absorption range many times; the pairs
+    whose scalings stay in range are never recomputed (their absorbed entries are the
+    previous ones), and the results are each pair's own."""
+    rng = np.random.default_rng(16)
+    X, Y = rng.random((3, 20, 2)), rng.random((3, 25, 2))
+    X[1:] *= 0.02  # tiny costs over reg: scalings stay near their start
+    Y[1:] *= 0.02
+    calls = []
+
+    class Recording(StackedExactKernel):
+        def absorbed(self, alpha, beta, previous=None, blocks=None):
+            calls.append(None if blocks is None else blocks.copy())
+            return super().absorbed(alpha, beta, previous, blocks)
+
+    reg = 1e-3
+    kernel = Recording(stacked_log_kernel(X, Y, reg), reg)
+    problem = make_problem(np.full(60, 1 / 20), np.full(75, 1 / 25), kernel.shape, reg)
+    state = iterate(kernel, problem, tol=1e-9, max_iter=3000, strategy="absorb", anderson=5)
+    partial = [mask for mask in calls if mask is not None]
+    assert state.converged and calls[0] is None and partial
+    assert all(mask[0] and not mask[1:].any() for mask in partial)
+    for k in range(3):
+        ref = sketchot.sinkhorn(None, None, X[k], Y[k], reg=reg, backend="exact", tol=1e-9,
+                                max_iter=3000)  # fmt: skip
+        log_u = state.log_u.reshape(3, -1)[k]
+        log_v = state.log_v.reshape(3, -1)[k]
+        P = np.exp(log_u[:, None] + log_v[None, :] - ot.dist(X[k], Y[k]) / reg)
+        # both stopped at POT's 1e-9 on the column residual: plans agree to about that
+        assert float((P * ot.dist(X[k], Y[k])).sum()) == pytest.approx(ref.value_linear, rel=1e-6)
+
+
+def test_partial_absorption_recomputes_only_its_blocks():
+    X, Y, _, _ = pairs(17, B=3, n=4, m=5)
+    kernel = StackedExactKernel(stacked_log_kernel(X, Y, 0.5), 0.5)
+    rng = np.random.default_rng(0)
+    alpha, beta = rng.normal(size=12), rng.normal(size=15)
+    first = kernel.absorbed(alpha, beta)
+    kept = first.linear().copy()
+    alpha2, beta2 = alpha.copy(), beta.copy()
+    alpha2[4:8] += 1.0  # pair 1 only
+    beta2[5:10] -= 2.0
+    second = kernel.absorbed(alpha2, beta2, previous=first, blocks=np.array([False, True, False]))
+    whole = StackedExactKernel(stacked_log_kernel(X, Y, 0.5), 0.5).absorbed(alpha2, beta2)
+    np.testing.assert_allclose(second.linear(), whole.linear(), rtol=1e-14)
+    np.testing.assert_array_equal(second.linear()[[0, 2]], kept[[0, 2]])
+    with pytest.raises(ValueError, match="previous absorbed kernel"):
+        kernel.absorbed(alpha, beta, blocks=np.array([True, False, False]))

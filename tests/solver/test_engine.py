@@ -178,6 +178,31 @@ def test_small_reg_where_multiplicative_breaks_down_reaches_target():
     assert np.abs(plan(*result.potentials, Xc, Yc, reg) - P_pot).sum() < 1e-8
 
 
+def test_a_vanished_product_without_a_safeguard_is_repaired_not_zeroed(monkeypatch):
+    """With the absorbed strategy a vanished product (flagged bad by the pass) is a
+    breakdown even when the run has no safeguard (the batch solver's): it is repaired by an
+    exact log-domain iteration, never returned as a zero scaling, whose log would become an
+    infinite offset at the next absorption."""
+    Xc, Yc, a, b, reg = outlier_problem()
+    original = exact.AbsorbedExactKernel.fused_pass
+    dropped = []
+
+    def dropping(self, side, w, numerator, **options):
+        result = original(self, side, w, numerator, **options)
+        if side == "cols" and not dropped:
+            dropped.append(True)
+            result.products[0], result.ratios[0], result.bad[0] = 0.0, 0.0, True
+        return result
+
+    monkeypatch.setattr(exact.AbsorbedExactKernel, "fused_pass", dropping)
+    op = kernel(Xc, Yc, reg)
+    state = iterate(op, make_problem(a, b, op.shape, reg), tol=1e-10, max_iter=2000,
+                    strategy="absorb")  # fmt: skip
+    assert dropped and state.info["resets"] >= 1 and state.converged
+    assert np.isfinite(state.log_v).all()
+    assert max(true_l1_errors(state.log_u, state.log_v, Xc, Yc, a, b, reg)) < 1e-8
+
+
 def test_reg_0003_on_colours_reaches_tol_with_absorptions():
     rng = np.random.default_rng(11)
     Xc, Yc = centred(rng.random((150, 3)), rng.beta(2.0, 5.0, size=(130, 3)))
