@@ -26,7 +26,13 @@ from .api import (
     solve_sample,
 )
 from .barycenter import BarycenterResult, barycenter
-from .batch import BatchResult, sinkhorn_batch, solve_sample_batch
+from .batch import (
+    BatchResult,
+    PairwiseDivergences,
+    pairwise_divergences,
+    sinkhorn_batch,
+    solve_sample_batch,
+)
 from .kernels import (
     Backend,
     ExactKernel,
@@ -95,6 +101,7 @@ __all__ = [
     "LazyPlan",
     "LowRankKernel",
     "NonPositiveKernelError",
+    "PairwiseDivergences",
     "SamplesLoss",
     "SinkhornDivergence",
     "SinkhornResult",
@@ -111,6 +118,7 @@ __all__ = [
     "load_image",
     "make_kernel",
     "map_image",
+    "pairwise_divergences",
     "register_backend",
     "sample_pixels",
     "save_image",

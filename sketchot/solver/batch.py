@@ -438,16 +438,16 @@ def check_batch(X: Any, Y: Any, a: Any, b: Any, reg: Any):
     """``(X, Y, a, b, reg, notes)`` validated: float64 stacks of one batch size and
     dimension, weights per pair of equal masses (``b_k`` rescaled to ``a_k``'s within
     :data:`~sketchot.solver.problem.MASS_RTOL`)."""
-    X = _stack(X, "X")
-    Y = _stack(Y, "Y")
+    X = check_clouds(X, "X")
+    Y = check_clouds(Y, "Y")
     if Y.shape[0] != X.shape[0] or Y.shape[2] != X.shape[2]:
         raise ValueError(
             f"X and Y must hold the same number of pairs B and dimension d, (B, n, d) and "
             f"(B, m, d); got X of shape {X.shape} and Y of shape {Y.shape}"
         )
     reg = check_float(reg, "reg", positive=True)
-    a = _weights(a, "a", X.shape[:2], "X")
-    b = _weights(b, "b", Y.shape[:2], "Y")
+    a = check_stacked_weights(a, "a", X.shape[:2], "X")
+    b = check_stacked_weights(b, "b", Y.shape[:2], "Y")
     notes = []
     mass_a, mass_b = a.sum(axis=1), b.sum(axis=1)
     off = ~np.isclose(mass_a, mass_b, rtol=MASS_RTOL, atol=0.0)
@@ -464,7 +464,8 @@ def check_batch(X: Any, Y: Any, a: Any, b: Any, reg: Any):
     return X, Y, a, b, reg, notes
 
 
-def _stack(value: Any, name: str) -> np.ndarray:
+def check_clouds(value: Any, name: str) -> np.ndarray:
+    """``value`` as a float64 ``(B, n, d)`` stack of finite clouds (errors name ``name``)."""
     array = np.asarray(value)
     if array.dtype.kind not in "biuf":
         raise TypeError(f"{name} must be a real array of shape (B, n, d); got {describe(value)}")
@@ -479,13 +480,15 @@ def _stack(value: Any, name: str) -> np.ndarray:
     return array
 
 
-def _weights(value: Any, name: str, shape: tuple[int, int], points: str) -> np.ndarray:
+def check_stacked_weights(value: Any, name: str, shape: tuple[int, int], points: str) -> np.ndarray:
+    """Weights of shape ``(B, n)`` (default uniform), finite, non-negative, each row of
+    positive mass (errors name ``name`` and the clouds ``points``)."""
     if value is None:
         return np.full(shape, 1.0 / shape[1])
     array = np.asarray(value)
     if array.dtype.kind not in "biuf" or array.shape != shape:
         raise ValueError(
-            f"{name} must be weights of shape {shape} (one row per pair of {points}); got "
+            f"{name} must be weights of shape {shape} (one row per cloud of {points}); got "
             f"{describe(value)}"
         )
     array = array.astype(np.float64)
@@ -493,5 +496,5 @@ def _weights(value: Any, name: str, shape: tuple[int, int], points: str) -> np.n
         raise ValueError(f"{name} must be finite and non-negative")
     if np.any(array.sum(axis=1) <= 0):
         k = int(np.flatnonzero(array.sum(axis=1) <= 0)[0])
-        raise ValueError(f"{name} must have a positive mass in every pair; pair {k} has none")
+        raise ValueError(f"{name} must have a positive mass in every row; row {k} has none")
     return array
