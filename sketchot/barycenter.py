@@ -62,6 +62,7 @@ from ._validation import (
     user_stacklevel,
 )
 from .kernels import build_kernel
+from .kernels.registry import rebuild_parameters
 from .solver.auto import solve_auto
 from .solver.options import SolverOptions
 from .solver.problem import make_problem
@@ -344,7 +345,10 @@ class _Solver:
         result = solve_auto(
             problem, geometry, options, rng=self.generator, solve=solve, **self.params
         )
-        self.choices[k] = (result.backend, dict(result.kernel.info.params))
+        self.choices[k] = (
+            result.backend,
+            rebuild_parameters(result.backend, result.kernel.info.params),
+        )
         return result
 
 

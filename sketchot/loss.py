@@ -51,6 +51,7 @@ import numpy as np
 
 from ._validation import check_bool, check_float, check_matrix, check_rng, check_weights
 from .api import make_kernel, sinkhorn
+from .kernels.registry import rebuild_parameters
 from .solver import (
     AccuracyWarning,
     InvalidResultError,
@@ -450,7 +451,7 @@ def _solve_warm(P, Q, wp, wq, reg, reg_m, seed, previous, kwargs):
     # checks cost nothing (the residual comes from the pass) and a warm start is often
     # converged after a few iterations: check every one unless told otherwise
     options = _options({"check_every": 1, **kwargs})
-    params = dict(previous.kernel.info.params)
+    params = rebuild_parameters(previous.backend, previous.kernel.info.params)
     if "dtype" in kwargs:
         params["dtype"] = kwargs["dtype"]
     kernel = make_kernel(P, Q, reg, previous.backend, rng=seed, **params)

@@ -196,6 +196,17 @@ def test_warm_start_reuses_backend_and_potentials():
     assert loss(moved, Y, a, b).warm == {"ab": False, "aa": False, "bb": False}
 
 
+def test_a_warm_start_rebuilds_a_fitted_block_local_kernel(colours):
+    """The block-local kernel's info.params also describe its fit (clusters, degree, entry
+    bound): the warm start builds it again from the parameters its builder accepts."""
+    X, Y = colours
+    loss = sketchot.SinkhornDivergence(reg=0.01, backend="polyts_local")
+    first = loss(X, Y)
+    second = loss(X - 0.01 * first.grad_X / np.abs(first.grad_X).max(), Y)
+    assert second.warm["ab"] and second.results["ab"].backend == "polyts_local"
+    assert second.accuracy <= 1e-3
+
+
 def test_a_warm_start_that_misses_the_accuracy_is_solved_cold():
     X, Y, a, b = clouds(12, n=60, m=50)
     first = sketchot.sinkhorn_divergence(X, Y, a, b, reg=0.1, backend="exact")

@@ -395,6 +395,27 @@ def backend_parameters(backend: str) -> tuple[str, ...]:
     return tuple(get_backend(backend).defaults)
 
 
+def rebuild_parameters(backend: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters that build a fitted kernel of ``backend`` again, on other points: those
+    of its ``info.params`` that the backend's builder accepts (a rank that ``'auto'`` chose,
+    a tolerance); the others describe the fit (clusters, degree, error bounds) and are
+    refused by the builder.
+
+    Parameters
+    ----------
+    backend : str
+        A registered backend name.
+    params : dict
+        A kernel's ``info.params``.
+
+    Returns
+    -------
+    dict
+    """
+    accepted = get_backend(backend).defaults
+    return {name: value for name, value in params.items() if name in accepted}
+
+
 def comparable_parameters(
     sketch_dim: int = PAPER_SKETCH_DIM, degree: int = PAPER_DEGREE
 ) -> dict[str, dict[str, int]]:

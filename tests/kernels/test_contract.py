@@ -9,6 +9,7 @@ from scipy.spatial.distance import cdist
 import sketchot
 from sketchot.gibbs import make_cost
 from sketchot.kernels import KernelOperator, available_backends, get_backend, make_kernel
+from sketchot.kernels.registry import rebuild_parameters
 from sketchot.solver import plan_summary
 
 
@@ -22,6 +23,21 @@ def kernel(request, colours, library):
     params = get_backend(request.param).test_params
     built = sketchot.make_kernel(X, Y, 0.5, request.param, rng=1, **params)
     return getattr(built, "host", built)  # a tensor call shows the operator behind a view
+
+
+@pytest.mark.parametrize("backend", available_backends())
+def test_a_fitted_kernel_builds_again_on_other_points(colours, backend):
+    """rebuild_parameters keeps what the builder accepts of a kernel's info.params (the
+    warm starts of the loss and the barycenter build the previous kernel choice again on
+    moved points); the fit's own descriptions (clusters, degree, bounds) are left out."""
+    X, Y = colours
+    params = get_backend(backend).test_params
+    fitted = sketchot.make_kernel(X, Y, 0.5, backend, rng=1, **params)
+    again = rebuild_parameters(backend, fitted.info.params)
+    assert set(again) <= set(get_backend(backend).defaults)
+    rebuilt = sketchot.make_kernel(X[:40] + 0.01, Y[:30], 0.5, backend, rng=1, **again)
+    # built on the new points (a backend may fit again from them, e.g. polyts's degree)
+    assert rebuilt.shape == (40, 30) and set(again) <= set(rebuilt.info.params)
 
 
 def test_registry_has_the_four_builtin_backends():
