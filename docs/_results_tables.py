@@ -23,6 +23,9 @@ INCLUDED = (
     "unbalanced_quick",
     "gpu_quick",
     "gpu_1e5",
+    "batch",
+    "barycenter_quick",
+    "barycenter_large",
 )
 
 
