@@ -1,5 +1,5 @@
-"""sketchot.pairwise_divergences: the divergence matrix of many small clouds on the batch
-solver (sketchot/batch.py; the batch solver itself: tests/solver/test_batch.py)."""
+"""sketchot.pairwise_divergences (sketchot/batch.py): the divergence matrix of many small
+clouds on the batch solver (the batch solver itself: tests/solver/test_batch.py)."""
 
 import warnings
 
