@@ -25,6 +25,7 @@ INCLUDED = (
     "gpu_1e5",
     "batch",
     "barycenter_quick",
+    "barycenter_1e4_pot",
     "barycenter_large",
 )
 
