@@ -15,6 +15,7 @@ from ._arrays import in_user_arrays
 from ._validation import user_stacklevel
 from .solver import AccuracyWarning
 from .solver.batch import BatchResult, check_clouds, check_stacked_weights, sinkhorn_batch
+from .solver.plans import value_error_estimate
 from .solver.problem import MASS_RTOL
 
 
@@ -254,19 +255,15 @@ def pairwise_divergences(
 
 
 def batch_value_errors(result: BatchResult) -> np.ndarray:
-    """Estimated error of each pair's ``value``: ``e_a max|f - s| + e_b max|g + s|`` with
-    ``e`` the L1 marginal errors of its plan (exact kernel), ``f = reg (log u - log a)``,
-    ``g = reg (log v - log b)`` over the positive weights and ``s`` the midpoint of ``f``:
-    the first-order gap between the primal and dual values of the plan
-    (:class:`~sketchot.DivergenceResult`'s ``value_error``, pair by pair)."""
+    """Estimated error of each pair's ``value``
+    (:func:`~sketchot.solver.plans.value_error_estimate` of its potentials
+    ``f = reg (log u - log a)``, ``g = reg (log v - log b)`` and its plan's L1 marginal
+    errors: :class:`~sketchot.DivergenceResult`'s ``value_error``, pair by pair)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         f = np.where(result.a > 0, result.reg * (result.potentials[0] - np.log(result.a)), np.nan)
         g = np.where(result.b > 0, result.reg * (result.potentials[1] - np.log(result.b)), np.nan)
-    mid = 0.5 * (np.nanmax(f, axis=1) + np.nanmin(f, axis=1))
-    spread_f = np.nanmax(np.abs(f - mid[:, None]), axis=1)
-    spread_g = np.nanmax(np.abs(g + mid[:, None]), axis=1)
     errors = result.marginal_errors
-    return errors[:, 0] * spread_f + errors[:, 1] * spread_g
+    return value_error_estimate(f, g, errors[:, 0], errors[:, 1])
 
 
 __all__ = [

@@ -61,6 +61,7 @@ from .solver import (
     SolverOptions,
     make_problem,
 )
+from .solver.plans import value_error_estimate
 from .solver.problem import check_reg_m
 from .solver.sinkhorn import solve
 
@@ -481,13 +482,12 @@ def _value_error(result: SinkhornResult) -> float:
     check = result.true_kernel
     if check is None:
         return float("nan")
-    f, g = _potentials(result)
-    f, g = f[result.a > 0], g[result.b > 0]
-    if not (f.size and g.size):
-        return 0.0
-    mid = 0.5 * (f.max() + f.min()) if result.problem.balanced else 0.0
     mass = float(result.a.sum())
-    return mass * (check.bound_a * np.abs(f - mid).max() + check.bound_b * np.abs(g + mid).max())
+    gap = value_error_estimate(
+        *_potentials(result), mass * check.bound_a, mass * check.bound_b,
+        balanced=result.problem.balanced,
+    )  # fmt: skip
+    return float(gap[0])
 
 
 # -------------------------------------------------------------------- gradients

@@ -361,6 +361,37 @@ def fixed_point_target(weights: np.ndarray, log_product: np.ndarray, exponent: f
         return np.where(weights > 0, np.exp(log_w + (1.0 - exponent) * log_product), 0.0)
 
 
+def value_error_estimate(
+    f: np.ndarray, g: np.ndarray, error_a: Any, error_b: Any, balanced: bool = True
+) -> np.ndarray:
+    """First-order gap between the primal and dual values of a plan: ``e_a max|f - s| +
+    e_b max|g + s|`` over each row of ``f`` and ``g`` (the dual potentials, NaN where the
+    weight is 0), with ``e`` the absolute L1 marginal errors of the plan and ``s`` the
+    midpoint of ``f`` (balanced potentials are defined up to ``(f + s, g - s)``; 0
+    unbalanced). An estimate of the error of the plan's value, not a bound.
+
+    Parameters
+    ----------
+    f, g : ndarray, shape (B, n), (B, m)
+        Potentials of ``B`` problems (one row each).
+    error_a, error_b : float or ndarray of shape (B,)
+    balanced : bool
+
+    Returns
+    -------
+    ndarray, shape (B,)
+        0 for a problem without a positive weight on either side.
+    """
+    f, g = np.atleast_2d(f), np.atleast_2d(g)
+    empty = np.isnan(f).all(axis=1) | np.isnan(g).all(axis=1)
+    f = np.where(empty[:, None], 0.0, f)
+    g = np.where(empty[:, None], 0.0, g)
+    mid = 0.5 * (np.nanmax(f, axis=1) + np.nanmin(f, axis=1)) if balanced else np.zeros(len(f))
+    gap = np.asarray(error_a) * np.nanmax(np.abs(f - mid[:, None]), axis=1)
+    gap = gap + np.asarray(error_b) * np.nanmax(np.abs(g + mid[:, None]), axis=1)
+    return np.where(empty, 0.0, gap)
+
+
 def true_kernel_check(
     kernel: KernelOperator,
     a: np.ndarray,
