@@ -413,14 +413,32 @@ def identity_pass(
     return FusedPass(products, ratios, ratios, bad)
 
 
+class ProjectedOnRead(FusedPass):
+    """A rows pass whose projection (a second product as costly as the first) is computed
+    when first read: plan evaluations and warm starts read only the products."""
+
+    def __init__(self, products, ratios, bad, project) -> None:
+        for name, value in (("products", products), ("ratios", ratios), ("bad", bad)):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_project", project)
+        object.__setattr__(self, "_projection", None)
+
+    @property
+    def projection(self) -> np.ndarray:
+        if self._projection is None:
+            object.__setattr__(self, "_projection", self._project(self.ratios))
+        return self._projection
+
+
 def log_fused_pass(
     log_product: Any, log_rproduct: Any, w: np.ndarray, numerator: np.ndarray, exponent: float
 ) -> FusedPass:
     """The log-domain rows pass from an operator's two log products: ``log_product(w)``
-    (``log(K exp(w))``), its ratios, and ``log_rproduct(ratios)`` (``log(K^T exp(r))``)."""
+    (``log(K exp(w))``), its ratios, and ``log_rproduct(ratios)`` (``log(K^T exp(r))``),
+    the last when first read."""
     products = log_product(w)
     ratios, bad = log_ratios_and_bad(numerator, products, exponent)
-    return FusedPass(products, ratios, log_rproduct(ratios), bad)
+    return ProjectedOnRead(products, ratios, bad, log_rproduct)
 
 
 def dense_fused_pass(

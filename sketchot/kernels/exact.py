@@ -18,6 +18,7 @@ import numpy as np
 
 from .._arrays import DeviceArrays
 from .._defaults import DEFAULT_MAX_DENSE_BYTES
+from .._parallel import Part, run_parts
 from .._validation import check_int
 from ..gibbs import (
     GibbsGeometry,
@@ -30,6 +31,7 @@ from ..gibbs import (
 )
 from .base import (
     MIN_DENOMINATOR_RATIO,
+    THREADED_PASS_MIN_ENTRIES,
     FusedPass,
     KernelInfo,
     KernelOperator,
@@ -50,6 +52,11 @@ LOG_FLOOR = {
     np.dtype(dtype): math.ceil(math.log(np.finfo(dtype).tiny)) + 1.0
     for dtype in (np.float64, np.float32)
 }
+
+
+#: Bytes of the blocks in which a stored absorbed kernel is filled: the size of a typical
+#: core's L2 cache, so that the entries' elementwise steps run in cache, not from memory.
+FILL_BLOCK_BYTES = 1 << 20
 
 
 class ExactKernel(KernelOperator):
@@ -245,8 +252,15 @@ class AbsorbedExactKernel(ExactKernel):
         if self.is_dense:
             reuse = previous is not None and previous._stored is not None
             self._stored = previous._stored if reuse else np.empty((n, m), dtype=self.dtype)
-            for rows in row_slices(n, self._rows_per_block):
-                self._stored[rows] = self._computed_block(rows)
+
+            def fill(part: Part[slice]) -> None:
+                for rows in part:
+                    self._stored[rows] = self._computed_block(rows)
+
+            # elementwise numpy work (it releases the GIL): on threads, in blocks that stay in
+            # a core's cache through the block's five steps
+            blocks = list(row_slices(n, block_rows(m, 8, FILL_BLOCK_BYTES)))
+            run_parts(fill, blocks, n * m >= THREADED_PASS_MIN_ENTRIES)
 
     @property
     def _dense(self) -> np.ndarray | None:

@@ -27,6 +27,7 @@ from .base import (
     FusedPass,
     KernelInfo,
     KernelOperator,
+    ProjectedOnRead,
     check_operand,
     identity_pass,
     log_ratios_and_bad,
@@ -63,23 +64,6 @@ def _signed_log_product(log_product, log_w: np.ndarray, V: np.ndarray) -> np.nda
             out.append(part)
     result = np.column_stack(out)
     return result[:, 0] if V.ndim == 1 else result
-
-
-class _ProjectedOnRead(FusedPass):
-    """A rows pass whose projection (a second product as costly as the first) is computed
-    when first read: plan evaluations read only the products."""
-
-    def __init__(self, products, ratios, bad, project) -> None:
-        for name, value in (("products", products), ("ratios", ratios), ("bad", bad)):
-            object.__setattr__(self, name, value)
-        object.__setattr__(self, "_project", project)
-        object.__setattr__(self, "_projection", None)
-
-    @property
-    def projection(self) -> np.ndarray:
-        if self._projection is None:
-            object.__setattr__(self, "_projection", self._project(self.ratios))
-        return self._projection
 
 
 class LocalPolyKernel(KernelOperator):
@@ -156,7 +140,7 @@ class LocalPolyKernel(KernelOperator):
             products = self.expansion.matmat(w)
             ratios, bad = ratios_and_bad(numerator, products, exponent)
         project = self.expansion.log_rmatvec if log else self.expansion.rmatmat
-        return _ProjectedOnRead(products, ratios, bad, project)
+        return ProjectedOnRead(products, ratios, bad, project)
 
     def project(
         self, side: str, values: np.ndarray, index: Any = None, *, log: bool = False

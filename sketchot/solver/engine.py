@@ -132,6 +132,10 @@ class Iterate:
         ``(u, v)`` themselves for the multiplicative strategy (no ``exp(log u)`` rounding;
         negative or non-finite entries kept as the ``'propagate'`` safeguard left them); the
         operator's lazy values for a deferred one.
+    absorbed : KernelOperator or None
+        For the absorbing strategy, the absorbed kernel the final scalings are relative to
+        (offsets ``alpha``, ``beta``): a stored one gives the plan's summary by plain
+        products (:func:`sketchot.solver.plans.plan_summary`). Not kept in results.
     """
 
     log_u: np.ndarray
@@ -143,6 +147,7 @@ class Iterate:
     strategy: str
     info: dict[str, Any] = field(default_factory=dict)
     scalings: tuple[np.ndarray, np.ndarray] | None = None
+    absorbed: Any = None
 
 
 def choose_strategy(kernel: KernelOperator, log_domain: bool | str) -> str:
@@ -285,7 +290,7 @@ def iterate(
         )  # fmt: skip
     return Iterate(
         result.log_u, result.log_v, total, result.converged, history, result.status,
-        result.strategy, info,
+        result.strategy, info, absorbed=result.absorbed,
     )  # fmt: skip
 
 
@@ -546,9 +551,10 @@ class _Run:
         if timed:
             info["iteration_times"] = times
         plain = (scaling["rows"], scaling["cols"]) if self.strategy == "multiplicative" else None
+        absorbed = self.op if self.strategy == "absorb" and self.op is not self.kernel else None
         return Iterate(
             log_u, log_v, n_iter, status == "converged", history, status, self.strategy, info,
-            plain,
+            plain, absorbed,
         )  # fmt: skip
 
     def settle(self, *values) -> list:

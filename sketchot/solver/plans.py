@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .._defaults import DEFAULT_MAX_DENSE_BYTES
+from .._parallel import Part, reduce_parts
 from ..gibbs import row_slices, sq_norms
 from ..kernels import KernelOperator
 from ..kernels.base import MIN_DENOMINATOR_RATIO, check_operand
@@ -28,12 +29,21 @@ LOG_BLOCK_ENTRIES = 1 << 21
 
 @dataclass(frozen=True)
 class PlanSummary:
-    """Marginals, cost ``<P, M>`` and mass ``1^T P 1`` of a plan."""
+    """Marginals, cost ``<P, M>`` and mass ``1^T P 1`` of a plan, and its first moments.
+
+    ``row_moments = P Yc`` (shape (n, d)) and ``col_moments = P^T Xc`` (shape (m, d)) in the
+    geometry's centred coordinates, where the summary's products give them at no extra pass
+    (``None`` otherwise): the barycentric maps of the fitted points are
+    ``row_moments / row_marginal`` and the divergence's position gradients
+    ``2 (row_marginal Xc - row_moments)`` follow without another product.
+    """
 
     row_marginal: np.ndarray
     col_marginal: np.ndarray
     cost: float
     mass: float
+    row_moments: np.ndarray | None = None
+    col_moments: np.ndarray | None = None
 
 
 def _log_form(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray) -> bool:
@@ -44,7 +54,9 @@ def _log_form(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray) -> b
     # float32 products overflow above e^88: keep the same margin below it as SAFE_LOG has
     safe = min(SAFE_LOG, float(np.log(np.finfo(kernel.dtype).max)) - 59.0)
     with np.errstate(invalid="ignore"):  # inf + -inf of a broken run: not finite, log form
-        return not (log_u.max() + log_v.max() < safe and log_u.min() > -safe)
+        top_u, top_v = log_u.max(), log_v.max()
+        # each scaling finite, and their products too (u = inf times K v = 0 is NaN)
+        return not (max(top_u, top_v, top_u + top_v) < safe and log_u.min() > -safe)
 
 
 def _log_kernel(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray) -> bool:
@@ -104,15 +116,70 @@ def _blockwise_cost(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray
     return total
 
 
-def plan_summary(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray) -> PlanSummary:
-    """Marginals, ``<P, M>`` and mass of ``P = diag(u) K diag(v)``.
+def _stored_scalings(absorbed: Any, log_u: np.ndarray, log_v: np.ndarray):
+    """``(K~, u~, v~)`` with ``P = diag(u~) K~ diag(v~)`` when the iteration ended on a stored
+    float64 absorbed kernel ``K~ = diag(e^alpha) K diag(e^beta)`` (its entries are already
+    computed: products with it are plain BLAS passes), ``None`` otherwise."""
+    matrix = getattr(absorbed, "_dense", None)
+    if not isinstance(matrix, np.ndarray) or matrix.dtype != np.float64:
+        return None
+    scalings = []
+    for log_s, offset in ((log_u, absorbed.alpha), (log_v, absorbed.beta)):
+        active = np.isfinite(log_s)
+        with np.errstate(invalid="ignore"):
+            shift = np.where(active, log_s - offset, 0.0)
+        # the absorbed form keeps the scalings near 1; far from it, the log form is safer
+        if not np.all(np.isfinite(shift)) or np.abs(shift).max(initial=0.0) > SAFE_LOG / 2:
+            return None
+        scalings.append(np.where(active, np.exp(shift), 0.0))
+    return matrix, scalings[0], scalings[1]
+
+
+def _log_form_summary(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray):
+    """The summary entry by entry in log form, over row blocks on the pool's threads: ``O(n m
+    d)`` time, one block's memory per thread; the column sums add in a fixed group order (the
+    same bits with any number of threads)."""
+    g = kernel.geometry
+    n, m = g.shape
+    row = np.empty(n)
+    row_moments = np.empty((n, g.Xc.shape[1]))
+    step = max(1, LOG_BLOCK_ENTRIES // max(1, m))
+
+    def run(part: Part[slice]):
+        col = np.zeros(m)
+        col_moments = np.zeros((m, g.Xc.shape[1]))
+        cost = 0.0
+        for rows in part:
+            neg_cost = g.log_block(rows)
+            plan = neg_cost + log_u[rows, None]
+            plan += log_v[None, :]
+            np.exp(plan, out=plan)
+            row[rows] = plan.sum(axis=1)
+            row_moments[rows] = plan @ g.Yc
+            col += plan.sum(axis=0)
+            col_moments += plan.T @ g.Xc[rows]
+            cost -= g.reg * float(np.einsum("ij,ij->", plan, neg_cost))
+        return col, col_moments, cost
+
+    def add(total, more):
+        return total[0] + more[0], total[1] + more[1], total[2] + more[2]
+
+    slices = list(row_slices(n, step))
+    col, col_moments, cost = reduce_parts(run, slices, n * m >= LOG_BLOCK_ENTRIES, add)
+    return PlanSummary(row, col, cost, float(row.sum()), row_moments, col_moments)
+
+
+def plan_summary(
+    kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray, *, absorbed: Any = None
+) -> PlanSummary:
+    """Marginals, ``<P, M>``, mass and first moments of ``P = diag(u) K diag(v)``.
 
     For the squared-Euclidean cost, ``||x - y||^2 = ||x||^2 + ||y||^2 - 2 x.y`` in centred
-    coordinates: ``K`` through one ``matmat`` with ``d + 1`` columns and one ``rmatvec``,
+    coordinates: ``K`` through one ``matmat`` and one ``rmatmat`` with ``d + 1`` columns,
     ``O((n + m) r d)`` for a rank-``r`` operator. Any other cost is summed block by block
     from the cost's rows: entry by entry in log form for an exact kernel
     (``O(n m d)``), from the operator's rows otherwise (:func:`_blockwise_cost`,
-    ``O(n m (r + d))``). Never an ``n x m`` array.
+    ``O(n m (r + d))``). Never an ``n x m`` array beyond one the iteration stored.
 
     Parameters
     ----------
@@ -120,24 +187,30 @@ def plan_summary(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray) -
         The operator the scalings were computed with (its cost and ``reg``).
     log_u, log_v : ndarray, shapes (n,) and (m,)
         Log-scalings.
+    absorbed : KernelOperator, optional
+        The absorbed kernel the iteration ended on (:attr:`Iterate.absorbed`, with its
+        offsets ``alpha``, ``beta``): when it is stored in float64, the summary is two BLAS
+        products with it instead of a recomputation of every entry.
 
     Returns
     -------
     PlanSummary
-        Row and column sums of ``P``, ``<P, M>`` and the mass ``1^T P 1``.
+        Row and column sums of ``P``, ``<P, M>``, the mass ``1^T P 1`` and, where the
+        products give them, the moments ``P Yc`` and ``P^T Xc``.
     """
     g = kernel.geometry
     sqeuclidean = g.cost.sqeuclidean
+    stored = _stored_scalings(absorbed, log_u, log_v) if sqeuclidean else None
+    if stored is not None:
+        matrix, u, v = stored
+        rows_p = matrix @ np.column_stack([v, v[:, None] * g.Yc])
+        cols_p = matrix.T @ np.column_stack([u, u[:, None] * g.Xc])
+        return _from_products(
+            g, u * rows_p[:, 0], u[:, None] * rows_p[:, 1:], v * cols_p[:, 0],
+            v[:, None] * cols_p[:, 1:],
+        )  # fmt: skip
     if _log_form(kernel, log_u, log_v) or (not sqeuclidean and "exact" in kernel.info.capabilities):
-        row = np.empty(g.shape[0])
-        col = np.zeros(g.shape[1])
-        cost = 0.0
-        for rows, log_plan, neg_cost in _log_blocks(kernel, log_u, log_v):
-            plan = np.exp(log_plan)
-            row[rows] = plan.sum(axis=1)
-            col += plan.sum(axis=0)
-            cost -= g.reg * float(np.sum(plan * neg_cost))
-        return PlanSummary(row, col, cost, float(row.sum()))
+        return _log_form_summary(kernel, log_u, log_v)
     # the squared-Euclidean cost from K Y: the coordinates as extra columns (none otherwise)
     Yc = g.Yc if sqeuclidean else g.Yc[:, :0]
     if _log_kernel(kernel, log_u, log_v):
@@ -148,19 +221,28 @@ def plan_summary(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray) -
         row = products[:, 0]
         P_y = products[:, 1:] + row[:, None] * shift
         col = _log_plan_product(kernel, log_u, log_v, np.ones(g.shape[0]), transpose=True)
+        Pt_x = None  # d more log products: computed when asked for (LazyPlan)
     else:
+        Xc = g.Xc if sqeuclidean else g.Xc[:, :0]
         with np.errstate(over="ignore", invalid="ignore"):
             u, v = np.exp(log_u), np.exp(log_v)
             products = kernel.matmat(np.column_stack([v, v[:, None] * Yc]))
+            rproducts = kernel.rmatmat(np.column_stack([u, u[:, None] * Xc]))
             row = u * products[:, 0]
-            col = v * kernel.rmatvec(u)
+            col = v * rproducts[:, 0]
             P_y = u[:, None] * products[:, 1:]
+            Pt_x = v[:, None] * rproducts[:, 1:]
     if not sqeuclidean:
         return PlanSummary(row, col, _blockwise_cost(kernel, log_u, log_v), float(row.sum()))
+    return _from_products(g, row, P_y, col, Pt_x)
+
+
+def _from_products(g, row, P_y, col, Pt_x) -> PlanSummary:
+    """The summary of a squared-Euclidean plan from its marginals and moments."""
     with np.errstate(over="ignore", invalid="ignore"):
         cross = float(np.einsum("ij,ij->", g.Xc, P_y))
         cost = row @ sq_norms(g.Xc) + col @ sq_norms(g.Yc) - 2.0 * cross
-    return PlanSummary(row, col, float(cost), float(row.sum()))
+    return PlanSummary(row, col, float(cost), float(row.sum()), P_y, Pt_x)
 
 
 class LazyPlan:

@@ -14,6 +14,7 @@ import numpy as np
 
 from .._validation import check_bool, check_int, check_matrix, check_rng, user_stacklevel
 from ..kernels import KernelOperator
+from ..kernels.base import MIN_DENOMINATOR_RATIO
 from .advice import advise
 from .errors import InvalidResultError, InvalidResultWarning
 from .plans import LazyPlan, TrueKernelCheck, barycentric, sampled_true_kernel_check
@@ -21,6 +22,10 @@ from .problem import Problem
 
 # Relative slack of the bounding-box check of mapped points (rounding of the weighted means).
 BOX_SLACK = 1e-9
+
+# Plan rows below this mass are too close to float64's underflow to divide by (the log-stable
+# map is used instead).
+MIN_MAP_DENOMINATOR = 1e-250
 
 
 @dataclass
@@ -84,6 +89,11 @@ class SinkhornResult:
     iteration_info : dict
         The iteration's strategy (``'multiplicative'``, ``'absorb'``, ``'log'``) and
         counters (absorptions, resets, stages of an epsilon schedule).
+    plan_moments : tuple of (ndarray or None)
+        ``(P Yc, P^T Xc)``, shapes (n, d) and (m, d), in the kernel geometry's centred
+        coordinates (``Xc = X - geometry.center``), where the plan's summary computed them
+        (``None`` otherwise): the barycentric maps of the fitted points and the divergence's
+        gradients read them instead of multiplying the plan again.
     """
 
     kernel: KernelOperator
@@ -105,6 +115,7 @@ class SinkhornResult:
     notes: list[str] = field(default_factory=list)
     attempts: list[Any] = field(default_factory=list)
     iteration_info: dict[str, Any] = field(default_factory=dict)
+    plan_moments: tuple[np.ndarray | None, np.ndarray | None] = (None, None)
 
     a = property(lambda self: self.problem.a, doc="Source weights, shape (n,).")
     b = property(lambda self: self.problem.b, doc="Target weights, shape (m,).")
@@ -220,9 +231,12 @@ class SinkhornResult:
         """
         return_fallbacks = check_bool(return_fallbacks, "return_fallbacks")
         g = self.kernel.geometry
-        mapped, fallbacks = barycentric(
-            self.kernel, _points(X_new, g, "X_new"), self.potentials[1], g.Y
-        )
+        mapped = None if X_new is not None else self._map_from_moments(0)
+        fallbacks = 0
+        if mapped is None:
+            mapped, fallbacks = barycentric(
+                self.kernel, _points(X_new, g, "X_new"), self.potentials[1], g.Y
+            )
         self._check_inside(mapped, g.Y, "Y")
         return (mapped, fallbacks) if return_fallbacks else mapped
 
@@ -232,11 +246,29 @@ class SinkhornResult:
         """Barycentric projection of target points onto the source cloud ``X``."""
         return_fallbacks = check_bool(return_fallbacks, "return_fallbacks")
         g = self.kernel.geometry
-        mapped, fallbacks = barycentric(
-            self.kernel, _points(Y_new, g, "Y_new"), self.potentials[0], g.X, transpose=True
-        )
+        mapped = None if Y_new is not None else self._map_from_moments(1)
+        fallbacks = 0
+        if mapped is None:
+            mapped, fallbacks = barycentric(
+                self.kernel, _points(Y_new, g, "Y_new"), self.potentials[0], g.X, transpose=True
+            )
         self._check_inside(mapped, g.X, "X")
         return (mapped, fallbacks) if return_fallbacks else mapped
+
+    def _map_from_moments(self, side: int) -> np.ndarray | None:
+        """The fitted points' barycentric map ``(P Yc) / (P 1) + center`` (``side`` 0; 1 for
+        the inverse map) from the summary's moments, or ``None`` when they were not computed
+        or a denominator is too small to divide by (zero weights, an approximation's
+        non-positive rows): those maps are recomputed by :func:`barycentric`."""
+        moments = self.plan_moments[side]
+        if moments is None:
+            return None
+        marginal = self.marginals[side]
+        scale = np.abs(marginal).max(initial=0.0)
+        if not (marginal > max(MIN_DENOMINATOR_RATIO * scale, MIN_MAP_DENOMINATOR)).all():
+            return None
+        mapped = moments / marginal[:, None] + self.kernel.geometry.center
+        return mapped if np.all(np.isfinite(mapped)) else None
 
     # ------------------------------------------------------------------ check
     def check_true_kernel(self, n_samples: int = 1000, rng: Any = None) -> TrueKernelCheck:

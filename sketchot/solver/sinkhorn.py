@@ -287,7 +287,8 @@ def solve(
             state = run(annealing_kernels(kernel))
         live.close(state.status)
     elapsed = time.perf_counter() - start
-    summary = plan_summary(kernel, state.log_u, state.log_v)
+    summary = plan_summary(kernel, state.log_u, state.log_v, absorbed=state.absorbed)
+    state.absorbed = None  # its stored entries are O(n m): not kept past the summary
     result = SinkhornResult(
         kernel=kernel,
         problem=problem,
@@ -309,6 +310,7 @@ def solve(
         options=options.as_dict(),
         notes=notes,
         iteration_info={"strategy": state.strategy, "norm": norm, **state.info},
+        plan_moments=(summary.row_moments, summary.col_moments),
     )
     if options.accuracy is not None:
         result.true_kernel = _check_true_kernel(result, options, rng)

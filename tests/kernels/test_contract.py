@@ -173,6 +173,12 @@ def test_plan_summary_matches_dense_computation(kernel):
     np.testing.assert_allclose(summary.col_marginal, plan.sum(0), rtol=1e-9, atol=1e-12)
     assert summary.cost == pytest.approx(np.sum(plan * cost), rel=1e-9, abs=1e-12)
     assert summary.mass == pytest.approx(plan.sum(), rel=1e-10)
+    # the first moments, where the summary's products gave them (centred coordinates)
+    g = kernel.geometry
+    if summary.row_moments is not None:
+        np.testing.assert_allclose(summary.row_moments, plan @ g.Yc, rtol=1e-9, atol=1e-12)
+    if summary.col_moments is not None:
+        np.testing.assert_allclose(summary.col_moments, plan.T @ g.Xc, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("backend", available_backends())

@@ -1,10 +1,16 @@
-"""sketchot.solver.plans.value_error_estimate: the primal-dual gap shared by the loss and the
-divergence matrix (the plan products themselves: tests/kernels/test_contract.py)."""
+"""sketchot.solver.plans: the primal-dual gap shared by the loss and the divergence matrix,
+and the plan summary's three forms (stored absorbed kernel, log form, linear products; the
+plan products of every backend: tests/kernels/test_contract.py)."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import sketchot
+from sketchot._parallel import thread_limit
+from sketchot.solver import make_problem, plan_summary, plans
+from sketchot.solver.engine import iterate
 from sketchot.solver.plans import value_error_estimate
 
 
@@ -27,3 +33,74 @@ def test_the_estimate_by_hand_and_empty_sides():
     assert value_error_estimate(f, g, 0.1, 0.01)[0] == 0.1 * 1 + 0.01 * 2
     assert value_error_estimate(f, g, 0.1, 0.01, balanced=False)[0] == 0.1 * 3 + 0.01 * 4
     assert value_error_estimate(np.full((1, 2), np.nan), g, 1.0, 1.0)[0] == 0.0
+
+
+# ------------------------------------------------------------------ plan summaries
+# Tolerances: the summaries below differ only in the order of float64 sums over at most
+# 300 x 250 entries (relative rounding ~1e-13) or in exp(a + b) against exp(a) exp(b).
+
+
+def _absorbed_state(reg=0.003, n=300, m=250, seed=0):
+    """An exact kernel at a small reg and the absorbed iterate it converged to."""
+    rng = np.random.default_rng(seed)
+    X, Y = rng.random((n, 2)), rng.random((m, 2)) * 0.8
+    kernel = sketchot.make_kernel(X, Y, reg, "exact")
+    problem = make_problem(np.full(n, 1 / n), np.full(m, 1 / m), kernel.shape, reg)
+    state = iterate(kernel, problem, tol=1e-9, max_iter=2000, strategy="absorb")
+    assert state.converged and state.absorbed is not None
+    return kernel, state
+
+
+def _assert_same_summary(summary, reference, rtol=1e-10):
+    np.testing.assert_allclose(summary.row_marginal, reference.row_marginal, rtol=rtol)
+    np.testing.assert_allclose(summary.col_marginal, reference.col_marginal, rtol=rtol)
+    assert summary.cost == pytest.approx(reference.cost, rel=rtol)
+    assert summary.mass == pytest.approx(reference.mass, rel=rtol)
+    for name in ("row_moments", "col_moments"):
+        scale = np.abs(getattr(reference, name)).max()
+        np.testing.assert_allclose(
+            getattr(summary, name), getattr(reference, name), rtol=rtol, atol=rtol * scale
+        )
+
+
+def test_summary_from_the_stored_absorbed_kernel_equals_the_log_form():
+    """The plan read from the absorbed kernel's stored entries (two BLAS products) is the
+    plan recomputed entry by entry in log form."""
+    kernel, state = _absorbed_state()
+    assert plans._stored_scalings(state.absorbed, state.log_u, state.log_v) is not None
+    stored = plan_summary(kernel, state.log_u, state.log_v, absorbed=state.absorbed)
+    _assert_same_summary(stored, plans._log_form_summary(kernel, state.log_u, state.log_v))
+
+
+def test_summary_refuses_absorbed_offsets_far_from_the_scalings():
+    """Scalings far from the absorbed offsets (or a float32 store) fall back to the log
+    form: exp of the difference would overflow."""
+    _, state = _absorbed_state()
+    far = state.log_u + 1000.0
+    assert plans._stored_scalings(state.absorbed, far, state.log_v) is None
+    state.absorbed._stored = state.absorbed._stored.astype(np.float32)
+    assert plans._stored_scalings(state.absorbed, state.log_u, state.log_v) is None
+
+
+def test_summary_of_one_huge_scaling_is_finite():
+    """u beyond float64's range with a small v (their sum of logs in range) used to go to
+    the linear form and give NaN (inf u times an underflowed K v): it is the log form now."""
+    kernel, state = _absorbed_state()
+    shift = 720.0 - state.log_u.max()  # log u up to 720: exp overflows
+    log_u, log_v = state.log_u + shift, state.log_v - shift
+    assert plans._log_form(kernel, log_u, log_v)
+    summary = plan_summary(kernel, log_u, log_v)
+    assert np.isfinite(summary.cost) and np.all(np.isfinite(summary.row_marginal))
+    reference = plans._log_form_summary(kernel, state.log_u, state.log_v)
+    _assert_same_summary(summary, reference, rtol=1e-9)
+
+
+def test_log_form_summary_is_the_same_with_any_number_of_threads():
+    kernel, state = _absorbed_state(n=2100, m=2050, reg=0.01)  # above the threaded size
+    with thread_limit(1):
+        one = plan_summary(kernel, state.log_u, state.log_v)
+    with thread_limit(2):
+        two = plan_summary(kernel, state.log_u, state.log_v)
+    assert one.cost == two.cost
+    assert np.array_equal(one.col_marginal, two.col_marginal)
+    assert np.array_equal(one.col_moments, two.col_moments)

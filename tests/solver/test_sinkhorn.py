@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 import sketchot
 from sketchot import AccuracyWarning, sinkhorn
+from sketchot.solver.plans import barycentric
 
 
 def weighted_problem(seed, n=60, m=45):
@@ -167,6 +168,26 @@ def test_out_of_sample_map_on_fitted_points(backend, library):
     np.testing.assert_allclose(
         result.inverse_barycentric_map(Y), result.inverse_barycentric_map(), rtol=1e-9, atol=1e-12
     )
+
+
+@pytest.mark.parametrize("backend", ["exact", "nystrom"])
+def test_fitted_maps_read_the_summary_moments(backend):
+    """The fitted points' maps are the summary's moments over its marginals (no kernel
+    product); a zero weight (its plan row is 0) sends them through the kernel instead. Both
+    agree with the map computed through the kernel to rounding (1e-9 relative)."""
+    a, b, X, Y = weighted_problem(11)
+    result = sinkhorn(a, b, X, Y, reg=0.2, backend=backend, rng=0, warn=False)
+    assert all(moments is not None for moments in result.plan_moments)
+    through_kernel = barycentric(result.kernel, None, result.potentials[1], Y)[0]
+    assert result._map_from_moments(0) is not None
+    np.testing.assert_allclose(result.barycentric_map(), through_kernel, rtol=1e-9)
+    a = a.copy()
+    a[3] = 0.0
+    result = sinkhorn(a / a.sum(), b, X, Y, reg=0.2, backend=backend, rng=0, warn=False)
+    assert result._map_from_moments(0) is None and result._map_from_moments(1) is not None
+    mapped = result.barycentric_map()
+    assert np.all(np.isfinite(mapped))
+    np.testing.assert_allclose(mapped, result.barycentric_map(X), rtol=1e-9, atol=1e-12)
 
 
 def test_true_kernel_check(library):
