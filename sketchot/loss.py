@@ -555,32 +555,26 @@ def _balance_shift(grad_a, grad_b, a, b):
     return grad_a + k, grad_b - k
 
 
-def _plan_products(result: SinkhornResult, right: np.ndarray, left: np.ndarray, center):
-    """``(P 1, P (right - c), P^T 1, P^T (left - c))``: from the solve's summary when it
-    computed the moments (they are in its geometry's centring, moved to ``c`` here), else
-    through two kernel products."""
-    row_moments, col_moments = result.plan_moments
-    if row_moments is not None and col_moments is not None:
-        r, c = result.marginals
-        shift = result.kernel.geometry.center - center
-        return r, row_moments + r[:, None] * shift, c, col_moments + c[:, None] * shift
-    plan = result.lazy_plan
-    rows = plan.matmat(np.column_stack([np.ones(len(right)), right - center]))
-    cols = plan.rmatmat(np.column_stack([np.ones(len(left)), left - center]))
-    return rows[:, 0], rows[:, 1:], cols[:, 0], cols[:, 1:]
+def _plan_products(result: SinkhornResult, center: np.ndarray):
+    """``(P 1, P (Y - c), P^T 1, P^T (X - c))`` from the solve's marginals and first moments
+    (:meth:`SinkhornResult.moments`, in its geometry's centring: moved to ``c`` here)."""
+    row_moments, col_moments = result.moments()
+    r, c = result.marginals
+    shift = result.kernel.geometry.center - center
+    return r, row_moments + r[:, None] * shift, c, col_moments + c[:, None] * shift
 
 
 def _position_gradients(results, X, Y, debias):
     center = 0.5 * (X.mean(axis=0) + Y.mean(axis=0))
     Xc, Yc = X - center, Y - center
-    r, PY, c, PtX = _plan_products(results["ab"], Y, X, center)
+    r, PY, c, PtX = _plan_products(results["ab"], center)
     grad_X = 2.0 * (r[:, None] * Xc - PY)
     grad_Y = 2.0 * (c[:, None] * Yc - PtX)
     if not debias:
         return grad_X, grad_Y
     for name, points, grad in (("aa", X, grad_X), ("bb", Y, grad_Y)):
         shifted = points - center
-        r, Pp, c, Ptp = _plan_products(results[name], points, points, center)
+        r, Pp, c, Ptp = _plan_products(results[name], center)
         # d/dx_i of OT(a, a) / 2: (r_i + c_i) x_i - (P x)_i - (P^T x)_i
         grad -= (r + c)[:, None] * shifted - Pp - Ptp
     return grad_X, grad_Y

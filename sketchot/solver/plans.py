@@ -221,7 +221,7 @@ def plan_summary(
         row = products[:, 0]
         P_y = products[:, 1:] + row[:, None] * shift
         col = _log_plan_product(kernel, log_u, log_v, np.ones(g.shape[0]), transpose=True)
-        Pt_x = None  # d more log products: computed when asked for (LazyPlan)
+        Pt_x = None  # d more log products: computed when asked for (first_moments)
     else:
         Xc = g.Xc if sqeuclidean else g.Xc[:, :0]
         with np.errstate(over="ignore", invalid="ignore"):
@@ -243,6 +243,31 @@ def _from_products(g, row, P_y, col, Pt_x) -> PlanSummary:
         cross = float(np.einsum("ij,ij->", g.Xc, P_y))
         cost = row @ sq_norms(g.Xc) + col @ sq_norms(g.Yc) - 2.0 * cross
     return PlanSummary(row, col, float(cost), float(row.sum()), P_y, Pt_x)
+
+
+def first_moments(
+    kernel: KernelOperator,
+    log_u: np.ndarray,
+    log_v: np.ndarray,
+    marginal: np.ndarray,
+    *,
+    transpose: bool = False,
+) -> np.ndarray:
+    """``P Yc`` (or ``P^T Xc`` when ``transpose``) in the geometry's centred coordinates.
+
+    ``marginal`` is the plan's row (column) sums. Through an operator's log-domain products,
+    the coordinates are shifted to be positive so that each takes one log product (``d`` in
+    all, instead of one per sign): ``P (Yc - s) + (P 1) s``; through the plan's products
+    (:class:`LazyPlan`) otherwise.
+    """
+    g = kernel.geometry
+    coords = g.Xc if transpose else g.Yc
+    if _log_kernel(kernel, log_u, log_v):
+        shift = coords.min(axis=0, initial=np.inf) - 1.0
+        shifted = _log_plan_product(kernel, log_u, log_v, coords - shift, transpose)
+        return shifted + marginal[:, None] * shift
+    plan = LazyPlan(kernel, log_u, log_v)
+    return plan.rmatmat(coords) if transpose else plan.matmat(coords)
 
 
 class LazyPlan:

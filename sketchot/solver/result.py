@@ -17,7 +17,13 @@ from ..kernels import KernelOperator
 from ..kernels.base import MIN_DENOMINATOR_RATIO
 from .advice import advise
 from .errors import InvalidResultError, InvalidResultWarning
-from .plans import LazyPlan, TrueKernelCheck, barycentric, sampled_true_kernel_check
+from .plans import (
+    LazyPlan,
+    TrueKernelCheck,
+    barycentric,
+    first_moments,
+    sampled_true_kernel_check,
+)
 from .problem import Problem
 
 # Relative slack of the bounding-box check of mapped points (rounding of the weighted means).
@@ -255,19 +261,31 @@ class SinkhornResult:
         self._check_inside(mapped, g.X, "X")
         return (mapped, fallbacks) if return_fallbacks else mapped
 
+    def moments(self) -> tuple[np.ndarray, np.ndarray]:
+        """The plan's first moments ``(P Yc, P^T Xc)`` (see :attr:`plan_moments`): those the
+        summary did not compute (``d`` log products a side for a log-domain approximation,
+        :func:`~sketchot.solver.plans.first_moments`) are computed now and kept."""
+        return self._moments(0), self._moments(1)
+
+    def _moments(self, side: int) -> np.ndarray:
+        """``P Yc`` (``side`` 0) or ``P^T Xc`` (1), computed once."""
+        moments = list(self.plan_moments)
+        if moments[side] is None:
+            moments[side] = first_moments(
+                self.kernel, *self.potentials, self.marginals[side], transpose=side == 1
+            )
+            self.plan_moments = (moments[0], moments[1])
+        return moments[side]
+
     def _map_from_moments(self, side: int) -> np.ndarray | None:
         """The fitted points' barycentric map ``(P Yc) / (P 1) + center`` (``side`` 0; 1 for
-        the inverse map) from the summary's moments, or ``None`` when they were not computed
-        or a denominator is too small to divide by (zero weights, an approximation's
+        the inverse map) from the plan's moments, or ``None`` when a denominator is too small to divide by (zero weights, an approximation's
         non-positive rows): those maps are recomputed by :func:`barycentric`."""
-        moments = self.plan_moments[side]
-        if moments is None:
-            return None
         marginal = self.marginals[side]
         scale = np.abs(marginal).max(initial=0.0)
         if not (marginal > max(MIN_DENOMINATOR_RATIO * scale, MIN_MAP_DENOMINATOR)).all():
             return None
-        mapped = moments / marginal[:, None] + self.kernel.geometry.center
+        mapped = self._moments(side) / marginal[:, None] + self.kernel.geometry.center
         return mapped if np.all(np.isfinite(mapped)) else None
 
     # ------------------------------------------------------------------ check

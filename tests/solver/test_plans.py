@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 
 import sketchot
 from sketchot._parallel import thread_limit
+from sketchot.kernels import available_backends, get_backend
 from sketchot.solver import make_problem, plan_summary, plans
 from sketchot.solver.engine import iterate
-from sketchot.solver.plans import value_error_estimate
+from sketchot.solver.plans import first_moments, value_error_estimate
 
 
 @settings(max_examples=30, deadline=None)
@@ -104,3 +105,20 @@ def test_log_form_summary_is_the_same_with_any_number_of_threads():
     assert one.cost == two.cost
     assert np.array_equal(one.col_marginal, two.col_marginal)
     assert np.array_equal(one.col_moments, two.col_moments)
+
+
+@pytest.mark.parametrize("backend", available_backends())
+def test_first_moments_are_the_plans_products(colours, backend):
+    """P Yc and P^T Xc through each backend's products (one log product per coordinate for
+    log-domain approximations) equal the dense plan's, to 1e-9 relative (rounding of sums
+    over 120 x 90 entries)."""
+    X, Y = colours
+    kernel = sketchot.make_kernel(X, Y, 0.5, backend, rng=1, **get_backend(backend).test_params)
+    rng = np.random.default_rng(4)
+    log_u, log_v = rng.normal(size=120), rng.normal(size=90)
+    plan = np.exp(log_u)[:, None] * kernel.to_dense() * np.exp(log_v)[None, :]
+    g = kernel.geometry
+    rows = first_moments(kernel, log_u, log_v, plan.sum(1))
+    cols = first_moments(kernel, log_u, log_v, plan.sum(0), transpose=True)
+    np.testing.assert_allclose(rows, plan @ g.Yc, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(cols, plan.T @ g.Xc, rtol=1e-9, atol=1e-12)
