@@ -24,8 +24,13 @@ from ._parallel import Part, run_parts
 #: Log-domain products over at least this many entries use the thread pool.
 THREADED_LOG_ENTRIES = 1 << 22
 
-# Target size of one block of kernel entries (bytes). Large enough for BLAS efficiency,
-# small enough to stay in the last-level cache region and to keep memory flat.
+#: Bytes of a block of kernel entries computed by NumPy: a core's share of a typical L2
+#: cache, so that an entry's elementwise steps (cost, shifts, exp, products) run in cache
+#: instead of streaming memory between steps.
+CPU_BLOCK_BYTES = 1 << 20
+
+#: Bytes of a block computed by another array library (PyTorch on the CPU threads its own
+#: operations; a GPU's blocks are sized from its free memory: ``kernels.device``).
 BLOCK_BYTES = 1 << 24
 
 FLOAT64 = np.dtype(np.float64)
@@ -134,7 +139,7 @@ def make_cost(metric: Any = "sqeuclidean", p: Any = 2.0) -> Cost:
     return Cost(metric, p if metric == "minkowski" else 2.0)
 
 
-def block_rows(n_cols: int, itemsize: int = 8, target_bytes: int = BLOCK_BYTES) -> int:
+def block_rows(n_cols: int, itemsize: int = 8, target_bytes: int = CPU_BLOCK_BYTES) -> int:
     """Rows per block so that ``rows * n_cols * itemsize`` is about ``target_bytes``."""
     return max(1, target_bytes // max(1, n_cols * itemsize))
 

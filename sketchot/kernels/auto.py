@@ -38,7 +38,7 @@ from .._defaults import DEFAULT_ACCURACY, DEFAULT_MAX_DENSE_BYTES
 from .._memory import USABLE_FRACTION, available_bytes
 from .._parallel import get_num_threads
 from .._validation import check_rng
-from ..gibbs import GibbsGeometry
+from ..gibbs import GibbsGeometry, block_rows, row_slices
 from .base import THREADED_PASS_MIN_ENTRIES, KernelOperator
 from .device import block_seconds, runs_on_device
 from .registry import (
@@ -190,13 +190,27 @@ def exact_iteration_seconds(geometry: GibbsGeometry, *, stored: bool) -> float:
     if on_device:  # the caller's arrays are e.g. CUDA tensors: the device's own speed
         computed, product = block_seconds(geometry, rows)
     else:
-        start = time.perf_counter()
-        block = np.exp(geometry.log_block(rows))
-        computed = time.perf_counter() - start
-        start = time.perf_counter()
-        block @ np.ones(block.shape[1])
-        block.T @ np.ones(block.shape[0])
-        product = time.perf_counter() - start
+        # entries in the cache-sized blocks the kernel computes (block_rows); streamed, each
+        # block is used at once, in cache; stored, the products read the whole from memory
+        computed = product = 0.0
+        ones = np.ones(m)
+        blocks = []
+        for piece in row_slices(rows.stop, block_rows(m)):
+            start = time.perf_counter()
+            block = np.exp(geometry.log_block(piece))
+            middle = time.perf_counter()
+            if not stored:
+                block @ ones
+                block.T @ np.ones(block.shape[0], dtype=block.dtype)
+            computed += middle - start
+            product += time.perf_counter() - middle
+            blocks.append(block if stored else None)
+        if stored:
+            block = np.vstack(blocks)
+            start = time.perf_counter()
+            block @ ones
+            block.T @ np.ones(block.shape[0], dtype=block.dtype)
+            product = time.perf_counter() - start
     # stored: one product per iteration plus the build, amortised over BUILD_AMORTISED
     per_row = product + computed / BUILD_AMORTISED if stored else computed + product
     seconds = per_row / (rows.stop - rows.start) * n

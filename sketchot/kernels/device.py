@@ -43,7 +43,7 @@ def runs_on_device(geometry: GibbsGeometry) -> bool:
 
 def device_block_bytes(context: Any) -> int:
     """Bytes of one streamed block on the context's device: a share of the free memory of a
-    CUDA device (asked through torch), the NumPy block size elsewhere."""
+    CUDA device (asked through torch), :data:`~sketchot.gibbs.BLOCK_BYTES` elsewhere."""
     if context.on_host:
         return BLOCK_BYTES
     if context.library == "torch" and str(context.device).startswith("cuda"):

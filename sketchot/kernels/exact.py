@@ -54,9 +54,8 @@ LOG_FLOOR = {
 }
 
 
-#: Bytes of the blocks in which a stored absorbed kernel is filled: the size of a typical
-#: core's L2 cache, so that the entries' elementwise steps run in cache, not from memory.
-FILL_BLOCK_BYTES = 1 << 20
+#: Entries the streamed kernel's pass time is measured on (a few cache-sized blocks).
+TIMED_ENTRIES = 1 << 21
 
 
 class ExactKernel(KernelOperator):
@@ -111,13 +110,17 @@ class ExactKernel(KernelOperator):
         return self._stored
 
     def _time_one_pass(self) -> float:
-        """Seconds of one streamed pass, extrapolated from one block (computed, then used)."""
-        rows = slice(0, min(self.shape[0], self._rows_per_block))
+        """Seconds of one streamed pass, extrapolated from its first blocks (computed, then
+        used) over at least :data:`TIMED_ENTRIES` entries."""
+        n, m = self.shape
+        last = min(n, max(self._rows_per_block, TIMED_ENTRIES // max(1, m)))
+        ones = np.ones(m, dtype=self.dtype)
         start = time.perf_counter()
-        block = self._computed_block(rows)
-        block @ np.ones(self.shape[1], dtype=self.dtype)
-        block.T @ np.ones(rows.stop, dtype=self.dtype)
-        return (time.perf_counter() - start) * self.shape[0] / rows.stop
+        for rows in row_slices(last, self._rows_per_block):
+            block = self._computed_block(rows)
+            block @ ones
+            block.T @ np.ones(block.shape[0], dtype=block.dtype)
+        return (time.perf_counter() - start) * n / last
 
     def _block_slices(self) -> list[slice]:
         """Row blocks of the streamed kernel (a stored one is multiplied whole)."""
@@ -257,9 +260,8 @@ class AbsorbedExactKernel(ExactKernel):
                 for rows in part:
                     self._stored[rows] = self._computed_block(rows)
 
-            # elementwise numpy work (it releases the GIL): on threads, in blocks that stay in
-            # a core's cache through the block's five steps
-            blocks = list(row_slices(n, block_rows(m, 8, FILL_BLOCK_BYTES)))
+            # elementwise numpy work (it releases the GIL): on threads
+            blocks = list(row_slices(n, self._rows_per_block))
             run_parts(fill, blocks, n * m >= THREADED_PASS_MIN_ENTRIES)
 
     @property

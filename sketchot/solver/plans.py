@@ -16,15 +16,15 @@ import numpy as np
 
 from .._defaults import DEFAULT_MAX_DENSE_BYTES
 from .._parallel import Part, reduce_parts
-from ..gibbs import row_slices, sq_norms
+from ..gibbs import CPU_BLOCK_BYTES, row_slices, sq_norms
 from ..kernels import KernelOperator
-from ..kernels.base import MIN_DENOMINATOR_RATIO, check_operand
+from ..kernels.base import MIN_DENOMINATOR_RATIO, THREADED_PASS_MIN_ENTRIES, check_operand
 
 # exp() of a sum of log-scalings above this would overflow float64 (with margin).
 SAFE_LOG = 650.0
 
-# Rows per block of the log-form evaluation (about 16 MB of float64).
-LOG_BLOCK_ENTRIES = 1 << 21
+# Entries per block of the log-form evaluation (float64: gibbs.CPU_BLOCK_BYTES, in cache).
+LOG_BLOCK_ENTRIES = CPU_BLOCK_BYTES // 8
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ def _log_form_summary(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarr
         return total[0] + more[0], total[1] + more[1], total[2] + more[2]
 
     slices = list(row_slices(n, step))
-    col, col_moments, cost = reduce_parts(run, slices, n * m >= LOG_BLOCK_ENTRIES, add)
+    col, col_moments, cost = reduce_parts(run, slices, n * m >= THREADED_PASS_MIN_ENTRIES, add)
     return PlanSummary(row, col, cost, float(row.sum()), row_moments, col_moments)
 
 

@@ -279,8 +279,9 @@ class SinkhornResult:
 
     def _map_from_moments(self, side: int) -> np.ndarray | None:
         """The fitted points' barycentric map ``(P Yc) / (P 1) + center`` (``side`` 0; 1 for
-        the inverse map) from the plan's moments, or ``None`` when a denominator is too small to divide by (zero weights, an approximation's
-        non-positive rows): those maps are recomputed by :func:`barycentric`."""
+        the inverse map) from the plan's moments, or ``None`` when a denominator is too small
+        to divide by (zero weights, an approximation's non-positive rows): those maps are
+        recomputed by :func:`barycentric`."""
         marginal = self.marginals[side]
         scale = np.abs(marginal).max(initial=0.0)
         if not (marginal > max(MIN_DENOMINATOR_RATIO * scale, MIN_MAP_DENOMINATOR)).all():
