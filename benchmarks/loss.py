@@ -324,7 +324,7 @@ def report(correct: list[dict[str, Any]], speeds: list[dict[str, Any]]) -> str:
     if correct:  # --n-ref 0 leaves the correctness cells out
         lines += ["## Correctness against the dense float64 log-domain reference", ""]
         lines += md_table(
-            ["n", "reg", "method", "backends", "s", "|value err|", "value_error est.",
+            ["n", "reg", "method", "backends", "s", "abs. value err", "value_error est.",
              "grad_X rel err", "grad_a rel err", "certified marginal err"],
             [
                 [r["n"], r["reg"], r["method"], "/".join(r["backends"]), f"{r['seconds']:.2f}",

@@ -27,6 +27,7 @@ INCLUDED = (
     "barycenter_quick",
     "barycenter_1e4_pot",
     "barycenter_large",
+    "loss_reg0.01",
 )
 
 

@@ -24,13 +24,18 @@ from ._parallel import Part, run_parts
 #: Log-domain products over at least this many entries use the thread pool.
 THREADED_LOG_ENTRIES = 1 << 22
 
-#: Bytes of a block of kernel entries computed by NumPy: a core's share of a typical L2
-#: cache, so that an entry's elementwise steps (cost, shifts, exp, products) run in cache
-#: instead of streaming memory between steps.
+#: Bytes of a block of kernel entries computed by NumPy from points of at most
+#: :data:`CACHE_BLOCK_MAX_DIM` coordinates: a core's share of a typical L2 cache, so that an
+#: entry's elementwise steps (cost, shifts, exp, products) run in cache instead of streaming
+#: memory between steps.
 CPU_BLOCK_BYTES = 1 << 20
 
-#: Bytes of a block computed by another array library (PyTorch on the CPU threads its own
-#: operations; a GPU's blocks are sized from its free memory: ``kernels.device``).
+#: Above this dimension the cost's cross product ``X_rows Y^T`` dominates, and BLAS repacks
+#: ``Y`` for every block: blocks of :data:`BLOCK_BYTES` then cost less than cache-sized ones.
+CACHE_BLOCK_MAX_DIM = 4
+
+#: Bytes of a block of entries otherwise (and for other array libraries: PyTorch on the CPU
+#: threads its own operations; a GPU's blocks are sized from its free memory).
 BLOCK_BYTES = 1 << 24
 
 FLOAT64 = np.dtype(np.float64)
@@ -139,8 +144,15 @@ def make_cost(metric: Any = "sqeuclidean", p: Any = 2.0) -> Cost:
     return Cost(metric, p if metric == "minkowski" else 2.0)
 
 
-def block_rows(n_cols: int, itemsize: int = 8, target_bytes: int = CPU_BLOCK_BYTES) -> int:
-    """Rows per block so that ``rows * n_cols * itemsize`` is about ``target_bytes``."""
+def block_rows(
+    n_cols: int, itemsize: int = 8, target_bytes: int | None = None, *, dim: int | None = None
+) -> int:
+    """Rows per block so that ``rows * n_cols * itemsize`` is about ``target_bytes``: by
+    default :data:`CPU_BLOCK_BYTES` for entries computed from points of ``dim`` at most
+    :data:`CACHE_BLOCK_MAX_DIM` coordinates, :data:`BLOCK_BYTES` otherwise."""
+    if target_bytes is None:
+        small = dim is not None and dim <= CACHE_BLOCK_MAX_DIM
+        target_bytes = CPU_BLOCK_BYTES if small else BLOCK_BYTES
     return max(1, target_bytes // max(1, n_cols * itemsize))
 
 
@@ -195,7 +207,7 @@ def gibbs_matmat(
     """``K(X, Y) @ V`` streamed over row blocks of ``X``; ``V`` of shape (m,) or (m, k)."""
     out = np.empty((X.shape[0], *V.shape[1:]))
     y_sq = sq_norms(Y)
-    for rows in row_slices(X.shape[0], block_rows(Y.shape[0])):
+    for rows in row_slices(X.shape[0], block_rows(Y.shape[0], dim=X.shape[1])):
         out[rows] = gibbs_block(X[rows], Y, reg, y_sq=y_sq, cost=cost) @ V
     return out
 
@@ -215,7 +227,7 @@ def gibbs_softmax_average(
     """
     out = np.empty((X.shape[0], *values.shape[1:]))
     y_sq = sq_norms(Y)
-    for rows in row_slices(X.shape[0], block_rows(Y.shape[0])):
+    for rows in row_slices(X.shape[0], block_rows(Y.shape[0], dim=X.shape[1])):
         logits = neg_cost_over_reg(X[rows], Y, reg, y_sq=y_sq, cost=cost)
         logits += log_weights[None, :]
         logits -= logits.max(axis=1, keepdims=True)
@@ -246,7 +258,7 @@ def gibbs_log_matvec(
             out[rows] = top + np.log(logits.sum(axis=1))
 
     # row blocks are independent (no sum across them): the pool changes no bit
-    slices = list(row_slices(X.shape[0], block_rows(Y.shape[0])))
+    slices = list(row_slices(X.shape[0], block_rows(Y.shape[0], dim=X.shape[1])))
     run_parts(rows_of, slices, X.shape[0] * Y.shape[0] >= THREADED_LOG_ENTRIES)
     return out
 
@@ -312,7 +324,7 @@ def dual_lower_bound(
     Xa, fa = Xc[active], f[active]
     g = np.full(Yc.shape[0], np.inf)
     y_sq = sq_norms(Yc)
-    for rows in row_slices(Xa.shape[0], block_rows(Yc.shape[0])):
+    for rows in row_slices(Xa.shape[0], block_rows(Yc.shape[0], dim=Xa.shape[1])):
         block = -neg_cost_over_reg(Xa[rows], Yc, 1.0, y_sq=y_sq, cost=cost)
         block -= fa[rows, None]
         np.minimum(g, block.min(axis=0), out=g)

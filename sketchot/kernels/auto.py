@@ -190,12 +190,12 @@ def exact_iteration_seconds(geometry: GibbsGeometry, *, stored: bool) -> float:
     if on_device:  # the caller's arrays are e.g. CUDA tensors: the device's own speed
         computed, product = block_seconds(geometry, rows)
     else:
-        # entries in the cache-sized blocks the kernel computes (block_rows); streamed, each
-        # block is used at once, in cache; stored, the products read the whole from memory
+        # entries in the blocks the kernel computes (block_rows); streamed, each block is
+        # used at once; stored, the products read the whole from memory
         computed = product = 0.0
         ones = np.ones(m)
         blocks = []
-        for piece in row_slices(rows.stop, block_rows(m)):
+        for piece in row_slices(rows.stop, block_rows(m, dim=geometry.Xc.shape[1])):
             start = time.perf_counter()
             block = np.exp(geometry.log_block(piece))
             middle = time.perf_counter()

@@ -92,7 +92,7 @@ class ExactKernel(KernelOperator):
         super().__init__(geometry, info, dtype)
         self.max_dense_bytes = max_dense_bytes
         n, m = self.shape
-        self._rows_per_block = block_rows(m, self.dtype.itemsize)
+        self._rows_per_block = block_rows(m, self.dtype.itemsize, dim=geometry.Xc.shape[1])
         self.is_dense = n * m * self.dtype.itemsize <= max_dense_bytes
         self._stored = None
         if not self.is_dense:
@@ -249,7 +249,8 @@ class AbsorbedExactKernel(ExactKernel):
         self.alpha = np.asarray(alpha, dtype=np.float64)
         self.beta = np.asarray(beta, dtype=np.float64)
         n, m = self.shape
-        self._rows_per_block = block_rows(m, 8)  # blocks are computed in float64
+        # blocks are computed in float64
+        self._rows_per_block = block_rows(m, 8, dim=parent.geometry.Xc.shape[1])
         self.is_dense = parent.is_dense
         self._stored = None
         if self.is_dense:

@@ -1054,7 +1054,7 @@ def _exact_scaled(
             Z[rows] = logits.sum(axis=1, keepdims=True) if values is None else logits @ values
             scale[rows] = safe
 
-    slices = list(row_slices(points.shape[0], block_rows(others.shape[0])))
+    slices = list(row_slices(points.shape[0], block_rows(others.shape[0], dim=points.shape[1])))
     run_parts(blocks, slices, parallel)
     return scale, Z
 

@@ -16,15 +16,12 @@ import numpy as np
 
 from .._defaults import DEFAULT_MAX_DENSE_BYTES
 from .._parallel import Part, reduce_parts
-from ..gibbs import CPU_BLOCK_BYTES, row_slices, sq_norms
+from ..gibbs import block_rows, row_slices, sq_norms
 from ..kernels import KernelOperator
 from ..kernels.base import MIN_DENOMINATOR_RATIO, THREADED_PASS_MIN_ENTRIES, check_operand
 
 # exp() of a sum of log-scalings above this would overflow float64 (with margin).
 SAFE_LOG = 650.0
-
-# Entries per block of the log-form evaluation (float64: gibbs.CPU_BLOCK_BYTES, in cache).
-LOG_BLOCK_ENTRIES = CPU_BLOCK_BYTES // 8
 
 
 @dataclass(frozen=True)
@@ -95,7 +92,7 @@ def _log_plan_product(
 def _log_blocks(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray):
     """Row blocks ``(rows, log P[rows, :], -M[rows, :] / reg)`` of the exact plan."""
     g = kernel.geometry
-    step = max(1, LOG_BLOCK_ENTRIES // max(1, g.shape[1]))
+    step = block_rows(g.shape[1], dim=g.Xc.shape[1])
     for rows in row_slices(g.shape[0], step):
         neg_cost = g.log_block(rows)
         yield rows, neg_cost + log_u[rows, None] + log_v[None, :], neg_cost
@@ -106,7 +103,7 @@ def _blockwise_cost(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray
     operator's own entries (``K~[rows, :]`` from its factors) and of the geometry's cost:
     ``O(n m (r + d))`` time for a rank-``r`` operator, ``O(block x m)`` memory."""
     g = kernel.geometry
-    step = max(1, LOG_BLOCK_ENTRIES // max(1, g.shape[1]))
+    step = block_rows(g.shape[1], dim=g.Xc.shape[1])
     total = 0.0
     with np.errstate(over="ignore", invalid="ignore"):
         u, v = np.exp(log_u), np.exp(log_v)
@@ -143,7 +140,7 @@ def _log_form_summary(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarr
     n, m = g.shape
     row = np.empty(n)
     row_moments = np.empty((n, g.Xc.shape[1]))
-    step = max(1, LOG_BLOCK_ENTRIES // max(1, m))
+    step = block_rows(m, dim=g.Xc.shape[1])
 
     def run(part: Part[slice]):
         col = np.zeros(m)
