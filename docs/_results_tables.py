@@ -28,6 +28,8 @@ INCLUDED = (
     "barycenter_1e4_pot",
     "barycenter_large",
     "loss_reg0.01",
+    "loss_1e5",
+    "accuracy_2e4_auto",
 )
 
 

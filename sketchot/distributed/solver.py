@@ -376,6 +376,12 @@ class DaskSinkhornResult(SinkhornResult):
     def plan(self):
         return self.lazy_plan
 
+    def moments(self):
+        raise NotImplementedError(
+            "the plan's moments are not available for a Dask solve; use barycentric_map() or "
+            "the kernel's products"
+        )
+
     # ------------------------------------------------------- barycentric maps
     def barycentric_map(self, X_new: Any = None, *, return_fallbacks: bool = False):
         """Barycentric projection of the source points onto ``Y`` as a persisted Dask array

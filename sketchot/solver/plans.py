@@ -19,6 +19,7 @@ from .._parallel import Part, reduce_parts
 from ..gibbs import block_rows, row_slices, sq_norms
 from ..kernels import KernelOperator
 from ..kernels.base import MIN_DENOMINATOR_RATIO, THREADED_PASS_MIN_ENTRIES, check_operand
+from ..kernels.device import runs_on_device
 
 # exp() of a sum of log-scalings above this would overflow float64 (with margin).
 SAFE_LOG = 650.0
@@ -114,11 +115,11 @@ def _blockwise_cost(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray
 
 
 def _stored_scalings(absorbed: Any, log_u: np.ndarray, log_v: np.ndarray):
-    """``(K~, u~, v~)`` with ``P = diag(u~) K~ diag(v~)`` when the iteration ended on a stored
+    """``(u~, v~)`` with ``P = diag(u~) K~ diag(v~)`` when the iteration ended on a stored
     float64 absorbed kernel ``K~ = diag(e^alpha) K diag(e^beta)`` (its entries are already
-    computed: products with it are plain BLAS passes), ``None`` otherwise."""
-    matrix = getattr(absorbed, "_dense", None)
-    if not isinstance(matrix, np.ndarray) or matrix.dtype != np.float64:
+    computed: its products are plain BLAS passes), ``None`` otherwise."""
+    stored = getattr(absorbed, "is_dense", False) and not runs_on_device(absorbed.geometry)
+    if not stored or absorbed.dtype != np.float64:
         return None
     scalings = []
     for log_s, offset in ((log_u, absorbed.alpha), (log_v, absorbed.beta)):
@@ -129,7 +130,7 @@ def _stored_scalings(absorbed: Any, log_u: np.ndarray, log_v: np.ndarray):
         if not np.all(np.isfinite(shift)) or np.abs(shift).max(initial=0.0) > SAFE_LOG / 2:
             return None
         scalings.append(np.where(active, np.exp(shift), 0.0))
-    return matrix, scalings[0], scalings[1]
+    return scalings[0], scalings[1]
 
 
 def _log_form_summary(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray):
@@ -199,9 +200,9 @@ def plan_summary(
     sqeuclidean = g.cost.sqeuclidean
     stored = _stored_scalings(absorbed, log_u, log_v) if sqeuclidean else None
     if stored is not None:
-        matrix, u, v = stored
-        rows_p = matrix @ np.column_stack([v, v[:, None] * g.Yc])
-        cols_p = matrix.T @ np.column_stack([u, u[:, None] * g.Xc])
+        u, v = stored
+        rows_p = absorbed.matmat(np.column_stack([v, v[:, None] * g.Yc]))
+        cols_p = absorbed.rmatmat(np.column_stack([u, u[:, None] * g.Xc]))
         return _from_products(
             g, u * rows_p[:, 0], u[:, None] * rows_p[:, 1:], v * cols_p[:, 0],
             v[:, None] * cols_p[:, 1:],

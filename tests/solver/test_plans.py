@@ -76,11 +76,14 @@ def test_summary_from_the_stored_absorbed_kernel_equals_the_log_form():
 def test_summary_refuses_absorbed_offsets_far_from_the_scalings():
     """Scalings far from the absorbed offsets (or a float32 store) fall back to the log
     form: exp of the difference would overflow."""
-    _, state = _absorbed_state()
+    kernel, state = _absorbed_state()
     far = state.log_u + 1000.0
     assert plans._stored_scalings(state.absorbed, far, state.log_v) is None
-    state.absorbed._stored = state.absorbed._stored.astype(np.float32)
-    assert plans._stored_scalings(state.absorbed, state.log_u, state.log_v) is None
+    g = kernel.geometry
+    single = sketchot.make_kernel(g.X, g.Y, g.reg, "exact", dtype=np.float32)
+    absorbed = single.absorbed(state.absorbed.alpha, state.absorbed.beta)
+    assert absorbed.is_dense
+    assert plans._stored_scalings(absorbed, state.log_u, state.log_v) is None
 
 
 def test_summary_of_one_huge_scaling_is_finite():
