@@ -193,24 +193,15 @@ def exact_iteration_seconds(geometry: GibbsGeometry, *, stored: bool) -> float:
         # entries in the blocks the kernel computes (block_rows); streamed, each block is
         # used at once; stored, the products read the whole from memory
         computed = product = 0.0
-        ones = np.ones(m)
         blocks = []
         for piece in row_slices(rows.stop, block_rows(m, dim=geometry.Xc.shape[1])):
             start = time.perf_counter()
-            block = np.exp(geometry.log_block(piece))
-            middle = time.perf_counter()
+            blocks.append(np.exp(geometry.log_block(piece)))
+            computed += time.perf_counter() - start
             if not stored:
-                block @ ones
-                block.T @ np.ones(block.shape[0], dtype=block.dtype)
-            computed += middle - start
-            product += time.perf_counter() - middle
-            blocks.append(block if stored else None)
+                product += _two_products_seconds(blocks.pop())
         if stored:
-            block = np.vstack(blocks)
-            start = time.perf_counter()
-            block @ ones
-            block.T @ np.ones(block.shape[0], dtype=block.dtype)
-            product = time.perf_counter() - start
+            product = _two_products_seconds(np.vstack(blocks))
     # stored: one product per iteration plus the build, amortised over BUILD_AMORTISED
     per_row = product + computed / BUILD_AMORTISED if stored else computed + product
     seconds = per_row / (rows.stop - rows.start) * n
@@ -219,6 +210,14 @@ def exact_iteration_seconds(geometry: GibbsGeometry, *, stored: bool) -> float:
         # on one): the block-local kernel's estimate times its real, threaded passes
         seconds /= get_num_threads()
     return seconds
+
+
+def _two_products_seconds(block: np.ndarray) -> float:
+    """Seconds of ``block @ 1`` and ``block.T @ 1`` (an iteration's two products)."""
+    start = time.perf_counter()
+    block @ np.ones(block.shape[1])
+    block.T @ np.ones(block.shape[0])
+    return time.perf_counter() - start
 
 
 def kernel_judge(accuracy: float, rng: Any = None, measure: Callable = kernel_error) -> Judge:

@@ -209,19 +209,16 @@ def plan_summary(
         )  # fmt: skip
     if _log_form(kernel, log_u, log_v) or (not sqeuclidean and "exact" in kernel.info.capabilities):
         return _log_form_summary(kernel, log_u, log_v)
-    # the squared-Euclidean cost from K Y: the coordinates as extra columns (none otherwise)
-    Yc = g.Yc if sqeuclidean else g.Yc[:, :0]
     if _log_kernel(kernel, log_u, log_v):
-        # shifted coordinates are positive, so each column is one log product
-        shift = Yc.min(axis=0, initial=np.inf) - 1.0
-        stacked = np.column_stack([np.ones(g.shape[1]), Yc - shift])
-        products = _log_plan_product(kernel, log_u, log_v, stacked, transpose=False)
-        row = products[:, 0]
-        P_y = products[:, 1:] + row[:, None] * shift
+        # one log product per column: the marginals, then P Yc for the squared-Euclidean
+        # cost (P^T Xc, d more products, when asked for: first_moments)
+        row = _log_plan_product(kernel, log_u, log_v, np.ones(g.shape[1]), transpose=False)
         col = _log_plan_product(kernel, log_u, log_v, np.ones(g.shape[0]), transpose=True)
-        Pt_x = None  # d more log products: computed when asked for (first_moments)
+        P_y = first_moments(kernel, log_u, log_v, row) if sqeuclidean else None
+        Pt_x = None
     else:
-        Xc = g.Xc if sqeuclidean else g.Xc[:, :0]
+        # the squared-Euclidean cost from K Y: the coordinates as extra columns
+        Yc, Xc = (g.Yc, g.Xc) if sqeuclidean else (g.Yc[:, :0], g.Xc[:, :0])
         with np.errstate(over="ignore", invalid="ignore"):
             u, v = np.exp(log_u), np.exp(log_v)
             products = kernel.matmat(np.column_stack([v, v[:, None] * Yc]))
