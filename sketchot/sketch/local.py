@@ -50,6 +50,7 @@ low-rank matrix. ICML 2020 (polynomial expansion of element-wise functions such 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import KW_ONLY, dataclass, field, replace
@@ -300,6 +301,24 @@ class LocalGaussianExpansion:
         log_u = self._check_log(log_u, self._x.n_points, "log_u")
         scale, Z = _apply(self._y, self._x, log_u, None, self._monomials, self.reg, self._truncate)
         return _log_of_scaled(scale, Z[:, 0])
+
+    def iteration_seconds(self, stride: int = 1) -> float:
+        """Seconds of one log-domain iteration, ``log_matvec`` then ``log_rmatvec`` (uniform
+        weights), estimated from every ``stride``-th group of output clusters: each
+        product's time over the fraction of rows it computed (groups are spatial and of
+        similar sizes, so a strided sample sees the cloud's whole range of densities).
+        """
+        self._check_fitted()
+        stride = check_int(stride, "stride", minimum=1)
+        seconds = 0.0
+        for out, inn in ((self._x, self._y), (self._y, self._x)):
+            log_w = np.zeros(inn.n_points)
+            start = time.perf_counter()
+            _, Z = _apply(out, inn, log_w, None, self._monomials, self.reg, self._truncate, stride)
+            # uniform weights: every computed row has a positive sum, the skipped ones 0
+            computed = max(np.count_nonzero(Z[:, 0] > 0), 1) / out.n_points
+            seconds += (time.perf_counter() - start) / computed
+        return seconds
 
     def log_matvec_new(self, X_new: Any, log_v: Any) -> np.ndarray:
         """``log sum_j exp(log_v_j - ||x_new_i - y_j||^2 / reg)`` for new source points.
@@ -780,6 +799,7 @@ def _apply(
     plan: _MonomialPlan,
     reg: float,
     truncate: float = 0.0,
+    stride: int = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``sum_j exp(log_w_j) K_ij values_j`` as ``exp(scale_i) Z_i``, in the caller's order.
 
@@ -802,6 +822,10 @@ def _apply(
     Clusters below ``exact_below`` points use exact entries (:func:`_exact_scaled`), merged
     with :func:`_combine`. ``values=None`` means a single column of ones (log-domain
     products), for which ``Z_i >= e^-tau`` whenever a weight is non-zero, so ``log Z`` is safe.
+
+    ``stride > 1`` computes only every ``stride``-th group of output clusters and every
+    ``stride``-th exactly handled row (the others are left at ``Z = 0``): a spatially even
+    sample of the work, for timing (:meth:`LocalGaussianExpansion.iteration_seconds`).
     """
     n_values = 1 if values is None else values.shape[1]
     truncated = truncate > 0.0 and values is None
@@ -954,17 +978,20 @@ def _apply(
 
     with _pool_without_blas_threads() as parallel:
         if k_in:
-            for ids in out.expanded_groups(group, spatial=truncated):
+            for ids in out.expanded_groups(group, spatial=truncated)[::stride]:
                 one_group(ids, parallel)
         # Exact entries: small output clusters against every input point, and the other
         # output points against the small input clusters.
         small_out, small_in = out.small_rows, inn.small_rows
         if small_out:
-            scale[:small_out], Z[:small_out] = _exact_scaled(
-                out.points[:small_out], inn.points, w_sorted, v_sorted, reg, parallel
+            sampled = slice(0, small_out, stride)
+            scale[sampled], Z[sampled] = _exact_scaled(
+                out.points[sampled], inn.points, w_sorted, v_sorted, reg, parallel
             )
         if small_in and small_out < out.n_points:
-            rest = slice(small_out, out.n_points)
+            rest: slice | np.ndarray = slice(small_out, out.n_points, stride)
+            if stride > 1 and k_in:  # a sample: the rows of the groups it computed
+                rest = small_out + np.flatnonzero(Z[small_out:, 0] != 0.0)
             scale[rest], Z[rest] = _combine(
                 scale[rest],
                 Z[rest],

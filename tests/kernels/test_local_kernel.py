@@ -87,23 +87,30 @@ def test_dimension_limit_is_refused_clearly():
 
 
 def test_the_iteration_estimate_times_whole_iterations(monkeypatch):
-    """``auto`` compares the estimate with the exact kernel's iteration: each timed pass must
-    compute its projection (read lazily), and a slow first pass is not timed twice."""
+    """``auto`` compares the estimate with the exact kernel's iteration: a slow sampled
+    estimate is the answer (no whole pass); below, each timed pass computes its projection
+    (read lazily), and a slow first pass is not timed twice."""
     from sketchot.kernels import local
 
     rng = np.random.default_rng(5)
     kernel = build_local(GibbsGeometry(rng.random((300, 3)), rng.random((200, 3)), 0.05), rng=0)
-    projections = []
+    projections, samples = [], []
     original = kernel.expansion.log_rmatvec
+    sampled = kernel.expansion.iteration_seconds
 
     def counted(log_u):
         projections.append(1)
         return original(log_u)
 
+    def counted_sample(stride):
+        samples.append(stride)
+        return sampled(stride)
+
     monkeypatch.setattr(kernel.expansion, "log_rmatvec", counted)
+    monkeypatch.setattr(kernel.expansion, "iteration_seconds", counted_sample)
     monkeypatch.setattr(local, "SLOW_PASS_SECONDS", 1e9)
     local.local_iteration_seconds(kernel)
-    assert len(projections) == 2
+    assert len(projections) == 2 and samples == [local.TIMING_STRIDE] * 2
     monkeypatch.setattr(local, "SLOW_PASS_SECONDS", 0.0)
     local.local_iteration_seconds(kernel)
-    assert len(projections) == 3
+    assert len(projections) == 2 and len(samples) == 4  # the sample's estimate, no pass

@@ -353,3 +353,24 @@ def test_truncate_is_validated():
         LocalGaussianExpansion(0.1, truncate=1.0).fit(X)
     with pytest.raises(ValueError, match="truncate must be >= 0"):
         LocalGaussianExpansion(0.1, truncate=-1e-3).fit(X)
+
+
+@pytest.mark.parametrize("exact_below", [0, 8])
+def test_a_strided_sample_computes_whole_groups_of_the_product(monkeypatch, exact_below):
+    """The timing sample (``stride``) computes every ``stride``-th group of output clusters
+    and exactly those rows: each equals the full product's row (same arithmetic), the others
+    are left at 0, so :meth:`iteration_seconds` divides by the fraction it computed."""
+    X, Y = clouds("uniform", 1200, 1100, seed=61)
+    reg = 0.003
+    kernel = LocalGaussianExpansion(reg, exact_below=exact_below, rng=0).fit(X, Y)
+    monkeypatch.setattr(local, "_TRUNCATED_GROUP", 4)  # many groups at this size
+    x, y = kernel._x, kernel._y
+    log_v = np.random.default_rng(2).normal(size=Y.shape[0])
+    args = (log_v, None, kernel._monomials, reg, kernel._truncate)
+    full_scale, full_Z = local._apply(x, y, *args)
+    scale, Z = local._apply(x, y, *args, stride=3)
+    computed = Z[:, 0] != 0.0
+    assert 0.2 < computed.mean() < 0.5  # about a third of the rows, in whole groups
+    np.testing.assert_array_equal(scale[computed], full_scale[computed])
+    np.testing.assert_array_equal(Z[computed], full_Z[computed])
+    assert kernel.iteration_seconds(stride=3) > 0.0
