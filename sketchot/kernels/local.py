@@ -168,9 +168,9 @@ def local_iteration_seconds(kernel: LocalPolyKernel) -> float:
 
     First from a sample: every :data:`TIMING_STRIDE`-th group of output clusters
     (:meth:`~sketchot.sketch.local.LocalGaussianExpansion.iteration_seconds`, the faster of
-    two), which is the estimate when it exceeds :data:`SLOW_PASS_SECONDS`; below, whole iterations are
-    cheap: the faster of two timed passes (the first one also pays one-time costs), or the
-    first alone when it takes more than :data:`SLOW_PASS_SECONDS`."""
+    two), which is the estimate when it exceeds :data:`SLOW_PASS_SECONDS`; below, whole
+    iterations are cheap: the faster of two timed passes (the first one also pays one-time
+    costs), or the first alone when it takes more than :data:`SLOW_PASS_SECONDS`."""
     # twice: the first sample also gathers the padded features every iteration reuses
     sampled = min(kernel.expansion.iteration_seconds(stride=TIMING_STRIDE) for _ in range(2))
     if sampled > SLOW_PASS_SECONDS:
