@@ -89,6 +89,8 @@ class LocalPolyKernel(KernelOperator):
         super().__init__(geometry, info, dtype)
         self.expansion = expansion
         self._transposed: LocalGaussianExpansion | None = None
+        #: seconds of an iteration sampled by the builder (``tau='auto'``), else ``None``
+        self.sampled_seconds: float | None = None
 
     def matmat(self, V: Any) -> np.ndarray:
         return self.expansion.matmat(check_operand(V, self.shape[1], "V", vector=False))
@@ -163,16 +165,24 @@ SLOW_PASS_SECONDS = 1.0
 TIMING_STRIDE = 8
 
 
+def _sampled_seconds(expansion: LocalGaussianExpansion) -> float:
+    """An iteration's seconds from every :data:`TIMING_STRIDE`-th group of output clusters,
+    the faster of two samples (the first also gathers the padded features every iteration
+    reuses)."""
+    return min(expansion.iteration_seconds(stride=TIMING_STRIDE) for _ in range(2))
+
+
 def local_iteration_seconds(kernel: LocalPolyKernel) -> float:
     """Seconds of one log-domain iteration (the solver's path at small ``reg``).
 
     First from a sample: every :data:`TIMING_STRIDE`-th group of output clusters
-    (:meth:`~sketchot.sketch.local.LocalGaussianExpansion.iteration_seconds`, the faster of
-    two), which is the estimate when it exceeds :data:`SLOW_PASS_SECONDS`; below, whole
+    (:func:`_sampled_seconds`; the builder's own when ``tau='auto'`` measured it), which is
+    the estimate when it exceeds :data:`SLOW_PASS_SECONDS`; below, whole
     iterations are cheap: the faster of two timed passes (the first one also pays one-time
     costs), or the first alone when it takes more than :data:`SLOW_PASS_SECONDS`."""
-    # twice: the first sample also gathers the padded features every iteration reuses
-    sampled = min(kernel.expansion.iteration_seconds(stride=TIMING_STRIDE) for _ in range(2))
+    sampled = kernel.sampled_seconds
+    if sampled is None:
+        sampled = _sampled_seconds(kernel.expansion)
     if sampled > SLOW_PASS_SECONDS:
         return sampled
     n, m = kernel.shape
@@ -205,7 +215,7 @@ def build_local(
     *,
     rng: Any = None,
     dtype: Any = np.float64,
-    tau: float = 1.0,
+    tau: float | str = "auto",
     rtol: float | None = None,
     max_features: int = 1000,
     truncate: float | None = None,
@@ -215,9 +225,15 @@ def build_local(
 
     Parameters
     ----------
-    tau : float, default=1.0
+    tau : float or 'auto', default='auto'
         Clusters are balls of radius ``sqrt(tau reg / 2)``: ``tau`` is the half width of the
-        interval ``[-tau, tau]`` of the coupling argument ``2 p.q / reg``.
+        interval ``[-tau, tau]`` of the coupling argument ``2 p.q / reg``. Larger ``tau``:
+        fewer, larger clusters and a higher degree. ``'auto'``: ``1``, unless a sampled
+        iteration takes more than :data:`TAU_SEARCH_SECONDS`; then the candidates
+        :data:`TAU_CANDIDATES` in turn, while each is timed at least :data:`TAU_GAIN` times
+        faster than the best so far (and its features and rounding stay within
+        ``max_features`` and ``rtol``): on points that fill space, clusters of ``tau = 1``
+        hold fewer points than they have features, and larger ones pay.
     rtol : float or None, default=None
         Relative error of every entry the degree is chosen for; ``None``: sized from
         ``accuracy`` by :func:`rtol_for` (``1e-6``, degree 7, at the default accuracy;
@@ -234,18 +250,28 @@ def build_local(
     """
     if rtol is None:
         rtol = rtol_for(accuracy)
-    expansion = LocalGaussianExpansion(
-        geometry.reg,
-        tau=tau,
-        rtol=rtol,
-        max_features=max_features,
-        truncate=rtol if truncate is None else truncate,
-        rng=rng,
-    ).fit(geometry.Xc, geometry.Yc)
+
+    def fit(tau: float) -> LocalGaussianExpansion:
+        return LocalGaussianExpansion(
+            geometry.reg,
+            tau=tau,
+            rtol=rtol,
+            max_features=max_features,
+            truncate=rtol if truncate is None else truncate,
+            rng=rng,
+        ).fit(geometry.Xc, geometry.Yc)
+
+    sampled = None
+    if isinstance(tau, str) and tau == "auto":
+        expansion, sampled = _fastest_expansion(fit, rtol)
+    elif isinstance(tau, str):
+        raise ValueError(f"tau must be a positive number or 'auto'; got {tau!r}")
+    else:
+        expansion = fit(tau)
     info = KernelInfo(
         "polyts_local",
         {
-            "tau": tau,
+            "tau": expansion.tau,
             "rtol": rtol,
             "truncate": expansion.truncate,
             "degree": expansion.degree_,
@@ -253,4 +279,38 @@ def build_local(
             "entry_error_bound": expansion.entry_error_bound_,
         },
     )
-    return LocalPolyKernel(geometry, expansion, info, dtype)
+    kernel = LocalPolyKernel(geometry, expansion, info, dtype)
+    kernel.sampled_seconds = sampled
+    return kernel
+
+
+#: ``tau='auto'``: the half widths tried, in order ...
+TAU_CANDIDATES = (1.0, 2.0, 4.0)
+#: ... when the first one's sampled iteration takes more than this (below, the other fits
+#: would cost more than they could save) ...
+TAU_SEARCH_SECONDS = 1.0
+#: ... each kept while its sampled iteration takes at most this fraction of the best so far.
+TAU_GAIN = 0.9
+
+
+def _fastest_expansion(fit, rtol: float) -> tuple[LocalGaussianExpansion, float]:
+    """``tau='auto'`` (see :func:`build_local`): the fitted expansion with the fastest
+    sampled iteration among the candidates, and that iteration's seconds (each the faster of
+    two samples: a first sample also gathers the padded features, a cost that grows with
+    ``tau`` and that the iterations do not pay again)."""
+    best = fit(TAU_CANDIDATES[0])
+    seconds = _sampled_seconds(best)
+    if seconds <= TAU_SEARCH_SECONDS:
+        return best, seconds
+    for tau in TAU_CANDIDATES[1:]:
+        try:
+            candidate = fit(tau)
+        except ValueError:  # its degree needs more than max_features features
+            break
+        if candidate.entry_error_bound_ > rtol:  # its rounding alone would miss rtol
+            break
+        candidate_seconds = _sampled_seconds(candidate)
+        if candidate_seconds > TAU_GAIN * seconds:
+            break
+        best, seconds = candidate, candidate_seconds
+    return best, seconds

@@ -94,6 +94,8 @@ def test_the_iteration_estimate_times_whole_iterations(monkeypatch):
 
     rng = np.random.default_rng(5)
     kernel = build_local(GibbsGeometry(rng.random((300, 3)), rng.random((200, 3)), 0.05), rng=0)
+    assert kernel.sampled_seconds is not None  # tau='auto' sampled it
+    kernel.sampled_seconds = None  # an estimate the builder did not make
     projections, samples = [], []
     original = kernel.expansion.log_rmatvec
     sampled = kernel.expansion.iteration_seconds
@@ -114,3 +116,48 @@ def test_the_iteration_estimate_times_whole_iterations(monkeypatch):
     monkeypatch.setattr(local, "SLOW_PASS_SECONDS", 0.0)
     local.local_iteration_seconds(kernel)
     assert len(projections) == 2 and len(samples) == 4  # the sample's estimate, no pass
+
+
+@pytest.mark.parametrize(
+    ("sampled", "rtol", "chosen"),
+    [
+        ({1.0: 0.5}, 1e-6, 1.0),  # fast enough: no search
+        ({1.0: 9.0, 2.0: 4.0, 4.0: 2.0}, 1e-6, 4.0),
+        ({1.0: 9.0, 2.0: 4.0, 4.0: 3.8}, 1e-6, 2.0),  # not TAU_GAIN faster: kept 2
+        ({1.0: 9.0, 2.0: 8.5}, 1e-6, 1.0),
+        ({1.0: 9.0, 2.0: 4.0}, 1e-9, 2.0),  # tau = 4 rounds beyond rtol = 1e-9: not fitted
+        ({1.0: 9.0}, 1e-12, 1.0),  # no degree reaches 1e-12 at tau = 2
+    ],
+)
+def test_tau_auto_keeps_the_fastest_sampled_candidate(monkeypatch, sampled, rtol, chosen):
+    """``tau='auto'`` searches only when tau = 1 is slow, keeps a candidate only when it is
+    TAU_GAIN times faster, and never one whose features or rounding miss ``rtol``; the
+    kernel keeps the winner's sampled seconds for ``auto``'s estimate."""
+    from sketchot.kernels import local
+
+    timed = []
+
+    def fake(expansion):
+        timed.append(expansion.tau)
+        return sampled[expansion.tau]
+
+    monkeypatch.setattr(local, "_sampled_seconds", fake)
+    rng = np.random.default_rng(9)
+    geometry = GibbsGeometry(rng.random((400, 3)), rng.random((300, 3)), 0.01)
+    kernel = build_local(geometry, rng=0, rtol=rtol)
+    assert kernel.info.params["tau"] == chosen
+    assert kernel.sampled_seconds == sampled[chosen]
+    assert timed == list(sampled)  # tried in order, stopped at the first that does not pay
+    # a larger tau only when its rounding stays within rtol (tau = 1 is kept as it comes)
+    assert chosen == 1.0 or kernel.expansion.entry_error_bound_ <= rtol
+    if sampled[chosen] > local.SLOW_PASS_SECONDS:
+        assert local.local_iteration_seconds(kernel) == sampled[chosen]
+
+
+def test_tau_is_validated():
+    rng = np.random.default_rng(9)
+    geometry = GibbsGeometry(rng.random((40, 3)), rng.random((30, 3)), 0.1)
+    with pytest.raises(ValueError, match="tau must be a positive number or 'auto'"):
+        build_local(geometry, tau="fast")
+    with pytest.raises(ValueError, match="tau"):
+        build_local(geometry, tau=-1.0)
