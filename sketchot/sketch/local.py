@@ -626,6 +626,10 @@ class _Side:
     points: np.ndarray
     n_small: int
     cluster_radius: np.ndarray
+    # per cluster: the mean of p (the centroid's offset from the centre) and the mean of
+    # ||p - mean p||^2 (the truncation's Jensen lower bound)
+    centroid_offset: np.ndarray
+    spread: np.ndarray
     # padded features of the batches products read again and again, within padded_budget
     padded: dict = field(default_factory=dict)
     padded_budget: int = 0
@@ -659,6 +663,11 @@ class _Side:
         sq_local = np.einsum("ij,ij->i", local, local)
         cluster_radius = np.sqrt(np.maximum.reduceat(sq_local, offsets[:-1]))
         radius = float(cluster_radius.max())
+        sizes = np.maximum(counts, 1)[:, None]
+        centroid_offset = np.add.reduceat(local, offsets[:-1], axis=0) / sizes
+        deviation = local - centroid_offset[labels[order]]
+        spread = np.add.reduceat(np.einsum("ij,ij->i", deviation, deviation), offsets[:-1])
+        spread = spread / sizes[:, 0]
         # The clusters handled exactly are a prefix.
         n_small = int(np.count_nonzero(counts < exact_below))
         side = cls(
@@ -674,6 +683,8 @@ class _Side:
             centred[order],
             n_small,
             cluster_radius,
+            centroid_offset,
+            spread,
         )
         if store:
             side.features = _local_monomials(local * np.sqrt(2.0 / reg), plan)
@@ -849,14 +860,7 @@ def _apply(
     all_inputs = np.arange(k_in)
     in_batches = inn.batches(kb + all_inputs, _IN_BATCH if truncated else inn.n_clusters)
     if truncated and k_in:
-        starts = inn.offsets[kb:-1]  # expanded clusters are a suffix: reduceat's last is right
-        with np.errstate(divide="ignore"):
-            in_bounds = (
-                np.log(np.diff(inn.offsets)[kb:]),
-                np.maximum.reduceat(w_sorted, starts),
-                np.minimum.reduceat(w_sorted, starts),
-                inn.cluster_radius[kb:],
-            )
+        in_bounds = _input_bounds(inn, w_sorted)
 
     def one_group(ids: np.ndarray, parallel: bool) -> None:
         """Steps 1 and 2 for the output clusters ``ids``."""
@@ -867,7 +871,9 @@ def _apply(
         np.maximum(pair_sq, 0.0, out=pair_sq)
         kept, batches = all_inputs, in_batches
         if truncated:
-            keep = _kept_pairs(pair_sq, out.cluster_radius[ids], *in_bounds, reg, truncate)
+            keep = _kept_pairs(
+                pair_sq, out.centers[ids], out.cluster_radius[ids], in_bounds, reg, truncate
+            )
             chosen = keep.any(axis=0)
             if not chosen.any():  # every input weight is zero: the rows stay empty
                 return
@@ -1011,50 +1017,123 @@ def _apply(
     return result_scale, result_Z
 
 
+@dataclass(frozen=True)
+class _InputBounds:
+    """What the truncation bounds read of the expanded input clusters, for given log weights
+    ``w`` (sorted order): per cluster ``B``, ``log |B|``, the largest, smallest and mean ``w``,
+    the radius ``r_B``, the centroid ``ybar_B`` (centred coordinates) and the spread
+    ``mean_j ||y_j - ybar_B||^2``."""
+
+    log_size: np.ndarray
+    top: np.ndarray
+    low: np.ndarray
+    mean: np.ndarray
+    radius: np.ndarray
+    centroid: np.ndarray
+    spread: np.ndarray
+
+
+def _input_bounds(side: _Side, w_sorted: np.ndarray) -> _InputBounds:
+    """:class:`_InputBounds` of ``side``'s expanded clusters for the log weights ``w_sorted``."""
+    kb = side.n_small
+    starts = side.offsets[kb:-1]  # expanded clusters are a suffix: reduceat's last is right
+    sizes = np.diff(side.offsets)[kb:]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # a zero weight (-inf) makes the mean -inf: that cluster's Jensen term drops out
+        mean = np.add.reduceat(w_sorted, starts) / sizes
+        return _InputBounds(
+            np.log(sizes),
+            np.maximum.reduceat(w_sorted, starts),
+            np.minimum.reduceat(w_sorted, starts),
+            np.where(np.isnan(mean), -np.inf, mean),
+            side.cluster_radius[kb:],
+            side.centers[kb:] + side.centroid_offset[kb:],
+            side.spread[kb:],
+        )
+
+
 def _kept_pairs(
     pair_sq: np.ndarray,
+    out_centers: np.ndarray,
     out_radius: np.ndarray,
-    in_log_size: np.ndarray,
-    in_top: np.ndarray,
-    in_low: np.ndarray,
-    in_radius: np.ndarray,
+    inputs: _InputBounds,
     reg: float,
     truncate: float,
 ) -> np.ndarray:
     """Which cluster pairs ``(A, B)`` a product truncated at ``truncate`` must compute.
 
-    For ``x_i`` in ``A`` and ``y_j`` in ``B`` the distance lies in ``[near, far]``,
-    ``near = max(0, ||c_A - c_B|| - r_A - r_B)`` and ``far = ||c_A - c_B|| + r_A + r_B``
-    (``r`` the clusters' largest radii), so with ``w_B^max, w_B^min`` the extreme log
-    weights of ``B``:
+    For ``x_i`` in ``A`` and ``y_j`` in ``B`` the distance is at least
+    ``near = max(0, ||c_A - c_B|| - r_A - r_B)`` (``r`` the clusters' largest radii), so with
+    ``w_B^max`` the largest log weight of ``B``:
 
     .. math::
         S_{iB} = \\sum_{j \\in B} e^{w_j - \\|x_i - y_j\\|^2 / reg}
-              \\le \\exp(\\log|B| + w_B^{max} - near_{AB}^2 / reg) =: e^{U_{AB}},
+              \\le \\exp(\\log|B| + w_B^{max} - near_{AB}^2 / reg) =: e^{U_{AB}}.
 
-    and the row's whole sum is at least ``e^{L_A}`` with
-    ``L_A = max(LSE_B(log|B| + w_B^min - far_AB^2/reg), max_B(w_B^max - far_AB^2/reg))``.
-    A pair is skipped when ``U_AB <= L_A + log(truncate / k)`` over ``k`` input clusters:
-    the skipped pairs of a row sum to at most ``truncate`` times the row's sum (the
-    polynomial's own relative error comes on top). ``O(|group| k)``.
+    Every row of ``A`` sums to at least ``e^{L_A}``, the largest of three lower bounds:
+    ``LSE_B(log|B| + w_B^min - far_AB^2/reg)`` and ``max_B(w_B^max - far_AB^2/reg)`` with
+    ``far = ||c_A - c_B|| + r_A + r_B``, and Jensen's inequality over each ``B``
+    (``mean_j ||x - y_j||^2 = ||x - ybar_B||^2 + s_B`` for the centroid ``ybar_B`` and spread
+    ``s_B``, and ``||x_i - ybar_B|| <= ||c_A - ybar_B|| + r_A``):
+
+    .. math::
+        S_{iB} \\ge |B| \\exp\\big(\\bar w_B - ((\\|c_A - \\bar y_B\\| + r_A)^2 + s_B)
+              / reg\\big),
+
+    summed over ``B`` by a log-sum-exp (it loses only ``B``'s spread, not its radius, and
+    ``A``'s radius once). The pairs of ``A`` with the smallest ``U_AB`` are skipped as long as
+    their bounds sum to at most ``truncate e^{L_A}``: the skipped pairs of a row hold at most
+    ``truncate`` of its sum (the polynomial's own relative error comes on top).
+    ``O(|group| k log k)``.
 
     Returns
     -------
     ndarray of bool, shape (|group|, k)
     """
     distance = np.sqrt(pair_sq)
-    reach = out_radius[:, None] + in_radius[None, :]
-    near = np.maximum(distance - reach, 0.0)
-    far = distance + reach
+    near = np.maximum(distance - out_radius[:, None] - inputs.radius[None, :], 0.0)
+    upper = inputs.log_size + inputs.top - near * near / reg
+    lower = _row_sum_lower_bound(distance, out_centers, out_radius, inputs, reg)
+    with np.errstate(invalid="ignore"):
+        # skip the smallest bounds while their sum stays within truncate e^L
+        order = np.argsort(upper, axis=1)
+        ascending = np.take_along_axis(upper, order, axis=1)
+        running = np.logaddexp.accumulate(ascending, axis=1)
+        skipped = running <= (lower + np.log(truncate))[:, None]
+    keep = np.ones_like(upper, dtype=bool)
+    np.put_along_axis(keep, order, ~skipped, axis=1)
+    return keep
+
+
+def _row_sum_lower_bound(
+    distance: np.ndarray,
+    out_centers: np.ndarray,
+    out_radius: np.ndarray,
+    inputs: _InputBounds,
+    reg: float,
+) -> np.ndarray:
+    """``L_A``, shape ``(|group|,)``: every row of output cluster ``A`` sums to at least
+    ``e^{L_A}`` over the expanded input clusters (the three bounds of :func:`_kept_pairs`);
+    ``distance`` is ``||c_A - c_B||``, shape ``(|group|, k)``."""
+    far = distance + out_radius[:, None] + inputs.radius[None, :]
     far_sq = far * far / reg
-    upper = in_log_size + in_top - near * near / reg
-    with np.errstate(invalid="ignore", divide="ignore"):
-        lower = np.maximum(
-            logsumexp(in_log_size + in_low - far_sq, axis=1),
-            np.max(in_top - far_sq, axis=1),
+    to_centroid = np.sqrt(
+        np.maximum(
+            sq_norms(out_centers)[:, None]
+            + sq_norms(inputs.centroid)[None, :]
+            - 2.0 * out_centers @ inputs.centroid.T,
+            0.0,
         )
-    threshold = lower + np.log(truncate) - np.log(in_top.size)
-    return upper > threshold[:, None]
+    )
+    jensen_sq = (to_centroid + out_radius[:, None]) ** 2 + inputs.spread[None, :]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.maximum.reduce(
+            [
+                logsumexp(inputs.log_size + inputs.low - far_sq, axis=1),
+                np.max(inputs.top - far_sq, axis=1),
+                logsumexp(inputs.log_size + inputs.mean - jensen_sq / reg, axis=1),
+            ]
+        )
 
 
 def _exact_scaled(
