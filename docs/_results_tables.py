@@ -18,6 +18,7 @@ INCLUDED = (
     "small_reg_coarse_1e6",
     "small_reg_truncate",
     "small_reg_tau",
+    "small_reg_jensen",
     "local_kernel_truncate",
     "dask_scale_quick",
     "polyts_improved_quick",
