@@ -1038,18 +1038,16 @@ def _input_bounds(side: _Side, w_sorted: np.ndarray) -> _InputBounds:
     kb = side.n_small
     starts = side.offsets[kb:-1]  # expanded clusters are a suffix: reduceat's last is right
     sizes = np.diff(side.offsets)[kb:]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        # a zero weight (-inf) makes the mean -inf: that cluster's Jensen term drops out
-        mean = np.add.reduceat(w_sorted, starts) / sizes
-        return _InputBounds(
-            np.log(sizes),
-            np.maximum.reduceat(w_sorted, starts),
-            np.minimum.reduceat(w_sorted, starts),
-            np.where(np.isnan(mean), -np.inf, mean),
-            side.cluster_radius[kb:],
-            side.centers[kb:] + side.centroid_offset[kb:],
-            side.spread[kb:],
-        )
+    return _InputBounds(
+        np.log(sizes),
+        np.maximum.reduceat(w_sorted, starts),
+        np.minimum.reduceat(w_sorted, starts),
+        # a zero weight (-inf; +inf is refused) makes the mean -inf: the Jensen term drops out
+        np.add.reduceat(w_sorted, starts) / sizes,
+        side.cluster_radius[kb:],
+        side.centers[kb:] + side.centroid_offset[kb:],
+        side.spread[kb:],
+    )
 
 
 def _kept_pairs(
