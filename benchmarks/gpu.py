@@ -12,14 +12,22 @@ confidence bound, :meth:`sketchot.SinkhornResult.check_true_kernel`):
 ``default call``
     ``sketchot.sinkhorn(None, None, X, Y, reg)`` (``backend='auto'``, ``accuracy=1e-3``), on
     NumPy arrays and on tensors; the tensors' row says its time as a ratio to NumPy's.
+``default call 1e-6``
+    The same at ``accuracy=1e-6`` (the issue's certified-to-1e-6 target), on tensors.
 ``exact, 100 iterations``
     The streamed exact kernel (``max_dense_bytes=0``), 100 iterations, no check: the cost of
-    the kernel's products where the points live; on NumPy, on tensors and POT's
-    ``ot.sinkhorn(method='sinkhorn_log')`` on tensors (its dense cost matrix, where it fits).
+    the kernel's products where the points live (``f32``: its passes in float32); on NumPy,
+    on tensors and POT's ``ot.sinkhorn(method='sinkhorn_log')`` on tensors (its dense cost
+    matrix, where it fits).
 ``GeomLoss online / multiscale``
     ``SamplesLoss('sinkhorn', p=2, blur=sqrt(reg / 2), debias=False, potentials=True)`` (its
     cost ``||x - y||^2 / 2`` at ``eps = blur^2``: the same kernel) at ``scaling`` 0.5 and 0.9,
     with KeOps; its error from its potentials, certified the same way.
+
+With ``--passes`` it first times one iteration's two passes of the streamed exact kernel
+on the device (:mod:`sketchot.fused`'s one-launch passes in float64 and float32, against the
+unfused blocks of the same kernel: ``vs blocks``), each the best of 3 after a warm-up (of 1
+at n = 10^6).
 
     python benchmarks/gpu.py --quick                  # n = 10^4, 3-D, both regs
     python benchmarks/gpu.py --json out.json          # n = 10^4 and 10^5 (cells over --budget skip)
@@ -48,8 +56,10 @@ RELATIVE_REGS = (0.1, 0.01)
 METHODS = (
     "default call, numpy",
     "default call, torch",
+    "default call 1e-6, torch",
     "exact 100 its, numpy",
     "exact 100 its, torch",
+    "exact 100 its f32, torch",
     "POT torch log, 100 its",
     "GeomLoss online 0.5",
     "GeomLoss online 0.9",
@@ -110,11 +120,13 @@ def cell(data: str, n: int, relative_reg: float, method: str, seed: int) -> dict
     out: dict[str, Any] = {"n_iter": None, "detail": ""}
     if method.startswith(("default call", "exact 100")):
         points = tensors if method.endswith("torch") else (X, Y)
-        params: dict[str, Any] = {"accuracy": 1e-3, "true_kernel_samples": CHECK_SAMPLES}
+        accuracy = 1e-6 if "1e-6" in method else 1e-3
+        params: dict[str, Any] = {"accuracy": accuracy, "true_kernel_samples": CHECK_SAMPLES}
         if method.startswith("exact"):
             params = {"backend": "exact", "max_dense_bytes": 0, "max_iter": 100, "tol": 1e-300,
                       "accuracy": None, "anderson": 0, "coarse_to_fine": False,
-                      "epsilon_scaling": False}  # fmt: skip
+                      "epsilon_scaling": False,
+                      "dtype": np.float32 if "f32" in method else np.float64}  # fmt: skip
         synchronize()
         start = time.perf_counter()
         res = sketchot.sinkhorn(None, None, *points, reg, rng=seed, errors="warn", **params)
@@ -166,8 +178,74 @@ def cell(data: str, n: int, relative_reg: float, method: str, seed: int) -> dict
     return out
 
 
+def pass_cell(data: str, n: int, relative_reg: float, variant: str, seed: int) -> dict:
+    """Seconds of one iteration's two passes (``K^T exp(.)`` after ``K exp(.)``, log domain)
+    of the streamed exact kernel on the device: the best of 3 after a warm-up (of 1 at
+    n = 10^6)."""
+    import torch
+
+    if variant.startswith("blocks"):  # the device kernel as it was before the fused passes
+        import sketchot.kernels.exact as exact_module
+
+        exact_module.fused_available = lambda *args: False
+    X, Y = clouds(data, n, seed)
+    reg = relative_reg * mean_sq_distance(X, Y)
+    device = device_name()
+    dtype = np.float32 if variant.endswith("float32") else np.float64
+    view = sketchot.make_kernel(torch.as_tensor(X, device=device),
+                                torch.as_tensor(Y, device=device), reg, "exact",
+                                max_dense_bytes=0, dtype=dtype)  # fmt: skip
+    kernel = view.host
+    log_w = np.full(n, -math.log(n))
+    numerator = np.full(n, -math.log(n))
+    times = []
+    for _ in range(2 if n >= 1_000_000 else 4):  # a warm-up, then the best of the others
+        synchronize()
+        start = time.perf_counter()
+        one = kernel.fused_pass("rows", log_w, numerator, log=True)
+        one.projection  # noqa: B018 (the second pass runs when its projection is read)
+        synchronize()
+        times.append(time.perf_counter() - start)
+    fused = getattr(kernel, "_fused", None) is not None
+    return {"seconds": min(times[1:]), "fused": fused}
+
+
+PASS_GRID = (("colours", 10_000), ("colours", 100_000), ("gauss64", 50_000),
+             ("uniform", 1_000_000))  # fmt: skip
+PASS_VARIANTS = ("fused float64", "fused float32", "blocks float64")
+
+
+def passes(runner: Any, seed: int, budget_entries: float) -> list[dict[str, Any]]:
+    """The ``--passes`` table: each cell of :data:`PASS_GRID` in each variant (the blocks
+    skipped past ``budget_entries`` kernel entries: a pass writes every entry several
+    times)."""
+    rows = []
+    print("| data | n | variant | iteration s | vs blocks |")
+    print("|---|---:|---|---:|---:|")
+    for data, n in PASS_GRID:
+        base = None
+        for variant in reversed(PASS_VARIANTS):  # the baseline first
+            row: dict[str, Any] = {"data": data, "n": n, "variant": variant}
+            if variant.startswith("blocks") and n * n > budget_entries:
+                row["skipped"] = f"n^2 over {budget_entries:.0e} entries"
+            else:
+                out = runner(pass_cell, data, n, 0.1, variant, seed)
+                row.update(out or {"skipped": "stopped at the budget"})
+            if variant.startswith("blocks"):
+                base = row.get("seconds")
+            ratio = f"{base / row['seconds']:.0f}x" if base and "seconds" in row else ""
+            row["vs_blocks"] = ratio
+            rows.append(row)
+            shown = row.get("skipped") or f"{row['seconds']:.4f}"
+            print(f"| {data} | {n} | {variant} | {shown} | {ratio} |", flush=True)
+    return rows
+
+
 def estimated_seconds(method: str, data: str, n: int) -> float:
-    """A rough cost model (two CPU cores) to skip cells past the budget."""
+    """A rough cost model (two CPU cores) to skip cells past the budget; on a CUDA device
+    only the NumPy cells are estimated (the CellRunner stops the others at the budget)."""
+    if device_name() == "cuda" and not method.endswith("numpy"):
+        return 0.0
     d = 64 if data == "gauss64" else 3
     if method.startswith("exact") or method.startswith("POT"):
         return 200 * n * n * 2e-9 * (d / 3) ** 0.5
@@ -178,7 +256,7 @@ def estimated_seconds(method: str, data: str, n: int) -> float:
     return 10.0 * (n / 1e4) ** 1.3 * (d / 3)
 
 
-def report(rows: list[dict[str, Any]], device: str) -> str:
+def report(rows: list[dict[str, Any]], device: str, pass_rows: list[dict[str, Any]]) -> str:
     lines = [
         f"# sketchot on PyTorch tensors ({device}) against NumPy and peers",
         "",
@@ -208,6 +286,15 @@ def report(rows: list[dict[str, Any]], device: str) -> str:
         ])  # fmt: skip
     header = ["data", "n", "reg", "method", "time s", "vs numpy", "its", "error", "kernel"]
     lines += md_table(header, table, align="lllllrrrl")
+    if pass_rows:
+        lines += ["", "One iteration's two passes of the streamed exact kernel (reg 0.1 of the "
+                  "mean squared distance), best of 3 (1 at n = 1e6):", ""]  # fmt: skip
+        lines += md_table(
+            ["data", "n", "variant", "iteration s", "vs blocks"],
+            [[r["data"], r["n"], r["variant"], r.get("skipped") or f"{r['seconds']:.4f}",
+              r["vs_blocks"]] for r in pass_rows],
+            align="lllrr",
+        )  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -222,6 +309,9 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", type=int, default=[10_000, 100_000])
     parser.add_argument("--regs", nargs="+", type=float, default=list(RELATIVE_REGS))
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--passes", action="store_true", help="time the exact kernel's passes")
+    parser.add_argument("--pass-block-entries", type=float, default=2e10,
+                        help="the unfused blocks' largest n^2 in --passes")  # fmt: skip
     args = parser.parse_args()
     if args.quick:
         grid = [("colours", 10_000, reg) for reg in RELATIVE_REGS]
@@ -239,6 +329,7 @@ def main() -> None:
     print("|---|---:|---:|---|---:|---:|---:|---|")
     rows = []
     runner = CellRunner(args.budget, fresh=True)
+    pass_rows = passes(runner, args.seed, args.pass_block_entries) if args.passes else []
     for data, n, reg in grid:
         for method in args.methods:
             row: dict[str, Any] = {"data": data, "n": n, "reg": reg, "method": method}
@@ -266,12 +357,13 @@ def main() -> None:
                       f"{row['n_iter'] or '-'} | {row['error']:.2g} | {row['detail']} |",
                       flush=True)  # fmt: skip
     runner.close()
-    text = report(rows, device)
+    text = report(rows, device, pass_rows)
     print(text)
     if args.markdown is not None:
         write_text(args.markdown, text)
     if args.json is not None:
-        write_json(args.json, {"device": device, "seed": args.seed, "rows": rows})
+        write_json(args.json, {"device": device, "seed": args.seed, "rows": rows,
+                               "passes": pass_rows})  # fmt: skip
 
 
 if __name__ == "__main__":

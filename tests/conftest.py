@@ -1,7 +1,18 @@
 """Shared fixtures: small point clouds drawn from explicit generators."""
 
+import importlib.util
+import os
+
 import numpy as np
 import pytest
+
+if importlib.util.find_spec("torch") is not None and "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        # Triton reads it once, when imported: its interpreter runs the fused passes' tests
+        # on CPU tensors (only where a test asks: fused_interpreter)
+        os.environ["TRITON_INTERPRET"] = "1"
 
 
 class Library:
@@ -107,3 +118,20 @@ def dense_divergence():
 def dense_ot():
     """The dense float64 log-domain reference of the entropic OT objective."""
     return _dense_ot
+
+
+@pytest.fixture
+def fused_interpreter(monkeypatch):
+    """The fused Triton passes (:mod:`sketchot.fused`) on CPU tensors, under Triton's
+    interpreter (how they are tested without a GPU; on CUDA they compile). Skipped without
+    Triton 3.7 or newer: the interpreter of 3.6 fails on NumPy 2.4's stricter scalar rule."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton runs compiled here (a CUDA device): the CUDA tests check it")
+    triton = pytest.importorskip("triton")
+    version = tuple(int(part) for part in triton.__version__.split(".")[:2])
+    if version < (3, 7):
+        pytest.skip(f"Triton's interpreter needs Triton >= 3.7; found {triton.__version__}")
+    from sketchot import fused
+
+    monkeypatch.setattr(fused, "CPU_INTERPRETER", True)
+    return fused

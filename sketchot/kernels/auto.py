@@ -66,6 +66,12 @@ STALL_FACTOR = 2.0
 #: its build and iterations then cost about what POT's dense solver costs.
 DIRECT_DENSE_ENTRIES = 25_000_000
 
+#: On the caller's device (e.g. CUDA tensors), the exact kernel is used directly when this
+#: many of its iterations take at most ``DIRECT_EXACT_SECONDS`` there (timed): on a GPU its
+#: fused passes take milliseconds where fitting a low-rank kernel on the host takes seconds.
+DIRECT_EXACT_ITERATIONS = 100
+DIRECT_EXACT_SECONDS = 2.0
+
 #: Rows timed to estimate one iteration of the exact kernel ...
 TIMED_ROWS = 256
 #: ... and at most this many entries (32 MiB in float64).
@@ -408,6 +414,19 @@ def choose(
         kernel = build(geometry, exact.name, dtype=dtype)
         return final(exact, kernel, f"{size} is small: the exact kernel, stored")
 
+    exact_seconds = None
+    if runs_on_device(geometry):
+        exact_seconds = exact_iteration_seconds(geometry, stored=dense_fits)
+        if exact_seconds * DIRECT_EXACT_ITERATIONS <= DIRECT_EXACT_SECONDS:
+            streamed = {} if dense_fits else exact.streamed_params
+            kernel = build(geometry, exact.name, dtype=dtype, **streamed)
+            reason = (
+                f"{DIRECT_EXACT_ITERATIONS} exact iterations take about "
+                f"{exact_seconds * DIRECT_EXACT_ITERATIONS:.2g} s on the caller's device "
+                f"(timed): the exact kernel, {'stored' if dense_fits else 'streamed'}"
+            )
+            return final(exact, kernel, reason)
+
     candidates = [
         (r.name, dict(r.auto_params)) for r in auto_backends(LOW_RANK_KIND, d, among, geometry.cost)
     ]
@@ -425,7 +444,8 @@ def choose(
             return Choice(verdict.outcome, kernel, reason, tuple(attempts))
 
     local = auto_backends(LOCAL_KIND, d, among, geometry.cost)
-    exact_seconds = exact_iteration_seconds(geometry, stored=dense_fits) if local else np.inf
+    if exact_seconds is None:
+        exact_seconds = exact_iteration_seconds(geometry, stored=dense_fits) if local else np.inf
     for record in local:
         start = time.perf_counter()
         kernel = build(geometry, record.name, rng=generator, dtype=dtype, **record.auto_params)

@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from .._arrays import DeviceArrays
+from ..fused import FusedPoints, fused_available, fused_pass_seconds
 from ..gibbs import BLOCK_BYTES, GibbsGeometry, neg_cost_on_device
 
 #: A block of the streamed kernel on an accelerator takes at most this share of its free
@@ -57,8 +58,17 @@ def device_block_bytes(context: Any) -> int:
 def block_seconds(geometry: GibbsGeometry, rows: slice) -> tuple[float, float]:
     """Seconds to compute the kernel's block ``exp(-c / reg)`` of ``rows`` on the caller's
     device, and of its two products (``K 1``, ``K^T 1``): what ``auto`` extrapolates an
-    exact iteration from (:func:`sketchot.kernels.auto.exact_iteration_seconds`)."""
+    exact iteration from (:func:`sketchot.kernels.auto.exact_iteration_seconds`). Where the
+    fused passes run (:mod:`sketchot.fused`): one of them over ``rows`` for each (a stored
+    kernel's product costs about what a fused pass does)."""
     on = DeviceArrays(geometry.context)
+    if fused_available(geometry.context, geometry.cost):  # the passes the kernel would run
+        # timed over enough rows to fill the device, then given back as the share of ``rows``
+        X = FusedPoints(on.put(geometry.Xc), on.xp.float64)
+        Y = FusedPoints(on.put(geometry.Yc), on.xp.float64)
+        seconds = fused_pass_seconds(X, Y, geometry.reg, not geometry.cost.sqeuclidean)
+        seconds *= (rows.stop - rows.start) / geometry.shape[0]
+        return seconds, seconds
     xp = on.xp
     X, Y = on.put(geometry.Xc[rows]), on.put(geometry.Yc)
     x_sq, y_sq = on.put(geometry.x_sq[rows]), on.put(geometry.y_sq)

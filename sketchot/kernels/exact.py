@@ -20,6 +20,7 @@ from .._arrays import DeviceArrays
 from .._defaults import DEFAULT_MAX_DENSE_BYTES
 from .._parallel import Part, run_parts
 from .._validation import check_int
+from ..fused import MAX_COLUMNS, FusedPoints, fused_available, fused_pass_seconds, fused_rows
 from ..gibbs import (
     GibbsGeometry,
     block_rows,
@@ -318,17 +319,34 @@ class DeviceExactKernel(ExactKernel):
     """
 
     def __init__(
-        self, geometry: GibbsGeometry, *, dtype: Any = np.float64, max_dense_bytes: int
+        self,
+        geometry: GibbsGeometry,
+        *,
+        dtype: Any = np.float64,
+        max_dense_bytes: int,
+        _same_points: DeviceExactKernel | None = None,
     ) -> None:
         self._on = DeviceArrays(geometry.context)
         self._Xd = self._on.put(geometry.Xc)
         self._Yd = self._on.put(geometry.Yc)
         self._x_sq = self._on.put(geometry.x_sq)
         self._y_sq = self._on.put(geometry.y_sq)
+        self._fused = None
+        # at another reg (at_reg): the same points on the device and the same pass time
+        self._same_points = _same_points
+        if _same_points is not None and _same_points._fused is not None:
+            self._fused = _same_points._fused
+        elif fused_available(geometry.context, geometry.cost):
+            precision = self._Xd.dtype if np.dtype(dtype) == np.float64 else self._on.xp.float32
+            self._fused = (FusedPoints(self._Xd, precision), FusedPoints(self._Yd, precision))
         super().__init__(geometry, dtype=dtype, max_dense_bytes=max_dense_bytes)
         n, m = self.shape
         rows = device_block_bytes(geometry.context) // max(1, 8 * m)
         self._rows_per_block = int(max(1, min(n, rows)))
+        if self._fused is not None and not self.is_dense:
+            # fused log-domain passes cost what linear ones do and never underflow: no
+            # absorptions (the engine's 'log' strategy)
+            self.info.capabilities = self.info.capabilities - {"absorb"}
 
     # ---------------------------------------------------------------- blocks
     def _neg_cost(self, X: Any, x_sq: Any, Y: Any = None, y_sq: Any = None) -> Any:
@@ -358,6 +376,10 @@ class DeviceExactKernel(ExactKernel):
 
     def _time_one_pass(self) -> float:
         n, m = self.shape
+        if self._fused is not None:
+            if self._same_points is not None:  # a pass costs the same at any reg
+                return self._same_points.info.seconds_per_pass
+            return fused_pass_seconds(*self._fused, self.geometry.reg, self._sqrt)
         rows = slice(0, min(n, max(1, device_block_bytes(self.geometry.context) // (8 * m))))
         start = time.perf_counter()
         block = self._computed_block(rows)
@@ -369,7 +391,30 @@ class DeviceExactKernel(ExactKernel):
     def _cast(self, values: Any) -> Any:
         return self._on.put(values, self.dtype)
 
+    @property
+    def _sqrt(self) -> bool:
+        return not self.geometry.cost.sqeuclidean
+
+    def _fused_matmat(self, V: np.ndarray, *, transpose: bool) -> np.ndarray:
+        """``K V`` (``K^T V``) in fused passes of :data:`~sketchot.fused.MAX_COLUMNS`
+        columns: ``exp(t) s`` of :func:`~sketchot.fused.fused_rows` with zero log weights."""
+        own, other = self._fused[::-1] if transpose else self._fused
+        V = V.reshape(V.shape[0], -1)
+        out = np.empty((len(own), V.shape[1]))
+        for start in range(0, V.shape[1], MAX_COLUMNS):
+            cols = slice(start, start + MAX_COLUMNS)
+            values = self._on.put(V[:, cols], np.float64)
+            _, top, sums = fused_rows(own, other, self.geometry.reg, sqrt=self._sqrt,
+                                      values=values)  # fmt: skip
+            out[:, cols] = self._on.get(self._on.xp.exp(top)[:, None] * sums)
+        return out
+
     def matmat(self, V: Any) -> np.ndarray:
+        if self._fused is not None and self._dense is None:
+            V = check_operand(V, self.shape[1], "V", vector=False)
+            return self._fused_matmat(np.asarray(V), transpose=False).reshape(
+                self.shape[0], *np.shape(V)[1:]
+            )
         V = self._cast(check_operand(V, self.shape[1], "V", vector=False))
         if self._dense is not None:
             return self._on.get(self._dense @ V)
@@ -379,6 +424,10 @@ class DeviceExactKernel(ExactKernel):
 
     def rmatmat(self, U: Any) -> np.ndarray:
         U = check_operand(U, self.shape[0], "U", vector=False)
+        if self._fused is not None and self._dense is None:
+            return self._fused_matmat(np.asarray(U), transpose=True).reshape(
+                self.shape[1], *np.shape(U)[1:]
+            )
         if self._dense is not None:
             return self._on.get(self._dense.T @ self._cast(U))
         out = 0.0
@@ -400,6 +449,13 @@ class DeviceExactKernel(ExactKernel):
         over the rows ``rows`` only), streamed in row blocks of the output side, with a
         per-row maximum shift (finite for any ``reg``)."""
         xp = self._on.xp
+        if self._fused is not None:
+            own, other = self._fused[::-1] if transpose else self._fused
+            if transpose and rows is not None:
+                other = other.take(self._on.put(np.arange(self.shape[0])[rows], np.int64))
+            lse, _, _ = fused_rows(own, other, self.geometry.reg, sqrt=self._sqrt,
+                                   log_w=self._on.put(log_w))  # fmt: skip
+            return self._on.get(lse)
         own, own_sq, other, other_sq = self._Xd, self._x_sq, self._Yd, self._y_sq
         if transpose:
             own, own_sq, other, other_sq = other, other_sq, own, own_sq
@@ -435,6 +491,8 @@ class DeviceExactKernel(ExactKernel):
                 numerator,
                 exponent,
             )
+        if self._fused is not None and self._dense is None:
+            return self._fused_linear_pass(w, numerator, exponent)
         weights = self._cast(w)
         if self._dense is not None:
             with np.errstate(over="ignore", invalid="ignore"):
@@ -443,6 +501,17 @@ class DeviceExactKernel(ExactKernel):
             projection = self._on.get(self._cast(ratios) @ self._dense)
             return FusedPass(products, ratios, projection, bad)
         return self._streamed_pass(weights, numerator, exponent)
+
+    def _fused_linear_pass(
+        self, w: np.ndarray, numerator: np.ndarray, exponent: float
+    ) -> FusedPass:
+        """The linear pass as two fused products (``K w``, then ``K^T`` of the ratios; any
+        sign), ratios and bad entries by the NumPy rules."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            products = self._fused_matmat(w, transpose=False)[:, 0]
+            ratios, bad = fast_ratios_and_bad(numerator, products, exponent)
+            projection = self._fused_matmat(ratios, transpose=True)[:, 0]
+        return FusedPass(products, ratios, projection, bad)
 
     def _streamed_pass(self, weights: Any, numerator: np.ndarray, exponent: float) -> FusedPass:
         """Block by block: products on the device, their ratios on the host (the NumPy
@@ -498,8 +567,9 @@ class DeviceExactKernel(ExactKernel):
 
     def at_reg(self, reg: float) -> DeviceExactKernel:
         return DeviceExactKernel(
-            self.geometry.at_reg(reg), dtype=self.dtype, max_dense_bytes=self.max_dense_bytes
-        )
+            self.geometry.at_reg(reg), dtype=self.dtype, max_dense_bytes=self.max_dense_bytes,
+            _same_points=self if self.info.seconds_per_pass is not None else None,
+        )  # fmt: skip
 
     def absorbed(self, alpha: np.ndarray, beta: np.ndarray, previous: Any = None) -> Any:
         return DeviceAbsorbedExactKernel(self, alpha, beta, previous)
@@ -520,6 +590,7 @@ class DeviceAbsorbedExactKernel(DeviceExactKernel):
         KernelOperator.__init__(self, parent.geometry, type(parent.info)("exact"), parent.dtype)
         self.info.params = dict(parent.info.params)
         self._on = parent._on
+        self._fused = None  # its entries carry (alpha, beta): blocks, stored or streamed
         self._Xd, self._Yd, self._x_sq, self._y_sq = (
             parent._Xd, parent._Yd, parent._x_sq, parent._y_sq,
         )  # fmt: skip

@@ -28,12 +28,16 @@ def pair(reg=0.3, metric="sqeuclidean", n=70, m=55, seed=0):
     return host, device
 
 
-@pytest.fixture(params=[1 << 30, 0], ids=["stored", "streamed"])
+@pytest.fixture(params=["stored", "streamed", "fused"])
 def kernels(request):
     host, device = pair()
-    reference = ExactKernel(host, max_dense_bytes=request.param)
-    built = sketchot.kernels.exact.build_exact(device, max_dense_bytes=request.param)
+    max_dense_bytes = 1 << 30 if request.param == "stored" else 0
+    if request.param == "fused":  # streamed through sketchot.fused's one-launch passes
+        request.getfixturevalue("fused_interpreter")
+    reference = ExactKernel(host, max_dense_bytes=max_dense_bytes)
+    built = sketchot.kernels.exact.build_exact(device, max_dense_bytes=max_dense_bytes)
     assert isinstance(built, DeviceExactKernel) and built.is_dense == reference.is_dense
+    assert (built._fused is not None) == (request.param == "fused")
     built._rows_per_block = 16  # several blocks: the streamed sums cross block edges
     return reference, built
 
@@ -164,6 +168,21 @@ def test_cuda_kernels_hold_their_data_on_the_device():
     assert kernel._Xd.device.type == "cuda" and kernel._dense.device.type == "cuda"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("params", [{}, {"log_domain": False, "anderson": 0}])
+def test_a_cuda_solve_streams_fused_passes_and_equals_the_numpy_solve(params):
+    rng = np.random.default_rng(9)
+    X, Y = rng.random((900, 3)), rng.random((700, 3))
+    params = {"backend": "exact", "max_dense_bytes": 0, **params}
+    reference = sketchot.sinkhorn(None, None, X, Y, reg=0.02, **params)
+    ours = sketchot.sinkhorn(None, None, *(torch.as_tensor(Z, device="cuda") for Z in (X, Y)),
+                             reg=0.02, **params)  # fmt: skip
+    assert ours.host.kernel._fused is not None and ours.potentials[0].is_cuda
+    np.testing.assert_allclose(ours.potentials[0].cpu().numpy(), reference.potentials[0],
+                               rtol=1e-9, atol=1e-9)  # fmt: skip
+    assert ours.accuracy_met == reference.accuracy_met
+
+
 def test_auto_times_the_exact_iteration_on_the_device():
     host, device = pair(n=400, m=300)
     from sketchot.kernels.auto import exact_iteration_seconds
@@ -211,3 +230,27 @@ def test_geometry_true_kernel_values_on_the_device_match_the_host(name, metric):
     np.testing.assert_allclose(
         mapped, host.softmax_average(None, log_u, host.X, transpose=True), rtol=RTOL
     )
+
+
+@pytest.mark.parametrize("seconds", [1e-4, 10.0], ids=["fast", "slow"])
+def test_auto_takes_the_exact_kernel_when_the_device_makes_it_cheap(monkeypatch, seconds):
+    """``auto`` on the caller's device: the exact kernel directly when its timed iterations
+    are cheap there (a GPU's fused passes), the ladder as on the host otherwise (timings
+    faked: a test never compares a machine's speed)."""
+    from sketchot.kernels import auto
+
+    monkeypatch.setattr(auto, "DIRECT_DENSE_ENTRIES", 0)
+    monkeypatch.setattr(auto, "exact_iteration_seconds", lambda geometry, stored: seconds)
+    rng = np.random.default_rng(8)
+    X, Y = (torch.as_tensor(rng.random((200, 3))) for _ in range(2))
+    res = sketchot.sinkhorn(None, None, X, Y, reg=0.5, rng=0)
+    direct = seconds * auto.DIRECT_EXACT_ITERATIONS <= auto.DIRECT_EXACT_SECONDS
+    assert ("caller's device" in res.reason) == direct and not (direct and res.attempts)
+    assert res.backend == "exact" if direct else res.backend != "exact"
+    assert res.accuracy_met
+
+
+def test_fused_timing_is_what_auto_extrapolates_on_the_device(fused_interpreter):
+    _, device = pair(n=400, m=300)
+    computed, product = sketchot.kernels.device.block_seconds(device, slice(0, 50))
+    assert computed > 0 and computed == product  # one fused pass over the rows for each
