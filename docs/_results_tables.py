@@ -25,6 +25,8 @@ INCLUDED = (
     "unbalanced_quick",
     "gpu_quick",
     "gpu_1e5",
+    "gpu_h100",
+    "gpu_h100_d64",
     "batch",
     "barycenter_quick",
     "barycenter_1e4_pot",

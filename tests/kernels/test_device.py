@@ -254,3 +254,16 @@ def test_fused_timing_is_what_auto_extrapolates_on_the_device(fused_interpreter)
     _, device = pair(n=400, m=300)
     computed, product = sketchot.kernels.device.block_seconds(device, slice(0, 50))
     assert computed > 0 and computed == product  # one fused pass over the rows for each
+
+
+def test_a_fused_kernel_at_another_reg_shares_its_points_and_timing(fused_interpreter):
+    """``at_reg`` (epsilon scaling, coarse-to-fine) keeps the device copies and the timed
+    pass of the kernel it comes from: a pass costs the same at any reg."""
+    _, device = pair()
+    kernel = sketchot.kernels.exact.build_exact(device, max_dense_bytes=0)
+    other = kernel.at_reg(0.05)
+    assert other._fused is kernel._fused and other.geometry.reg == 0.05
+    assert other.info.seconds_per_pass == kernel.info.seconds_per_pass
+    w = np.linspace(0.1, 1.0, 55)
+    reference = ExactKernel(GibbsGeometry(device.X, device.Y, 0.05), max_dense_bytes=0)
+    np.testing.assert_allclose(other.matvec(w), reference.matvec(w), rtol=RTOL)
