@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import sketchot
@@ -380,6 +380,7 @@ def test_a_strided_sample_computes_whole_groups_of_the_product(monkeypatch, exac
     spread=st.floats(0.1, 3.0),
     weight_spread=st.floats(0.0, 30.0),
 )
+@example(seed=0, log_reg=-6.75, spread=3.0, weight_spread=0.0)  # a bound equal to its row
 def test_row_sum_lower_bound_holds_for_every_row(seed, log_reg, spread, weight_spread):
     """Invariant: ``e^{L_A}`` is at most every row's exact sum over the input clusters (the
     skipping rule rests on it); with a zero weight the cluster's Jensen term drops out."""
@@ -395,7 +396,10 @@ def test_row_sum_lower_bound_holds_for_every_row(seed, log_reg, spread, weight_s
     lower = local._row_sum_lower_bound(distance, x.centers, x.cluster_radius, bounds, reg)
     labels = np.repeat(np.arange(x.n_clusters), np.diff(x.offsets))
     with np.errstate(divide="ignore"):
-        assert np.all(lower[labels] <= np.log(S.sum(axis=1)) + 1e-12)
+        exact = np.log(S.sum(axis=1))
+        # a one-point cluster's Jensen term is the row itself: equal up to rounding, which
+        # is relative to the exponents' size (hundreds of nats at small reg)
+        assert np.all(lower[labels] <= exact + 1e-12 * (1.0 + np.abs(exact)))
 
 
 def test_jensen_bound_keeps_the_lower_bound_close_on_points_that_fill_space():
