@@ -327,16 +327,19 @@ class DeviceExactKernel(ExactKernel):
         _same_points: DeviceExactKernel | None = None,
     ) -> None:
         self._on = DeviceArrays(geometry.context)
-        self._Xd = self._on.put(geometry.Xc)
-        self._Yd = self._on.put(geometry.Yc)
-        self._x_sq = self._on.put(geometry.x_sq)
-        self._y_sq = self._on.put(geometry.y_sq)
         self._fused = None
-        # at another reg (at_reg): the same points on the device and the same pass time
-        self._same_points = _same_points
-        if _same_points is not None and _same_points._fused is not None:
+        self._pass_seconds = None
+        if _same_points is not None:  # at another reg: the same device copies and pass time
+            self._Xd, self._Yd = _same_points._Xd, _same_points._Yd
+            self._x_sq, self._y_sq = _same_points._x_sq, _same_points._y_sq
             self._fused = _same_points._fused
-        elif fused_available(geometry.context, geometry.cost):
+            self._pass_seconds = _same_points.info.seconds_per_pass
+        else:
+            self._Xd = self._on.put(geometry.Xc)
+            self._Yd = self._on.put(geometry.Yc)
+            self._x_sq = self._on.put(geometry.x_sq)
+            self._y_sq = self._on.put(geometry.y_sq)
+        if self._fused is None and fused_available(geometry.context, geometry.cost):
             precision = self._Xd.dtype if np.dtype(dtype) == np.float64 else self._on.xp.float32
             self._fused = (FusedPoints(self._Xd, precision), FusedPoints(self._Yd, precision))
         super().__init__(geometry, dtype=dtype, max_dense_bytes=max_dense_bytes)
@@ -377,8 +380,8 @@ class DeviceExactKernel(ExactKernel):
     def _time_one_pass(self) -> float:
         n, m = self.shape
         if self._fused is not None:
-            if self._same_points is not None:  # a pass costs the same at any reg
-                return self._same_points.info.seconds_per_pass
+            if self._pass_seconds is not None:  # a pass costs the same at any reg
+                return self._pass_seconds
             return fused_pass_seconds(*self._fused, self.geometry.reg, self._sqrt)
         rows = slice(0, min(n, max(1, device_block_bytes(self.geometry.context) // (8 * m))))
         start = time.perf_counter()
@@ -568,7 +571,7 @@ class DeviceExactKernel(ExactKernel):
     def at_reg(self, reg: float) -> DeviceExactKernel:
         return DeviceExactKernel(
             self.geometry.at_reg(reg), dtype=self.dtype, max_dense_bytes=self.max_dense_bytes,
-            _same_points=self if self.info.seconds_per_pass is not None else None,
+            _same_points=self,
         )  # fmt: skip
 
     def absorbed(self, alpha: np.ndarray, beta: np.ndarray, previous: Any = None) -> Any:
