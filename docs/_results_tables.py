@@ -33,6 +33,7 @@ INCLUDED = (
     "barycenter_large",
     "loss_reg0.01",
     "loss_1e5",
+    "loss_flow50",
     "accuracy_2e4_auto",
 )
 

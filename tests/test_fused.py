@@ -66,7 +66,9 @@ def test_one_pass_gives_the_log_sums_the_softmax_averages_and_the_products(devic
     np.testing.assert_allclose(lse, expected, rtol=rtol, atol=atol)
     np.testing.assert_allclose(top, logits.max(axis=1), rtol=rtol, atol=atol)
     # the log-sum-exp passes in every candidate tile: per-entry state, the loop or tl.dot
-    for tile in TILE_CANDIDATES:
+    # (the squared cost's cases: each tile compiles on a GPU, and the square root is tiled
+    # alike)
+    for tile in TILE_CANDIDATES if not sqrt else TILE_CANDIDATES[:1]:
         alone, _, _ = fused_rows(rows, cols, reg, sqrt=sqrt, log_w=torch.as_tensor(log_w),
                                  tile=tile)  # fmt: skip
         np.testing.assert_allclose(alone.double().cpu().numpy(), expected, rtol=rtol,
