@@ -38,6 +38,9 @@ from typing import Any
 #: Up to this dimension the cost is summed from coordinate differences (exact), above from
 #: the squared norms and the dot products (one multiply-add per coordinate instead of two).
 DIFFERENCE_MAX_DIM = 8
+#: The program's offsets into the clouds are 32-bit: ``max(n, m)`` times ``d`` rounded up to a
+#: multiple of 32 (the ``tl.dot`` chunks) stays below this.
+MAX_OFFSET = 2**31 - 1
 #: Most value columns one launch carries (its accumulator lives in registers).
 MAX_COLUMNS = 8
 #: ``(BLOCK_M, BLOCK_N, num_warps, dot)`` of the log-sum-exp passes, timed on the device the
@@ -177,12 +180,15 @@ def _program() -> Any:
     return gibbs_rows
 
 
-def fused_available(context: Any, cost: Any) -> bool:
+def fused_available(context: Any, cost: Any, shape: tuple[int, int, int] | None = None) -> bool:
     """Whether the fused passes can run for the caller's arrays (``context``, an
     :class:`~sketchot._arrays.ArrayContext`) and ``cost``: PyTorch tensors on a CUDA device
-    (or on the CPU under Triton's interpreter), a squared Euclidean or Euclidean cost, and
-    Triton importable."""
+    (or on the CPU under Triton's interpreter), a squared Euclidean or Euclidean cost, Triton
+    importable, and clouds of ``shape = (n, m, d)`` whose offsets fit the program's 32-bit
+    integers (:data:`MAX_OFFSET`)."""
     if context.library != "torch" or cost.name not in ("sqeuclidean", "euclidean"):
+        return False
+    if shape is not None and max(shape[0], shape[1]) * -(-shape[2] // 32) * 32 >= MAX_OFFSET:
         return False
     on_cuda = str(context.device).startswith("cuda")
     if not (on_cuda or (_interpreting() and "cpu" in str(context.device))):

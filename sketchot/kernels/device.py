@@ -62,13 +62,18 @@ def block_seconds(geometry: GibbsGeometry, rows: slice) -> tuple[float, float]:
     fused passes run (:mod:`sketchot.fused`): one of them over ``rows`` for each (a stored
     kernel's product costs about what a fused pass does)."""
     on = DeviceArrays(geometry.context)
-    if fused_available(geometry.context, geometry.cost):  # the passes the kernel would run
+    shape = (*geometry.shape, geometry.Xc.shape[1])
+    if fused_available(geometry.context, geometry.cost, shape):  # the kernel's own passes
         # timed over enough rows to fill the device, then given back as the share of ``rows``
         X = FusedPoints(on.put(geometry.Xc), on.xp.float64)
         Y = FusedPoints(on.put(geometry.Yc), on.xp.float64)
-        seconds = fused_pass_seconds(X, Y, geometry.reg, not geometry.cost.sqeuclidean)
-        seconds *= (rows.stop - rows.start) / geometry.shape[0]
-        return seconds, seconds
+        try:
+            seconds = fused_pass_seconds(X, Y, geometry.reg, not geometry.cost.sqeuclidean)
+        except Exception:  # the kernel falls back to its blocks (and says so): time those
+            pass
+        else:
+            seconds *= (rows.stop - rows.start) / geometry.shape[0]
+            return seconds, seconds
     xp = on.xp
     X, Y = on.put(geometry.Xc[rows]), on.put(geometry.Yc)
     x_sq, y_sq = on.put(geometry.x_sq[rows]), on.put(geometry.y_sq)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -339,7 +340,8 @@ class DeviceExactKernel(ExactKernel):
             self._Yd = self._on.put(geometry.Yc)
             self._x_sq = self._on.put(geometry.x_sq)
             self._y_sq = self._on.put(geometry.y_sq)
-        if self._fused is None and fused_available(geometry.context, geometry.cost):
+        shape = (*geometry.shape, geometry.Xc.shape[1])
+        if self._fused is None and fused_available(geometry.context, geometry.cost, shape):
             precision = self._Xd.dtype if np.dtype(dtype) == np.float64 else self._on.xp.float32
             self._fused = (FusedPoints(self._Xd, precision), FusedPoints(self._Yd, precision))
         super().__init__(geometry, dtype=dtype, max_dense_bytes=max_dense_bytes)
@@ -382,7 +384,17 @@ class DeviceExactKernel(ExactKernel):
         if self._fused is not None:
             if self._pass_seconds is not None:  # a pass costs the same at any reg
                 return self._pass_seconds
-            return fused_pass_seconds(*self._fused, self.geometry.reg, self._sqrt)
+            try:
+                return fused_pass_seconds(*self._fused, self.geometry.reg, self._sqrt)
+            except Exception as exc:  # e.g. a GPU that Triton does not compile for
+                warnings.warn(
+                    f"sketchot.fused's passes could not run on {self.geometry.context.device} "
+                    f"({type(exc).__name__}: {str(exc)[:200]}); the exact kernel uses its "
+                    "unfused device blocks",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                self._fused = None
         rows = slice(0, min(n, max(1, device_block_bytes(self.geometry.context) // (8 * m))))
         start = time.perf_counter()
         block = self._computed_block(rows)

@@ -267,3 +267,32 @@ def test_a_fused_kernel_at_another_reg_shares_its_points_and_timing(fused_interp
     w = np.linspace(0.1, 1.0, 55)
     reference = ExactKernel(GibbsGeometry(device.X, device.Y, 0.05), max_dense_bytes=0)
     np.testing.assert_allclose(other.matvec(w), reference.matvec(w), rtol=RTOL)
+
+
+def test_a_device_where_the_fused_program_fails_takes_the_blocks(fused_interpreter, monkeypatch):
+    """A GPU that Triton cannot compile for (the first timed pass fails): the kernel says so
+    and runs its unfused device blocks, with the same numbers; ``auto`` times those."""
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no kernel image for this device")
+
+    monkeypatch.setattr(sketchot.kernels.exact, "fused_pass_seconds", refuse)
+    monkeypatch.setattr(sketchot.kernels.device, "fused_pass_seconds", refuse)
+    host, device = pair()
+    with pytest.warns(RuntimeWarning, match="could not run on cpu.*unfused device blocks"):
+        kernel = sketchot.kernels.exact.build_exact(device, max_dense_bytes=0)
+    assert kernel._fused is None and "absorb" in kernel.info.capabilities
+    w = np.linspace(0.1, 1.0, 55)
+    reference = ExactKernel(host, max_dense_bytes=0)
+    np.testing.assert_allclose(kernel.matvec(w), reference.matvec(w), rtol=RTOL)
+    computed, product = sketchot.kernels.device.block_seconds(device, slice(0, 50))
+    assert computed > 0 and product > 0
+
+
+def test_clouds_past_the_programs_offsets_take_the_blocks(fused_interpreter):
+    from sketchot.gibbs import make_cost
+
+    context, cost = array_context(X=torch.zeros((2, 2))), make_cost("sqeuclidean")
+    assert fused_interpreter.fused_available(context, cost, (10**6, 10**6, 64))
+    assert not fused_interpreter.fused_available(context, cost, (10**8, 10, 64))
+    assert not fused_interpreter.fused_available(context, cost, (10, 10**8, 3))
