@@ -207,7 +207,10 @@ def pass_cell(data: str, n: int, relative_reg: float, variant: str, seed: int) -
         synchronize()
         times.append(time.perf_counter() - start)
     fused = getattr(kernel, "_fused", None) is not None
-    return {"seconds": min(times[1:]), "fused": fused}
+    from sketchot.fused import chosen_tiles
+
+    tiles = "; ".join(f"{'x'.join(map(str, tile))}" for tile in chosen_tiles().values())
+    return {"seconds": min(times[1:]), "fused": fused, "tile": tiles}
 
 
 PASS_GRID = (("colours", 10_000), ("colours", 100_000), ("gauss64", 50_000),
@@ -220,8 +223,8 @@ def passes(runner: Any, seed: int, budget_entries: float) -> list[dict[str, Any]
     skipped past ``budget_entries`` kernel entries: a pass writes every entry several
     times)."""
     rows = []
-    print("| data | n | variant | iteration s | vs blocks |")
-    print("|---|---:|---|---:|---:|")
+    print("| data | n | variant | iteration s | vs blocks | tile |")
+    print("|---|---:|---|---:|---:|---|")
     for data, n in PASS_GRID:
         base = None
         for variant in reversed(PASS_VARIANTS):  # the baseline first
@@ -237,7 +240,8 @@ def passes(runner: Any, seed: int, budget_entries: float) -> list[dict[str, Any]
             row["vs_blocks"] = ratio
             rows.append(row)
             shown = row.get("skipped") or f"{row['seconds']:.4f}"
-            print(f"| {data} | {n} | {variant} | {shown} | {ratio} |", flush=True)
+            print(f"| {data} | {n} | {variant} | {shown} | {ratio} | {row.get('tile', '')} |",
+                  flush=True)  # fmt: skip
     return rows
 
 
@@ -290,10 +294,10 @@ def report(rows: list[dict[str, Any]], device: str, pass_rows: list[dict[str, An
         lines += ["", "One iteration's two passes of the streamed exact kernel (reg 0.1 of the "
                   "mean squared distance), best of 3 (1 at n = 1e6):", ""]  # fmt: skip
         lines += md_table(
-            ["data", "n", "variant", "iteration s", "vs blocks"],
+            ["data", "n", "variant", "iteration s", "vs blocks", "tile (M x N x warps x dot)"],
             [[r["data"], r["n"], r["variant"], r.get("skipped") or f"{r['seconds']:.4f}",
-              r["vs_blocks"]] for r in pass_rows],
-            align="lllrr",
+              r["vs_blocks"], r.get("tile", "")] for r in pass_rows],
+            align="lllrrl",
         )  # fmt: skip
     return "\n".join(lines) + "\n"
 

@@ -121,11 +121,14 @@ def test_log_sums_bracket_the_largest_logit_and_follow_a_shift(device, n, m, d, 
     np.testing.assert_allclose(moved - shift, lse, rtol=0, atol=1e-12 * (1 + abs(shift)))
 
 
-def test_a_timed_pass_is_positive(device):
-    from sketchot.fused import fused_pass_seconds
+def test_a_timed_pass_is_positive_and_keeps_its_fastest_tile(device):
+    from sketchot.fused import TILE_CANDIDATES, chosen_tiles, fused_pass_seconds
 
     X, Y, _ = clouds(60, 50, 3)
     assert fused_pass_seconds(*fused_points(device, torch.float64, X, Y), 0.1, False) > 0
+    # the fastest candidate is kept for the passes that follow (no tl.dot in d <= 8)
+    tile = chosen_tiles()[("torch.float64", True, False)]
+    assert tile in TILE_CANDIDATES and not tile[3]
 
 
 def test_only_tensors_where_triton_runs_take_the_fused_passes(fused_interpreter):
