@@ -26,6 +26,7 @@ INCLUDED = (
     "gpu_quick",
     "gpu_1e5",
     "gpu_h100",
+    "gpu_h100_first_kernel",
     "gpu_h100_d64",
     "batch",
     "barycenter_quick",
