@@ -50,6 +50,7 @@ from _running import CellRunner
 from small_reg import clouds as small_reg_clouds
 
 import sketchot
+import sketchot.fused
 from sketchot.solver.plans import sampled_true_kernel_check
 
 DATA = ("colours", "uniform", "gauss64")
@@ -186,9 +187,7 @@ def pass_cell(data: str, n: int, relative_reg: float, variant: str, seed: int) -
     import torch
 
     if variant.startswith("blocks"):  # the device kernel as it was before the fused passes
-        import sketchot.kernels.exact as exact_module
-
-        exact_module.fused_available = lambda *args: False
+        sketchot.fused.ENABLED = False
     X, Y = clouds(data, n, seed)
     reg = relative_reg * mean_sq_distance(X, Y)
     device = device_name()
@@ -207,11 +206,8 @@ def pass_cell(data: str, n: int, relative_reg: float, variant: str, seed: int) -
         one.projection  # noqa: B018 (the second pass runs when its projection is read)
         synchronize()
         times.append(time.perf_counter() - start)
-    fused = getattr(kernel, "_fused", None) is not None
-    from sketchot.fused import chosen_tiles
-
-    tiles = "; ".join(f"{'x'.join(map(str, tile))}" for tile in chosen_tiles().values())
-    return {"seconds": min(times[1:]), "fused": fused, "tile": tiles}
+    tiles = "; ".join("x".join(map(str, tile)) for tile in sketchot.fused.chosen_tiles().values())
+    return {"seconds": min(times[1:]), "fused": kernel.fused, "tile": tiles if kernel.fused else ""}
 
 
 #: ``--targets``: the issue's GPU targets (one H100: 1e5 colours at reg 0.01 certified to 1e-6

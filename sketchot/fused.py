@@ -61,6 +61,9 @@ TIMED_ENTRIES = 1 << 30
 TIMED_MIN_ROWS = 1 << 16
 
 
+#: Set to ``False`` to run the exact kernel's unfused device blocks instead (the baseline of
+#: ``benchmarks/gpu.py --passes``).
+ENABLED = True
 #: Whether CPU tensors take the fused passes under Triton's interpreter (``TRITON_INTERPRET=1``
 #: set before Triton is imported): the tests' switch, far slower than the unfused passes.
 CPU_INTERPRETER = False
@@ -185,9 +188,11 @@ def fused_available(context: Any, cost: Any, shape: tuple[int, int, int] | None 
     """Whether the fused passes can run for the caller's arrays (``context``, an
     :class:`~sketchot._arrays.ArrayContext`) and ``cost``: PyTorch tensors on a CUDA device
     (or on the CPU under Triton's interpreter), a squared Euclidean or Euclidean cost, Triton
-    importable, and clouds of ``shape = (n, m, d)`` whose offsets fit the program's 32-bit
-    integers (:data:`MAX_OFFSET`)."""
-    if context.library != "torch" or cost.name not in ("sqeuclidean", "euclidean"):
+    importable, :data:`ENABLED`, and clouds of ``shape = (n, m, d)`` whose offsets fit the
+    program's 32-bit integers (:data:`MAX_OFFSET`)."""
+    if not ENABLED or context.library != "torch":
+        return False
+    if cost.name not in ("sqeuclidean", "euclidean"):
         return False
     if shape is not None and max(shape[0], shape[1]) * -(-shape[2] // 32) * 32 >= MAX_OFFSET:
         return False

@@ -136,7 +136,7 @@ def test_a_timed_pass_is_positive_and_keeps_its_fastest_tile(device):
     assert tile in TILE_CANDIDATES and not tile[3]
 
 
-def test_only_tensors_where_triton_runs_take_the_fused_passes(fused_interpreter):
+def test_only_tensors_where_triton_runs_take_the_fused_passes(fused_interpreter, monkeypatch):
     from sketchot._arrays import array_context
     from sketchot.gibbs import make_cost
 
@@ -145,5 +145,8 @@ def test_only_tensors_where_triton_runs_take_the_fused_passes(fused_interpreter)
     assert fused_interpreter.fused_available(tensors, sq)
     assert not fused_interpreter.fused_available(tensors, make_cost("cityblock"))
     assert not fused_interpreter.fused_available(array_context(X=np.zeros((2, 2))), sq)
+    monkeypatch.setattr(fused_interpreter, "ENABLED", False)  # gpu.py's baseline switch
+    assert not fused_interpreter.fused_available(tensors, sq)
+    monkeypatch.setattr(fused_interpreter, "ENABLED", True)
     fused_interpreter.CPU_INTERPRETER = False  # the default: CPU tensors take NumPy's blocks
     assert not fused_interpreter.fused_available(tensors, sq)

@@ -407,6 +407,12 @@ class DeviceExactKernel(ExactKernel):
         return self._on.put(values, self.dtype)
 
     @property
+    def fused(self) -> bool:
+        """Whether the passes run as :mod:`sketchot.fused`'s one-launch programs (streamed on
+        a CUDA device) rather than as blocks."""
+        return self._fused is not None
+
+    @property
     def _sqrt(self) -> bool:
         return not self.geometry.cost.sqeuclidean
 

@@ -37,7 +37,7 @@ def kernels(request):
     reference = ExactKernel(host, max_dense_bytes=max_dense_bytes)
     built = sketchot.kernels.exact.build_exact(device, max_dense_bytes=max_dense_bytes)
     assert isinstance(built, DeviceExactKernel) and built.is_dense == reference.is_dense
-    assert (built._fused is not None) == (request.param == "fused")
+    assert built.fused == (request.param == "fused")
     built._rows_per_block = 16  # several blocks: the streamed sums cross block edges
     return reference, built
 
