@@ -320,14 +320,12 @@ def fused_pass_seconds(rows: FusedPoints, cols: FusedPoints, reg: float, sqrt: b
 
     n, m = len(rows), len(cols)
     count = min(n, max(TIMED_MIN_ROWS, TIMED_ENTRIES // max(1, m)))
-    part = rows.take(torch.arange(count, device=rows.points.device))
+    part = rows if count == n else rows.take(torch.arange(count, device=rows.points.device))
     log_w = torch.zeros(m, dtype=rows.points.dtype, device=rows.points.device)
     key = _tile_key(rows, sqrt)
     candidates = [_best_tiles[key]] if key in _best_tiles else list(TILE_CANDIDATES)
-    if not key[1]:  # dot or loop: both candidates
-        candidates = [t for t in candidates if not t[3]] + [t for t in candidates if t[3]]
-    else:
-        candidates = [t for t in candidates if not t[3]]
+    if key[1]:  # the difference form has no tl.dot: those tiles would repeat the loop's
+        candidates = [tile for tile in candidates if not tile[3]]
     timed = []
     for tile in candidates:
         try:
