@@ -90,6 +90,12 @@ class KernelInfo:
         Seconds the build took (set by :func:`~sketchot.make_kernel`).
     seconds_per_pass : float or None
         The builder's estimate of one fused pass, when a pass may be slow (streamed exact).
+    product_rtol : float or None
+        A bound the builder proves on the relative error of every product with non-negative
+        weights against the true kernel's: the storage precision's rounding for exact
+        entries (0 in float64; ``8 eps``, about 1e-6, in float32), the expansion's bound for
+        the block-local kernel; ``None`` when nothing bounds it (low-rank and random-feature
+        kernels: their error is absolute).
     reason : str
         Why this representation was chosen (``backend='auto'``).
     """
@@ -100,6 +106,7 @@ class KernelInfo:
     capabilities: frozenset[str] = frozenset()
     build_time: float = 0.0
     seconds_per_pass: float | None = None
+    product_rtol: float | None = None
     reason: str = ""
 
     def __post_init__(self) -> None:
@@ -401,16 +408,20 @@ def matrix_fused_pass(
     )
 
 
+class IdentityPass(FusedPass):
+    """The columns pass of an operator with ``R = I``: its products are ``K^T u``."""
+
+
 def identity_pass(
     w: np.ndarray, numerator: np.ndarray, *, log: bool = False, exponent: float = 1.0
-) -> FusedPass:
+) -> IdentityPass:
     """The columns pass of an operator with ``R = I`` (``K = L``: exact, block-local,
     stacked): the products are ``w`` itself (``K^T u`` from the previous rows pass) and the
     projection is the ratios."""
     products = np.array(w, dtype=np.float64)
     ratios_of = log_ratios_and_bad if log else fast_ratios_and_bad
     ratios, bad = ratios_of(numerator, products, exponent)
-    return FusedPass(products, ratios, ratios, bad)
+    return IdentityPass(products, ratios, ratios, bad)
 
 
 class ProjectedOnRead(FusedPass):

@@ -84,12 +84,15 @@ class ExactKernel(KernelOperator):
         dtype: Any = np.float64,
         max_dense_bytes: int = DEFAULT_MAX_DENSE_BYTES,
     ) -> None:
+        # exact entries: the products' only error is the storage precision's rounding
+        rounding = 0.0 if np.dtype(dtype) == np.float64 else 8.0 * float(np.finfo(dtype).eps)
         info = KernelInfo(
             "exact",
             {"max_dense_bytes": max_dense_bytes},
             capabilities=frozenset(
                 {"exact", "out_of_sample", "nonnegative", "log_products", "absorb"}
             ),
+            product_rtol=rounding,
         )
         super().__init__(geometry, info, dtype)
         self.max_dense_bytes = max_dense_bytes

@@ -77,6 +77,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels import KernelOperator
+from ..kernels.base import IdentityPass
 from .acceleration import AndersonMixer, BlockAndersonMixer
 from .problem import Problem
 from .safeguard import Safeguard
@@ -136,6 +137,10 @@ class Iterate:
         For the absorbing strategy, the absorbed kernel the final scalings are relative to
         (offsets ``alpha``, ``beta``): a stored one gives the plan's summary by plain
         products (:func:`sketchot.solver.plans.plan_summary`). Not kept in results.
+    log_products : tuple of ndarray or None
+        ``(log(K v), log(K^T u))`` of the final scalings, for the log-domain strategy on a
+        kernel whose columns pass is the identity (``L = K``): the last two passes computed
+        them, so the summary's marginals need no product. ``None`` otherwise.
     """
 
     log_u: np.ndarray
@@ -148,6 +153,7 @@ class Iterate:
     info: dict[str, Any] = field(default_factory=dict)
     scalings: tuple[np.ndarray, np.ndarray] | None = None
     absorbed: Any = None
+    log_products: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def choose_strategy(kernel: KernelOperator, log_domain: bool | str) -> str:
@@ -469,6 +475,7 @@ class _Run:
         status, n_iter, best, best_at, best_iter = "max_iter", 0, math.inf, 0, 0
         checks = 0
         last_finite = (u, v)
+        rows_pass = None  # the last pass over the rows side: log(K v) of the current v
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             iteration = 1
             while iteration <= max_iter + 1:
@@ -505,6 +512,7 @@ class _Run:
                             status = "stalled"
                     if status == "breakdown" and self.can_reset(n_iter, max_iter):
                         scaling, projection = self.reset(last_finite[0])
+                        rows_pass = None
                         n_iter = iteration
                         iteration += 1
                         status = "max_iter"
@@ -517,7 +525,7 @@ class _Run:
                 if mixed:
                     proj_first = self.op.project(first, new, log=self.log)
                 scaling[first] = new
-                scaling[second], projection, _ = self.half_step(second, proj_first, new)
+                scaling[second], projection, rows_pass = self.half_step(second, proj_first, new)
                 n_iter = iteration
                 if timed:
                     times.append(time.perf_counter() - begin)
@@ -552,9 +560,14 @@ class _Run:
             info["iteration_times"] = times
         plain = (scaling["rows"], scaling["cols"]) if self.strategy == "multiplicative" else None
         absorbed = self.op if self.strategy == "absorb" and self.op is not self.kernel else None
+        products = None
+        consistent = self.order == "pot" and status in ("converged", "stalled", "max_iter")
+        if consistent and self.log and rows_pass is not None and isinstance(result, IdentityPass):
+            # the check read K^T u of the final u; the last rows pass K v of the final v
+            products = (rows_pass.products, result.products)
         return Iterate(
             log_u, log_v, n_iter, status == "converged", history, status, self.strategy, info,
-            plain, absorbed,
+            plain, absorbed, products,
         )  # fmt: skip
 
     def settle(self, *values) -> list:

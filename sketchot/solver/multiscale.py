@@ -36,12 +36,11 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.cluster.vq import kmeans2
+from scipy.cluster.vq import vq
 from scipy.spatial import cKDTree
 
 from .._parallel import get_num_threads
@@ -57,6 +56,9 @@ KMEANS_SAMPLE = 20_000
 
 #: Lloyd iterations of the k-means on the sample.
 KMEANS_ITER = 10
+
+#: Largest dimension whose k-means assignments use a k-d tree (above, brute force is faster).
+KDTREE_MAX_DIMENSION = 10
 
 #: Tolerance of the coarse solve (L1 marginal residual over the mass): the fine iteration
 #: corrects what remains, so the coarse stage only needs to be close.
@@ -131,8 +133,8 @@ class CoarseStart:
 def coarsen(points: np.ndarray, weights: np.ndarray, k: int, rng: Any = None) -> Coarsening:
     """Cluster ``points`` into at most ``k`` clusters (k-means), with the clusters' masses.
 
-    The k-means (:func:`scipy.cluster.vq.kmeans2`, seeds drawn among the sample,
-    :data:`KMEANS_ITER` Lloyd steps) runs on a sample of at most :data:`KMEANS_SAMPLE`
+    The k-means (:func:`_lloyd`: seeds drawn among the sample, :data:`KMEANS_ITER` Lloyd
+    steps) runs on a sample of at most :data:`KMEANS_SAMPLE`
     points drawn in proportion to the weights; every point then joins its nearest seed (a
     k-d tree) and each centre moves to its cluster's weighted mean. Points of zero weight
     are assigned but carry no mass; clusters without mass are dropped (their points get
@@ -146,13 +148,7 @@ def coarsen(points: np.ndarray, weights: np.ndarray, k: int, rng: Any = None) ->
     else:
         p = weights[positive] / weights[positive].sum()
         sample = points[generator.choice(positive, KMEANS_SAMPLE, replace=True, p=p)]
-    if k >= sample.shape[0]:
-        seeds = sample
-    else:
-        with warnings.catch_warnings():
-            # an empty cluster is harmless: it gets no points and is dropped below
-            warnings.filterwarnings("ignore", "One of the clusters is empty")
-            seeds, _ = kmeans2(sample, k, iter=KMEANS_ITER, minit="points", seed=generator)
+    seeds = sample if k >= sample.shape[0] else _lloyd(sample, k, generator)
     _, labels = cKDTree(seeds).query(points, workers=get_num_threads())
     masses = np.bincount(labels, weights=weights, minlength=seeds.shape[0])
     sums = np.stack(
@@ -164,6 +160,27 @@ def coarsen(points: np.ndarray, weights: np.ndarray, k: int, rng: Any = None) ->
     # -1: a zero-weight point whose cluster carries no mass (it was dropped)
     remap = np.where(used, np.cumsum(used) - 1, -1)
     return Coarsening(sums[used] / masses[used, None], masses[used], remap[labels])
+
+
+def _lloyd(sample: np.ndarray, k: int, generator: np.random.Generator) -> np.ndarray:
+    """k-means centres of ``sample``: seeds drawn among its points, :data:`KMEANS_ITER`
+    Lloyd steps (a centre that loses every point stays where it is; it is dropped later).
+
+    The assignments use a k-d tree up to :data:`KDTREE_MAX_DIMENSION` (in 3-D it assigns
+    2e4 points to 2000 centres 7x faster than :func:`scipy.cluster.vq.vq`'s brute force,
+    1.7x in 10-D) and ``vq`` above."""
+    seeds = sample[np.sort(generator.choice(sample.shape[0], k, replace=False))]
+    d = sample.shape[1]
+    for _ in range(KMEANS_ITER):
+        if d <= KDTREE_MAX_DIMENSION:
+            _, labels = cKDTree(seeds).query(sample, workers=get_num_threads())
+        else:
+            labels, _ = vq(sample, seeds, check_finite=False)
+        counts = np.bincount(labels, minlength=k)
+        sums = np.stack([np.bincount(labels, sample[:, j], minlength=k) for j in range(d)], 1)
+        moved = counts > 0
+        seeds[moved] = sums[moved] / counts[moved, None]
+    return seeds
 
 
 def coarse_to_fine_start(

@@ -168,7 +168,12 @@ def _log_form_summary(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarr
 
 
 def plan_summary(
-    kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray, *, absorbed: Any = None
+    kernel: KernelOperator,
+    log_u: np.ndarray,
+    log_v: np.ndarray,
+    *,
+    absorbed: Any = None,
+    log_products: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> PlanSummary:
     """Marginals, ``<P, M>``, mass and first moments of ``P = diag(u) K diag(v)``.
 
@@ -189,6 +194,10 @@ def plan_summary(
         The absorbed kernel the iteration ended on (:attr:`Iterate.absorbed`, with its
         offsets ``alpha``, ``beta``): when it is stored in float64, the summary is two BLAS
         products with it instead of a recomputation of every entry.
+    log_products : tuple of ndarray, optional
+        ``(log(K v), log(K^T u))`` for these scalings, as the iteration's last passes left
+        them (:attr:`~sketchot.solver.engine.Iterate.log_products`): the marginals of a
+        log-domain operator then take no product.
 
     Returns
     -------
@@ -210,10 +219,15 @@ def plan_summary(
     if _log_form(kernel, log_u, log_v) or (not sqeuclidean and "exact" in kernel.info.capabilities):
         return _log_form_summary(kernel, log_u, log_v)
     if _log_kernel(kernel, log_u, log_v):
-        # one log product per column: the marginals, then P Yc for the squared-Euclidean
-        # cost (P^T Xc, d more products, when asked for: first_moments)
-        row = _log_plan_product(kernel, log_u, log_v, np.ones(g.shape[1]), transpose=False)
-        col = _log_plan_product(kernel, log_u, log_v, np.ones(g.shape[0]), transpose=True)
+        # one log product per column: the marginals (none when the iteration's last passes
+        # gave them), then P Yc for the squared-Euclidean cost (P^T Xc, d more products,
+        # when asked for: first_moments)
+        if log_products is not None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                row, col = np.exp(log_u + log_products[0]), np.exp(log_v + log_products[1])
+        else:
+            row = _log_plan_product(kernel, log_u, log_v, np.ones(g.shape[1]), transpose=False)
+            col = _log_plan_product(kernel, log_u, log_v, np.ones(g.shape[0]), transpose=True)
         P_y = first_moments(kernel, log_u, log_v, row) if sqeuclidean else None
         Pt_x = None
     else:

@@ -20,6 +20,7 @@ import numpy as np
 from .._defaults import DEFAULT_ACCURACY
 from .._validation import (
     check_float,
+    check_int,
     check_matrix,
     check_rng,
     describe,
@@ -34,7 +35,12 @@ from .engine import STALL_CHECKS, annealing_kernels, choose_strategy, iterate
 from .errors import AccuracyWarning, InvalidResultError, InvalidResultWarning
 from .multiscale import cluster_count, coarse_pays, coarse_to_fine_start
 from .options import DEFAULT_ANDERSON_MEMORY, SolverOptions
-from .plans import check_from_masses, fixed_point_target, plan_summary
+from .plans import (
+    check_from_masses,
+    fixed_point_target,
+    plan_summary,
+    sampled_true_kernel_check,
+)
 from .problem import Problem, make_problem
 from .progress import IterationTable, Progress
 from .result import SinkhornResult
@@ -246,6 +252,8 @@ def solve(
     tol, norm = options.stopping(
         kernel.dtype == np.float32, lambda: _norm(problem.b) / float(problem.b.sum())
     )
+    # kernels that bound their own error stop first nearer the accuracy, then certify
+    first = options.first_target(tol, norm, kernel.info.product_rtol)
     printer = IterationTable(options.verbose)
     _announce_long_run(kernel, options, printer)
     guard = Safeguard(kernel, options.safeguard)
@@ -267,15 +275,15 @@ def solve(
         and "auto",
     ) as live:  # fmt: skip
 
-        def run(schedule: list[KernelOperator] | None):
+        def run(schedule: list[KernelOperator] | None, target: float, begin=problem, done=0):
             return iterate(
-                kernel, problem, tol=tol, norm=norm, max_iter=options.max_iter,
+                kernel, begin, tol=target, norm=norm, max_iter=options.max_iter - done,
                 check_every=every, strategy=strategy,
                 anderson=options.anderson_memory(strategy != "multiplicative"), guard=guard,
-                progress=_Monitor(printer, live, every), schedule=schedule,
+                progress=_Monitor(printer, live, every, done), schedule=schedule,
             )  # fmt: skip
 
-        state = run(schedule)
+        state = run(schedule, first)
         if state.status in ("stalled", "breakdown") and schedule is None and automatic:
             # the iteration cannot resolve this reg from a cold start (the scalings' range
             # outgrows rounding): an epsilon schedule brings the potentials close first
@@ -284,10 +292,27 @@ def solve(
                 f"{state.history[-1][1] if state.history else float('nan'):.2g} after "
                 f"{state.n_iter} iterations; solved again with an epsilon schedule"
             )
-            state = run(annealing_kernels(kernel))
+            state = run(annealing_kernels(kernel), first)
+        target, check = first, None
+        elapsed = time.perf_counter() - start
+        if first > tol and state.converged:
+            summary, check = _summary_and_check(kernel, problem, state, options, rng)
+            if check.bound > options.accuracy:
+                # the check's margin missed: on to the full stopping fraction, warm
+                notes.append(
+                    f"stopped first at residual {first:.2g}, where the true-kernel check "
+                    f"gave {check.bound:.2g} > accuracy {options.accuracy:g}; went on to "
+                    f"{tol:.2g}"
+                )
+                warm = replace(problem, log_u0=state.log_u, log_v0=state.log_v)
+                resumed = time.perf_counter()
+                more = run(None, tol, warm, state.n_iter)
+                elapsed += time.perf_counter() - resumed
+                state = _joined(state, more)
+                target, check = tol, None
         live.close(state.status)
-    elapsed = time.perf_counter() - start
-    summary = plan_summary(kernel, state.log_u, state.log_v, absorbed=state.absorbed)
+    if check is None:
+        summary, check = _summary_and_check(kernel, problem, state, options, rng)
     state.absorbed = None  # its stored entries are O(n m): not kept past the summary
     result = SinkhornResult(
         kernel=kernel,
@@ -295,7 +320,7 @@ def solve(
         potentials=(state.log_u, state.log_v),
         n_iter=state.n_iter,
         stop=state.status,
-        tol=tol,
+        tol=target,
         marginals=(summary.row_marginal, summary.col_marginal),
         value_linear=summary.cost,
         mass=summary.mass,
@@ -311,10 +336,33 @@ def solve(
         notes=notes,
         iteration_info={"strategy": state.strategy, "norm": norm, **state.info},
         plan_moments=(summary.row_moments, summary.col_moments),
+        true_kernel=check,
     )
-    if options.accuracy is not None:
-        result.true_kernel = _check_true_kernel(result, options, rng)
     return finish_solve(result, options, guard, printer)
+
+
+def _summary_and_check(kernel, problem, state, options, rng):
+    """The plan's summary and, with an ``accuracy``, its true-kernel check (else ``None``)."""
+    summary = plan_summary(
+        kernel, state.log_u, state.log_v, absorbed=state.absorbed, log_products=state.log_products
+    )
+    if options.accuracy is None:
+        return summary, None
+    marginals = (summary.row_marginal, summary.col_marginal)
+    return summary, _check_true_kernel(
+        kernel, problem, (state.log_u, state.log_v), marginals, options, rng
+    )
+
+
+def _joined(first: Any, more: Any) -> Any:
+    """The iterate of a run resumed from ``first``'s potentials (``more``), with the
+    iterations and checks of both."""
+    more.n_iter += first.n_iter
+    more.history = first.history + [(i + first.n_iter, e) for i, e in more.history]
+    more.info = {**first.info, **more.info, "resumed_at": first.n_iter}
+    for key in ("absorptions", "resets"):
+        more.info[key] = first.info.get(key, 0) + more.info.get(key, 0)
+    return more
 
 
 def finish_solve(result, options, guard, printer):
@@ -361,24 +409,24 @@ def _norm(x: np.ndarray) -> float:
     return scale * float(np.linalg.norm(x / scale))
 
 
-def _check_true_kernel(result: SinkhornResult, options: SolverOptions, rng: Any):
-    n, m = result.kernel.shape
-    single = result.problem.balanced and min(n, m) == 1
-    if "exact" in result.kernel.info.capabilities or single:
+def _check_true_kernel(kernel, problem, potentials, marginals, options, rng):
+    """The true-kernel check of a solve's potentials (:class:`TrueKernelCheck`)."""
+    n, m = kernel.shape
+    single = problem.balanced and min(n, m) == 1
+    log_u, log_v = potentials
+    rho_a, rho_b = problem.exponents
+    a, b = problem.a, problem.b
+    if "exact" in kernel.info.capabilities or single:
         # The plan's own marginals are the true-kernel check, exactly and at no cost: for
         # the exact kernel, and when one side is a single point (every coupling is then
         # a b^T, whatever the kernel's values).
-        rows, cols = np.arange(n), np.arange(m)
-        log_u, log_v = result.potentials
-        row, col = result.marginals
+        row, col = marginals
         with np.errstate(divide="ignore", invalid="ignore"):
             log_kv = np.log(row) - log_u
             log_ktu = np.log(col) - log_v
-        rho_a, rho_b = result.problem.exponents
-        a, b = result.a, result.b
         return check_from_masses(
-            np.where(a > 0, row, 0.0)[rows],
-            np.where(b > 0, col, 0.0)[cols],
+            np.where(a > 0, row, 0.0),
+            np.where(b > 0, col, 0.0),
             fixed_point_target(a, log_kv, rho_a),
             fixed_point_target(b, log_ktu, rho_b),
             (n, m),
@@ -387,7 +435,10 @@ def _check_true_kernel(result: SinkhornResult, options: SolverOptions, rng: Any)
     samples = options.true_kernel_samples
     if samples == "auto":
         samples = max(n, m) if n * m <= EXHAUSTIVE_CHECK_ENTRIES else SAMPLED_CHECK_SIZE
-    return result.check_true_kernel(samples, rng)
+    samples = check_int(samples, "true_kernel_samples", minimum=1)
+    return sampled_true_kernel_check(
+        kernel, a, b, log_u, log_v, samples, check_rng(rng), (rho_a, rho_b)
+    )
 
 
 def _refuse_impossible(result: SinkhornResult, options: SolverOptions) -> None:
@@ -496,10 +547,14 @@ def _relative(value: float) -> str:
 class _Monitor:
     """What the iteration reports to: the live progress line and the verbose table."""
 
-    def __init__(self, printer: IterationTable, live: Progress, check_every: int) -> None:
+    def __init__(
+        self, printer: IterationTable, live: Progress, check_every: int, done: int = 0
+    ) -> None:
         self.printer, self.live, self.check_every = printer, live, check_every
+        self.done = done  # iterations of an earlier run this one resumes
 
     def update(self, iteration: int, *, error: float, target: float | None = None) -> None:
+        iteration += self.done
         # the stages of an epsilon schedule check every iteration: the table keeps its pace
         if (iteration - 1) % self.check_every == 0:
             self.printer.update(iteration, error=error, target=target)

@@ -119,39 +119,53 @@ def test_the_iteration_estimate_times_whole_iterations(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("sampled", "rtol", "chosen"),
+    ("samples", "rtol", "chosen", "seconds", "taken"),
     [
-        ({1.0: 0.5}, 1e-6, 1.0),  # fast enough: no search
-        ({1.0: 9.0, 2.0: 4.0, 4.0: 2.0}, 1e-6, 4.0),
-        ({1.0: 9.0, 2.0: 4.0, 4.0: 3.8}, 1e-6, 2.0),  # not TAU_GAIN faster: kept 2
-        ({1.0: 9.0, 2.0: 8.5}, 1e-6, 1.0),
-        ({1.0: 9.0, 2.0: 4.0}, 1e-9, 2.0),  # tau = 4 rounds beyond rtol = 1e-9: not fitted
-        ({1.0: 9.0}, 1e-12, 1.0),  # no degree reaches 1e-12 at tau = 2
+        ({1.0: [0.5, 0.45]}, 1e-6, 1.0, 0.45, [1.0, 1.0]),  # fast enough: no search
+        # a first sample over the threshold that may only hold one-time costs: refined first
+        ({1.0: [1.5, 0.8]}, 1e-6, 1.0, 0.8, [1.0, 1.0]),
+        # 2 is TAU_GAIN faster than tau = 1 could be (half its first sample): not refined
+        # until 4 is undecided by the bounds; then both are
+        ({1.0: [9.5], 2.0: [4.2, 4.0], 4.0: [3.0, 2.0]}, 1e-6, 4.0, 2.0, [1, 2, 4, 4, 2]),
+        ({1.0: [9.0], 2.0: [4.0, 4.0], 4.0: [3.8, 3.8]}, 1e-6, 2.0, 4.0, [1, 2, 4, 4, 2]),
+        ({1.0: [9.0, 9.0], 2.0: [8.5, 8.5]}, 1e-6, 1.0, 9.0, [1, 2, 2, 1]),
+        # 2 cannot be TAU_GAIN faster even if its first sample is mostly one-time costs
+        ({1.0: [3.0, 2.5], 2.0: [8.0]}, 1e-6, 1.0, 2.5, [1, 2, 1]),
+        # tau = 4 rounds beyond rtol = 1e-9: not fitted
+        ({1.0: [9.0], 2.0: [4.0, 3.9]}, 1e-9, 2.0, 3.9, [1, 2, 2]),
+        ({1.0: [9.0, 8.0]}, 1e-12, 1.0, 8.0, [1, 1]),  # no degree reaches 1e-12 at tau = 2
     ],
 )
-def test_tau_auto_keeps_the_fastest_sampled_candidate(monkeypatch, sampled, rtol, chosen):
+def test_tau_auto_keeps_the_fastest_sampled_candidate(
+    monkeypatch, samples, rtol, chosen, seconds, taken
+):
     """``tau='auto'`` searches only when tau = 1 is slow, keeps a candidate only when it is
-    TAU_GAIN times faster, and never one whose features or rounding miss ``rtol``; the
-    kernel keeps the winner's sampled seconds for ``auto``'s estimate."""
+    TAU_GAIN times faster, and never one whose features or rounding miss ``rtol``; a
+    candidate is sampled a second time only when its first sample (an overestimate, by at
+    most FIRST_SAMPLE_EXCESS) leaves the decision open; the kernel keeps the winner's
+    refined seconds for ``auto``'s estimate."""
     from sketchot.kernels import local
+    from sketchot.sketch.local import LocalGaussianExpansion
 
     timed = []
+    left = {tau: list(values) for tau, values in samples.items()}
 
-    def fake(expansion):
+    def fake(expansion, stride=1):
+        assert stride == local.TIMING_STRIDE
         timed.append(expansion.tau)
-        return sampled[expansion.tau]
+        return left[expansion.tau].pop(0)
 
-    monkeypatch.setattr(local, "_sampled_seconds", fake)
+    monkeypatch.setattr(LocalGaussianExpansion, "iteration_seconds", fake)
     rng = np.random.default_rng(9)
     geometry = GibbsGeometry(rng.random((400, 3)), rng.random((300, 3)), 0.01)
     kernel = build_local(geometry, rng=0, rtol=rtol)
     assert kernel.info.params["tau"] == chosen
-    assert kernel.sampled_seconds == sampled[chosen]
-    assert timed == list(sampled)  # tried in order, stopped at the first that does not pay
+    assert kernel.sampled_seconds == seconds
+    assert timed == taken  # tried in order, stopped at the first that does not pay
     # a larger tau only when its rounding stays within rtol (tau = 1 is kept as it comes)
     assert chosen == 1.0 or kernel.expansion.entry_error_bound_ <= rtol
-    if sampled[chosen] > local.SLOW_PASS_SECONDS:
-        assert local.local_iteration_seconds(kernel) == sampled[chosen]
+    if seconds > local.SLOW_PASS_SECONDS:
+        assert local.local_iteration_seconds(kernel) == seconds
 
 
 def test_tau_is_validated():
@@ -161,3 +175,21 @@ def test_tau_is_validated():
         build_local(geometry, tau="fast")
     with pytest.raises(ValueError, match="tau"):
         build_local(geometry, tau=-1.0)
+
+
+def test_products_keep_the_declared_product_rtol():
+    """``product_rtol`` (the entries' bound plus the truncation) bounds every log-domain
+    product, both ways: measured against dense sums of the true kernel, weights spread over
+    60 nats so that the truncation skips pairs."""
+    rng = np.random.default_rng(11)
+    X, Y = rng.random((1500, 3)), rng.random((1200, 3))
+    kernel = build_local(GibbsGeometry(X, Y, 0.01), rng=0)  # the default accuracy's rtol
+    assert kernel.info.product_rtol == pytest.approx(2e-6, rel=0.5)
+    g = kernel.geometry
+    K = np.exp(-((g.Xc[:, None] - g.Yc[None]) ** 2).sum(-1) / g.reg)
+    log_v, log_u = rng.uniform(-30.0, 30.0, size=1200), rng.uniform(-30.0, 30.0, size=1500)
+    log_v, log_u = log_v - log_v.max(), log_u - log_u.max()
+    rows = kernel.fused_pass("rows", log_v, np.zeros(1500), log=True).products
+    cols = kernel.project("rows", log_u, log=True)
+    for got, expected in ((rows, K @ np.exp(log_v)), (cols, K.T @ np.exp(log_u))):
+        assert np.max(np.abs(np.exp(got) / expected - 1.0)) <= kernel.info.product_rtol

@@ -27,6 +27,7 @@ from sketchot.kernels import exact
 from sketchot.kernels.exact import ExactKernel
 from sketchot.solver import engine
 from sketchot.solver.engine import epsilon_schedule, iterate
+from sketchot.solver.plans import plan_summary
 from sketchot.solver.problem import make_problem
 
 INF = float("inf")
@@ -506,3 +507,38 @@ def test_errors_name_the_argument(problem):
         sketchot.sinkhorn_kernel(a, b, nystrom, log_domain=True)
     with pytest.raises(ValueError, match="order must be one of"):
         iterate(K, make_problem(a, b, K.shape, 0.1), tol=1e-9, max_iter=10, order="posthoc")
+
+
+@pytest.mark.parametrize("anderson", [0, 5])
+@pytest.mark.parametrize("reg_m", [None, 0.5])
+def test_log_products_of_the_last_passes_are_those_of_the_final_scalings(colours, anderson, reg_m):
+    """A log-domain run on a kernel with ``R = I`` returns ``log(K v)`` and ``log(K^T u)`` of
+    its final scalings (the summary's marginals without a product), with or without Anderson
+    mixing, balanced or not: they equal fresh products of those scalings."""
+    X, Y = colours
+    kernel = sketchot.make_kernel(X, Y, 0.01, "polyts_local", rng=0)
+    problem = make_problem(None, None, kernel.shape, 0.01, reg_m)
+    state = iterate(kernel, problem, tol=1e-6, max_iter=200, strategy="log", anderson=anderson)
+    assert state.log_products is not None
+    log_kv, log_ktu = state.log_products
+    n = kernel.shape[0]
+    fresh_kv = kernel.fused_pass("rows", state.log_v, np.zeros(n), log=True).products
+    np.testing.assert_allclose(log_kv, fresh_kv, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(log_ktu, kernel.project("rows", state.log_u, log=True), atol=1e-12)
+    # the summary from them is the summary from fresh products
+    given = plan_summary(kernel, state.log_u, state.log_v, log_products=state.log_products)
+    fresh = plan_summary(kernel, state.log_u, state.log_v)
+    np.testing.assert_allclose(given.row_marginal, fresh.row_marginal, rtol=1e-12)
+    np.testing.assert_allclose(given.col_marginal, fresh.col_marginal, rtol=1e-12)
+    assert given.cost == pytest.approx(fresh.cost, rel=1e-12)
+
+
+def test_no_log_products_where_the_passes_do_not_give_them(colours):
+    """The absorbing strategy (its passes are of an absorbed kernel) and a low-rank kernel
+    (``R != I``) return none."""
+    X, Y = colours
+    problem = make_problem(None, None, (len(X), len(Y)), 0.5)
+    exact = sketchot.make_kernel(X, Y, 0.5, "exact")
+    assert iterate(exact, problem, tol=1e-6, max_iter=100, strategy="absorb").log_products is None
+    nystrom = sketchot.make_kernel(X, Y, 0.5, "nystrom", rng=0)
+    assert iterate(nystrom, problem, tol=1e-6, max_iter=100).log_products is None
