@@ -9,7 +9,7 @@
   ``rank``;
 * ``'local'``: an alias of the backend ``'polyts_local'`` at its defaults, the block-local
   expansion around cluster centres (:class:`~sketchot.kernels.local.LocalPolyKernel`): every
-  entry to a relative ``accuracy / 1000`` at any reg, in dimension ``d <= 4``; its own parameters
+  entry to a relative ``accuracy / 100`` at any reg, in dimension ``d <= 4``; its own parameters
   (``tau``, ``rtol``, ``max_features``, ``truncate``) are reachable as ``backend='polyts_local'``;
 * ``'auto'`` (default): ``'improved'`` when its sampled product error meets ``accuracy``,
   otherwise ``'polyts_local'`` where its record's dimension bound allows it and it meets

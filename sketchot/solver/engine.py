@@ -468,14 +468,22 @@ class _Run:
         u, v = self.start()
         first, second = ("cols", "rows") if self.order == "pot" else ("rows", "cols")
         scaling = {"rows": u, "cols": v}
-        # projection of the side the first half-step multiplies
-        projection = self.op.project(second, scaling[second], log=self.log)
+        rows_pass = None  # the last pass over the rows side: log(K v) of the current v
+        p = self.problem
+        if self.log and self.order == "pot" and p.log_u0 is not None and p.log_v0 is not None:
+            # a warm start's v is used, not discarded: a rows half-step from it gives u and
+            # the projection the first columns pass needs (the products a projection of u
+            # would cost, half an iteration further on)
+            w = self.op.project("cols", v, log=True)
+            scaling["rows"], projection, rows_pass = self.half_step("rows", w, v)
+        else:
+            # projection of the side the first half-step multiplies
+            projection = self.op.project(second, scaling[second], log=self.log)
         history: list[tuple[int, float]] = []
         times: list[float] = []
         status, n_iter, best, best_at, best_iter = "max_iter", 0, math.inf, 0, 0
         checks = 0
-        last_finite = (u, v)
-        rows_pass = None  # the last pass over the rows side: log(K v) of the current v
+        last_finite = (scaling["rows"], scaling["cols"])
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             iteration = 1
             while iteration <= max_iter + 1:

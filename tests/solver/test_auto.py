@@ -10,6 +10,7 @@ import pytest
 import sketchot
 from sketchot.color import load_image, sample_pixels
 from sketchot.kernels import available_backends, get_backend
+from sketchot.kernels.local import rtol_for
 
 kernels_auto = importlib.import_module("sketchot.kernels.auto")
 
@@ -136,9 +137,10 @@ def test_the_block_local_kernel_is_its_own_record_and_the_polyts_variant_an_alia
     assert kernel.info.params["tau"] == 2.0 and kernel.info.params["rtol"] == 1e-6
     # the alias is the record at its defaults: entries sized from the accuracy
     alias = sketchot.make_kernel(X, Y, 0.05, "polyts", variant="local", rng=0)
-    assert alias.info.backend == "polyts_local" and alias.info.params["rtol"] == 1e-6
+    assert alias.info.backend == "polyts_local"
+    assert alias.info.params["rtol"] == rtol_for(sketchot.SolverOptions().accuracy)
     alias = sketchot.make_kernel(X, Y, 0.05, "polyts", variant="local", accuracy=1e-6, rng=0)
-    assert alias.info.params["rtol"] == pytest.approx(1e-9)
+    assert alias.info.params["rtol"] == pytest.approx(rtol_for(1e-6))
 
 
 def test_auto_tries_what_the_records_declare(clouds, monkeypatch):
