@@ -183,7 +183,10 @@ def sinkhorn_divergence(
         again cold. :class:`SinkhornDivergence` does this for you.
     **kwargs
         Solver options and backend parameters of :func:`sketchot.sinkhorn` (``accuracy``,
-        ``tol``, ``max_iter``, ``rank``, ``dtype``, ...), by keyword.
+        ``tol``, ``max_iter``, ``rank``, ``dtype``, ...), by keyword. ``certify_first``
+        defaults to ``False`` here: the gradients come from the potentials, whose error
+        follows the iteration's residual (measured at n = 1e4, reg 0.01: gradient error
+        1.1e-3 against 3.4e-3 with the first stop at half the accuracy).
 
     Returns
     -------
@@ -238,6 +241,8 @@ def sinkhorn_divergence(
             notes=["identical inputs: S = 0 exactly, no solve"],
         )  # fmt: skip
     seed = int(check_rng(rng).integers(2**63))
+    # the gradients come from the potentials: the full stopping fraction unless asked
+    kwargs = {"certify_first": False, **kwargs}
     clouds = {"ab": (X, Y, a, b), "aa": (X, X, a, a), "bb": (Y, Y, b, b)}
     terms = TERMS if debias else TERMS[:1]
     results, warm, notes = {}, {}, []

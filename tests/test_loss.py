@@ -277,3 +277,18 @@ def test_result_repr_and_backend():
     assert isinstance(res, DivergenceResult) and res.backend == "exact" and res.converged
     assert "DivergenceResult(value=" in repr(res)
     assert set(res.timings) == {"solve", "gradient"}
+
+
+def test_the_solves_go_to_the_full_stopping_fraction_unless_asked():
+    """The gradients come from the potentials: the divergence's solves skip the first stop
+    at half the accuracy (``certify_first=False``) unless the caller asks for it."""
+    from sketchot.solver.options import CERTIFY_FRACTION, STOP_FRACTION
+
+    rng = np.random.default_rng(8)
+    X, Y = rng.random((150, 3)), rng.random((120, 3))
+    default = sketchot.sinkhorn_divergence(X, Y, reg=0.05, backend="exact")
+    first = sketchot.sinkhorn_divergence(X, Y, reg=0.05, backend="exact", certify_first=True)
+    for name in ("ab", "aa", "bb"):
+        assert default.results[name].tol == STOP_FRACTION * 1e-3
+        assert first.results[name].tol == CERTIFY_FRACTION * 1e-3
+        assert default.results[name].n_iter >= first.results[name].n_iter

@@ -29,6 +29,7 @@ NON_DEFAULTS = {
     # on this problem at the same iteration, measured); compared with a default solve below
     "anderson": (0, lambda res: res.options["anderson"] == 0),
     "accuracy": (0.5, lambda res: res.true_kernel is not None),
+    "certify_first": (np.False_, lambda res: res.options["certify_first"] is False),
     "true_kernel_samples": (5, lambda res: res.true_kernel.n_rows == 5),
     "errors": ("warn", lambda res: res.options["errors"] == "warn"),
     "warn": (np.False_, lambda res: res.options["warn"] is False),
