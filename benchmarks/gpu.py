@@ -45,13 +45,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _peers import CHECK_SAMPLES, certified, geomloss_potentials
 from _results import md_table, write_json, write_text
 from _running import CellRunner
 from small_reg import clouds as small_reg_clouds
 
 import sketchot
 import sketchot.fused
-from sketchot.solver.plans import sampled_true_kernel_check
 
 DATA = ("colours", "uniform", "gauss64")
 RELATIVE_REGS = (0.1, 0.01)
@@ -68,8 +68,6 @@ METHODS = (
     "GeomLoss multiscale 0.5",
     "GeomLoss multiscale 0.9",
 )
-#: rows and columns of the sampled true-kernel check of every cell
-CHECK_SAMPLES = 256
 
 
 def clouds(data: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -96,18 +94,6 @@ def synchronize() -> None:
 
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def certified(X, Y, reg, log_u, log_v, seed) -> float:
-    """The upper bound of the true-kernel check of potentials ``(log u, log v)`` (uniform
-    weights), from sketchot's own check on the exact kernel's geometry."""
-    kernel = sketchot.make_kernel(X, Y, reg, "exact", max_dense_bytes=0)
-    n, m = len(X), len(Y)
-    a, b = np.full(n, 1.0 / n), np.full(m, 1.0 / m)
-    check = sampled_true_kernel_check(
-        kernel, a, b, log_u, log_v, CHECK_SAMPLES, np.random.default_rng(seed), (1.0, 1.0)
-    )
-    return float(check.bound)
 
 
 def cell(data: str, n: int, relative_reg: float, method: str, seed: int) -> dict[str, Any]:
@@ -137,7 +123,7 @@ def cell(data: str, n: int, relative_reg: float, method: str, seed: int) -> dict
         out["n_iter"] = res.n_iter
         host = getattr(res, "host", res)
         out["error"] = (
-            certified(X, Y, reg, *host.potentials, seed)
+            certified(X, Y, reg, *host.potentials, seed, CHECK_SAMPLES)
             if host.true_kernel is None
             else float(host.true_kernel.bound)
         )
@@ -159,23 +145,14 @@ def cell(data: str, n: int, relative_reg: float, method: str, seed: int) -> dict
         out["n_iter"] = 100
         log_u = (log["log_u"]).cpu().numpy()
         log_v = (log["log_v"]).cpu().numpy()
-        out["error"] = certified(X, Y, reg, log_u, log_v, seed)
+        out["error"] = certified(X, Y, reg, log_u, log_v, seed, CHECK_SAMPLES)
     else:
-        from geomloss import SamplesLoss
-
         _, backend, scaling = method.split()
-        loss = SamplesLoss("sinkhorn", p=2, blur=math.sqrt(reg / 2), scaling=float(scaling),
-                           debias=False, potentials=True, backend=backend)  # fmt: skip
-        loss(tensors[0][:100], tensors[1][:100])  # KeOps compiles its formulas once
-        synchronize()
-        start = time.perf_counter()
-        F, G = loss(*tensors)
-        synchronize()
-        out["seconds"] = time.perf_counter() - start
-        # P = a b^T exp((F + G - C / 2) / eps) with eps = reg / 2: log u = log a + F / eps
-        log_u = math.log(1.0 / n) + F.reshape(-1).cpu().numpy() / (reg / 2)
-        log_v = math.log(1.0 / n) + G.reshape(-1).cpu().numpy() / (reg / 2)
-        out["error"] = certified(X, Y, reg, log_u, log_v, seed)
+        peer = geomloss_potentials(X, Y, reg, float(scaling), backend, device)
+        if peer is None:
+            return {"failed": "geomloss, pykeops or torch not installed"}
+        out["seconds"], log_u, log_v = peer
+        out["error"] = certified(X, Y, reg, log_u, log_v, seed, CHECK_SAMPLES)
     out["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
 

@@ -11,7 +11,11 @@ coarse-to-fine start; ``polyts_local`` (with and without the coarse start) and `
 (absorption-stabilised, stored when ``n x m`` fits 1 GiB,
 streamed otherwise), each with and without Anderson acceleration (``anderson=0``); exact
 with epsilon-scaling; ``nystrom`` with ``rank='auto'``; POT's
-``ot.sinkhorn(method='sinkhorn_stabilized')`` where the dense cost fits.
+``ot.sinkhorn(method='sinkhorn_stabilized')`` where the dense cost fits; GeomLoss's
+``SamplesLoss('sinkhorn', p=2, blur=sqrt(reg / 2), debias=False, potentials=True)`` (the same
+kernel) with KeOps, ``multiscale`` at ``scaling`` 0.5 and 0.9 and ``online`` at 0.9, on
+float64 CPU tensors, its potentials certified by the same check (skipped without geomloss,
+pykeops or torch; KeOps compiles its formulas outside the timing).
 
     python benchmarks/small_reg.py --quick            # n = 10^4, photo pixels, two reg
     python benchmarks/small_reg.py --json out.json    # n up to 10^6 (cells over --budget skip)
@@ -29,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import ot
+from _peers import CHECK_SAMPLES, certified, geomloss_potentials, geomloss_steps
 from _results import write_json
 from _running import CellRunner
 
@@ -55,6 +60,8 @@ METHODS = {
     },
     "local, no coarse start": {"backend": "polyts_local", "coarse_to_fine": False},
 }
+#: GeomLoss's methods, "GeomLoss <backend> <scaling>" (run by ``_peers.geomloss_potentials``)
+PEERS = ("GeomLoss multiscale 0.5", "GeomLoss multiscale 0.9", "GeomLoss online 0.9")
 
 
 def clouds(data: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -73,6 +80,8 @@ def clouds(data: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 def cell(data: str, n: int, reg: float, method: str, seed: int) -> dict[str, Any]:
     """One solve (run in a fresh process, so that the peak memory is the cell's)."""
     X, Y = clouds(data, n, seed)
+    if method.startswith("GeomLoss"):
+        return geomloss_cell(X, Y, reg, method, seed)
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -112,19 +121,51 @@ def cell(data: str, n: int, reg: float, method: str, seed: int) -> dict[str, Any
     }
 
 
+def geomloss_cell(X: np.ndarray, Y: np.ndarray, reg: float, method: str, seed: int) -> dict:
+    """GeomLoss's potentials (``method`` names its backend and scaling) and their certified
+    true-kernel error; ``skipped`` with the reason when it cannot run."""
+    _, backend, scaling = method.split()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = geomloss_potentials(X, Y, reg, float(scaling), backend)
+    except Exception as exc:  # a peer that cannot run (KeOps without a compiler) says why
+        return {"skipped": f"{type(exc).__name__}: {str(exc)[:80]}"}
+    if out is None:
+        return {"skipped": "geomloss, pykeops or torch not installed"}
+    seconds, log_u, log_v = out
+    return {
+        "seconds": seconds,
+        "n_iter": None,
+        "error": certified(X, Y, reg, log_u, log_v, seed, CHECK_SAMPLES),
+        "peak_mib": peak_mib(),
+        "detail": f"geomloss {backend}, scaling {scaling}",
+    }
+
+
 def peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def estimated_seconds(method: str, n: int, reg: float) -> float:
     """A rough cost model to skip cells: exact O(n^2) per iteration; iterations ~ 1 / reg
-    plain, ~ 1 / sqrt(reg) Anderson-mixed (measured on photo colours)."""
+    plain, ~ 1 / sqrt(reg) Anderson-mixed (measured on photo colours); GeomLoss measured on
+    uniform points (two CPU cores)."""
     plain = "no Anderson" in method or method.startswith("POT")
     iterations = min(5000, 3.0 / reg if plain else 6.0 / reg**0.5)
     if method.startswith("POT"):  # log-stabilised: exponentials of the whole matrix, often
         return iterations * n * n * 1e-7
     if method.startswith("exact"):
         return iterations * n * n * 2e-9 * (1 if n <= 11_000 else 10)
+    if method.startswith("GeomLoss"):
+        _, backend, scaling = method.split()
+        steps = geomloss_steps(reg, float(scaling), 3**0.5)  # from the unit cube's diameter
+        if backend == "online":  # two n x n softmins a step, ~6e-9 s an entry (float64 KeOps)
+            return steps * n * n * 1.2e-8
+        if reg / 2 >= 2000 ** (-2 / 3):  # blur over its cluster scale: clusters, one fine pass
+            return 3.0 + n * n * 3e-10
+        # fine steps on 5 blurs of truncation: ~36 s at n = 1e5, reg 0.01; 53-102 s at 0.003
+        return 40.0 * (n / 1e5) ** 1.4 * (0.01 / reg)
     if method == "nystrom rank=auto":
         return 30.0 if reg >= 0.1 else n * n * 5e-9
     # the local kernel: two products per iteration, ~5e-6 s per point at reg 0.01 on photos
@@ -140,7 +181,7 @@ def main() -> None:
     parser.add_argument("--data", nargs="+", default=["photo", "uniform"])
     parser.add_argument("--sizes", nargs="+", type=int, default=[10_000, 20_000, 10**5, 10**6])
     parser.add_argument("--regs", nargs="+", type=float, default=list(REGS))
-    parser.add_argument("--methods", nargs="+", default=[*METHODS, "POT stabilised"])
+    parser.add_argument("--methods", nargs="+", default=[*METHODS, "POT stabilised", *PEERS])
     args = parser.parse_args()
     if args.quick:
         grid = [("photo", 10_000, reg) for reg in (0.1, 0.01)]
@@ -157,12 +198,16 @@ def main() -> None:
                 continue
             estimate = estimated_seconds(method, n, reg)
             out = None if estimate > args.budget else runner(cell, data, n, reg, method, args.seed)
-            if out is None:
-                why = f"estimated {estimate:.0f} s" if estimate > args.budget else "stopped"
+            if out is None or "skipped" in out:
+                if out is None:
+                    why = f"estimated {estimate:.0f} s" if estimate > args.budget else "stopped"
+                    shown = f"{why}; budget {args.budget:g} s"
+                else:  # a peer that cannot run here
+                    why = shown = out["skipped"]
                 row = {"data": data, "n": n, "reg": reg, "method": method, "skipped": why}
                 rows.append(row)
-                print(f"| {data} | {n} | {reg:g} | {method} | skipped ({why}; budget "
-                      f"{args.budget:g} s) | | | | |", flush=True)  # fmt: skip
+                print(f"| {data} | {n} | {reg:g} | {method} | skipped ({shown}) | | | | |",
+                      flush=True)  # fmt: skip
                 continue
             rows.append({"data": data, "n": n, "reg": reg, "method": method, **out})
             print(

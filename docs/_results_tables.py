@@ -19,6 +19,8 @@ INCLUDED = (
     "small_reg_truncate",
     "small_reg_tau",
     "small_reg_jensen",
+    "small_reg_certify",
+    "small_reg_certify_1e6",
     "local_kernel_truncate",
     "dask_scale_quick",
     "polyts_improved_quick",
@@ -36,6 +38,7 @@ INCLUDED = (
     "loss_1e5",
     "loss_flow50",
     "accuracy_2e4_auto",
+    "accuracy_2e4_certify",
 )
 
 
