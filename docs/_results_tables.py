@@ -37,6 +37,7 @@ INCLUDED = (
     "loss_reg0.01",
     "loss_1e5",
     "loss_flow50",
+    "accuracy_quick",
     "accuracy_2e4_auto",
     "accuracy_2e4_certify",
 )
