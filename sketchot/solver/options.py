@@ -130,9 +130,10 @@ class SolverOptions:
         sampled rows and columns with an upper confidence bound (see
         :class:`~sketchot.TrueKernelCheck`). ``None`` skips the check.
     certify_first : bool, default=True
-        With ``tol=None``: on kernels that bound their own error, stop first at
-        :data:`CERTIFY_FRACTION` ``* accuracy`` and let the true-kernel check decide (going
-        on to :data:`STOP_FRACTION` only when it misses). ``False`` goes to
+        With ``tol=None``, in memory (the Dask and batched solvers stop at
+        :data:`STOP_FRACTION` ``* accuracy`` only): on kernels that bound their own error,
+        stop first at :data:`CERTIFY_FRACTION` ``* accuracy`` and let the true-kernel check
+        decide (going on to :data:`STOP_FRACTION` only when it misses). ``False`` goes to
         :data:`STOP_FRACTION` at once: potentials about 5x closer to the fixed point, for
         answers that need more of them than the marginals' accuracy (gradients of a loss,
         which :func:`sketchot.sinkhorn_divergence` asks for by default).
