@@ -173,24 +173,52 @@ SLOW_PASS_SECONDS = 1.0
 TIMING_STRIDE = 16
 
 
-def _sampled_seconds(expansion: LocalGaussianExpansion) -> float:
-    """An iteration's seconds from every :data:`TIMING_STRIDE`-th group of output clusters,
-    the faster of two samples (the first also gathers the padded features every iteration
-    reuses)."""
-    return min(expansion.iteration_seconds(stride=TIMING_STRIDE) for _ in range(2))
+#: A first timing sample is at most this many times the iteration it estimates (measured on
+#: 10^5 uniform points at reg 0.01: 1.13-1.86 times the second sample, the gathering of
+#: padded features growing with tau).
+FIRST_SAMPLE_EXCESS = 2.0
+
+
+class _SampledTiming:
+    """An iteration's seconds from every :data:`TIMING_STRIDE`-th group of output clusters
+    of one fitted expansion, refined on demand: a first sample also gathers the padded
+    features every iteration reuses (a one-time cost), so it overestimates, by at most
+    :data:`FIRST_SAMPLE_EXCESS`; :meth:`refine` takes a second one (the estimate is then the
+    faster of the two)."""
+
+    def __init__(self, expansion: LocalGaussianExpansion) -> None:
+        self.expansion = expansion
+        self.samples = [expansion.iteration_seconds(stride=TIMING_STRIDE)]
+
+    @property
+    def refined(self) -> bool:
+        return len(self.samples) > 1
+
+    @property
+    def upper(self) -> float:
+        return min(self.samples)
+
+    @property
+    def lower(self) -> float:
+        return self.upper if self.refined else self.upper / FIRST_SAMPLE_EXCESS
+
+    def refine(self) -> float:
+        if not self.refined:
+            self.samples.append(self.expansion.iteration_seconds(stride=TIMING_STRIDE))
+        return self.upper
 
 
 def local_iteration_seconds(kernel: LocalPolyKernel) -> float:
     """Seconds of one log-domain iteration (the solver's path at small ``reg``).
 
     First from a sample: every :data:`TIMING_STRIDE`-th group of output clusters
-    (:func:`_sampled_seconds`; the builder's own when ``tau='auto'`` measured it), which is
+    (:class:`_SampledTiming`; the builder's own when ``tau='auto'`` measured it), which is
     the estimate when it exceeds :data:`SLOW_PASS_SECONDS`; below, whole
     iterations are cheap: the faster of two timed passes (the first one also pays one-time
     costs), or the first alone when it takes more than :data:`SLOW_PASS_SECONDS`."""
     sampled = kernel.sampled_seconds
     if sampled is None:
-        sampled = _sampled_seconds(kernel.expansion)
+        sampled = _SampledTiming(kernel.expansion).refine()
     if sampled > SLOW_PASS_SECONDS:
         return sampled
     n, m = kernel.shape
@@ -301,40 +329,6 @@ TAU_CANDIDATES = (1.0, 2.0, 4.0)
 TAU_SEARCH_SECONDS = 1.0
 #: ... each kept while its sampled iteration takes at most this fraction of the best so far.
 TAU_GAIN = 0.9
-
-
-class _SampledTiming:
-    """The sampled iteration seconds of one fitted expansion, refined on demand: a first
-    sample also gathers the padded features every iteration reuses (a one-time cost), so
-    it overestimates, by at most :data:`FIRST_SAMPLE_EXCESS`; a second sample is taken only
-    when a decision needs it (then the faster of the two, as :func:`_sampled_seconds`)."""
-
-    def __init__(self, expansion: LocalGaussianExpansion) -> None:
-        self.expansion = expansion
-        self.samples = [expansion.iteration_seconds(stride=TIMING_STRIDE)]
-
-    @property
-    def refined(self) -> bool:
-        return len(self.samples) > 1
-
-    @property
-    def upper(self) -> float:
-        return min(self.samples)
-
-    @property
-    def lower(self) -> float:
-        return self.upper if self.refined else self.upper / FIRST_SAMPLE_EXCESS
-
-    def refine(self) -> float:
-        if not self.refined:
-            self.samples.append(self.expansion.iteration_seconds(stride=TIMING_STRIDE))
-        return self.upper
-
-
-#: A first timing sample is at most this many times the iteration it estimates (measured on
-#: 10^5 uniform points at reg 0.01: 1.13-1.86 times the second sample, the gathering of
-#: padded features growing with tau).
-FIRST_SAMPLE_EXCESS = 2.0
 
 
 def _fastest_expansion(fit, rtol: float) -> tuple[LocalGaussianExpansion, float]:
