@@ -243,31 +243,34 @@ REFERENCES = {
 }
 
 
+def reference_divergence(X, Y, reg, seed, reference):
+    """``(seconds, result)`` of the reference divergence, keeping only what the cells read
+    (the solves' kernels, about 2 GiB each for polyts_local at n = 1e5, would stay alive
+    through every step)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        seconds, exact = timed(
+            lambda: sketchot.sinkhorn_divergence(X, Y, reg=reg, rng=seed, **REFERENCES[reference])
+        )
+    print(
+        f"  {reference} reference n={len(X)} reg={reg}: {seconds:.1f} s, backends "
+        f"{exact.backend}, certified {exact.accuracy:.1e}", flush=True,
+    )  # fmt: skip
+    return seconds, SimpleNamespace(
+        grad_X=exact.grad_X, value=exact.value, accuracy=exact.accuracy,
+        backends=[r.backend for r in exact.results.values()],
+    )  # fmt: skip
+
+
 def speed(
     n: int, reg: float, seed: int, steps: int, reference: str | None, with_pot: bool,
-    peers: tuple[tuple[str, float], ...] = GEOMLOSS_PEERS,
+    peers: tuple[tuple[str, float], ...] = GEOMLOSS_PEERS, check_last: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     rng = np.random.default_rng(seed)
     X, Y = rng.random((n, 3)), rng.random((n, 3))
     seconds, exact = float("nan"), None
     if reference is not None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            seconds, exact = timed(
-                lambda: sketchot.sinkhorn_divergence(
-                    X, Y, reg=reg, rng=seed, **REFERENCES[reference]
-                )
-            )
-        print(
-            f"  {reference} reference n={n} reg={reg}: {seconds:.1f} s, backends "
-            f"{exact.backend}, certified {exact.accuracy:.1e}", flush=True,
-        )  # fmt: skip
-        # only what the cells read: the solves' kernels (about 2 GiB each for polyts_local
-        # at n = 1e5) would stay alive through every step
-        exact = SimpleNamespace(
-            grad_X=exact.grad_X, value=exact.value, accuracy=exact.accuracy,
-            backends=[r.backend for r in exact.results.values()],
-        )  # fmt: skip
+        seconds, exact = reference_divergence(X, Y, reg, seed, reference)
     loss = sketchot.SinkhornDivergence(reg=reg, rng=seed)
     cells: list[dict[str, Any]] = []
     Z = X.copy()
@@ -303,7 +306,14 @@ def speed(
             cell["exact_value"] = exact.value
         cells.append(cell)
         print(f"  step {step}: cold {t_cold:.2f} s, warm {t_warm:.2f} s", flush=True)
+        last = (Z, cold.grad_X, warm.grad_X)
         Z = Z - LR * n * warm.grad_X
+    if reference is not None and check_last and steps > 1:
+        # the warm steps' own gradient error: a reference on the last step's clouds
+        Z, cold_grad, warm_grad = last
+        _, at_last = reference_divergence(Z, Y, reg, seed, reference)
+        cells[-1]["cold_grad_rel_error"] = rel(cold_grad, at_last.grad_X)
+        cells[-1]["warm_grad_rel_error"] = rel(warm_grad, at_last.grad_X)
     out = {"n": n, "reg": reg, "exact_seconds": seconds, "steps": cells, "reference": reference}
     if exact is not None:
         out["reference_backends"] = exact.backends
@@ -404,7 +414,8 @@ def report(correct: list[dict[str, Any]], speeds: list[dict[str, Any]]) -> str:
                 )
             )
     lines.append(
-        "\nGradient errors: relative L2 error of grad_X against the reference (step 0): "
+        "\nGradient errors: relative L2 error of grad_X against the reference on the same "
+        "clouds (at step 0, and at the last step for the warm and cold calls there): "
         "sketchot's exact backend at tol=1e-9, or where named above its default call at "
         "accuracy=1e-6. 'its': Sinkhorn iterations of the three solves (none for a "
         "kept solve). One run per cell on a shared 2-core machine (cpu s: the process's "
@@ -434,6 +445,10 @@ def main(argv: list[str] | None = None) -> None:
         "--peers", nargs="*", default=None, metavar="BACKEND:SCALING",
         help="GeomLoss peers at --n (default: online and multiscale at 0.5 and 0.9)",
     )  # fmt: skip
+    parser.add_argument(
+        "--no-check-last", action="store_true",
+        help="no second reference on the last step's clouds (the warm steps' gradient error)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--out", default=None, help="file stem under benchmarks/results (default loss[_quick])"
@@ -457,7 +472,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"speed, reg={reg}", flush=True)
         reference = None if (args.quick or args.no_pot) else args.reference
         with_pot = reference == "exact" and not args.no_pot_speed
-        speeds.append(speed(args.n, reg, args.seed, steps, reference, with_pot, peers))
+        check_last = not args.no_check_last
+        speeds.append(speed(args.n, reg, args.seed, steps, reference, with_pot, peers, check_last))
     text = report(correct, speeds)
     print(text)
     data = {

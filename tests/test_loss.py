@@ -198,6 +198,35 @@ def test_warm_start_reuses_backend_and_potentials():
     assert loss(moved, Y, a, b).warm == {"ab": False, "aa": False, "bb": False}
 
 
+def test_a_flow_predicts_the_next_potentials_from_their_drift():
+    """Along a gradient flow (each point 10% of the way to its barycentric target) the third
+    call starts from ``f + (f - f_prev)`` (``drift``): fewer iterations than the plain warm
+    start from the same previous result (here 6 and 3 against 8 and 5), the same answer as
+    a tight solve within the result's own error estimate (value) and the stopping tol's
+    effect on the gradient (measured 5e-5 relative; 1e-3 allowed)."""
+    X, Y, a, b = clouds(21, n=80, m=70)
+    options = {"reg": 0.05, "backend": "exact", "tol": 1e-5}
+    loss = sketchot.SinkhornDivergence(**options)
+    first = loss(X, Y, a, b)
+    assert first.drift == {}  # solved cold: nothing to predict from
+    X = X - 0.05 * first.grad_X / a[:, None]
+    second = loss(X, Y, a, b)
+    assert set(second.drift) == {"ab", "aa"}  # 'bb' kept: no drift
+    drift_f, drift_g = second.drift["ab"]
+    assert drift_f.shape == (80,) and drift_g.shape == (70,) and np.abs(drift_g).max() > 0
+    X = X - 0.05 * second.grad_X / a[:, None]
+    predicted = loss(X, Y, a, b)
+    plain = sketchot.sinkhorn_divergence(
+        X, Y, a, b, warm_start=dataclasses.replace(second, drift={}), **options
+    )
+    for name in ("ab", "aa"):
+        assert predicted.results[name].n_iter < plain.results[name].n_iter
+    tight = sketchot.sinkhorn_divergence(X, Y, a, b, reg=0.05, **TIGHT)
+    assert abs(predicted.value - tight.value) <= predicted.value_error
+    scale = np.abs(tight.grad_X).max()
+    np.testing.assert_allclose(predicted.grad_X, tight.grad_X, atol=1e-3 * scale)
+
+
 def test_a_warm_start_rebuilds_a_fitted_block_local_kernel(colours):
     """The block-local kernel's info.params also describe its fit (clusters, degree, entry
     bound): the warm start builds it again from the parameters its builder accepts."""

@@ -258,6 +258,7 @@ class AbsorbedExactKernel(ExactKernel):
         self._rows_per_block = block_rows(m, 8, dim=parent.geometry.Xc.shape[1])
         self.is_dense = parent.is_dense
         self._stored = None
+        self._factors = _absorbed_factors(parent.geometry, self.alpha, self.beta)
         if self.is_dense:
             reuse = previous is not None and previous._stored is not None
             self._stored = previous._stored if reuse else np.empty((n, m), dtype=self.dtype)
@@ -275,9 +276,13 @@ class AbsorbedExactKernel(ExactKernel):
         return self._stored
 
     def _computed_block(self, rows: slice) -> np.ndarray:
-        block = self.geometry.log_block(rows)
-        block += self.alpha[rows, None]
-        block += self.beta[None, :]
+        if self._factors is not None:
+            left, right = self._factors
+            block = left[rows] @ right
+        else:
+            block = self.geometry.log_block(rows)
+            block += self.alpha[rows, None]
+            block += self.beta[None, :]
         np.maximum(block, LOG_FLOOR[self.dtype], out=block)
         np.exp(block, out=block)
         return block if self.dtype == np.float64 else block.astype(self.dtype)
@@ -302,6 +307,32 @@ class AbsorbedExactKernel(ExactKernel):
 
     def absorbed(self, alpha, beta, previous=None):
         raise NotImplementedError("absorb into the parent kernel, not into an absorbed one")
+
+
+def _absorbed_factors(
+    geometry: GibbsGeometry, alpha: np.ndarray, beta: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(L, R)`` with ``L R = alpha_i + beta_j - ||x_i - y_j||^2 / reg`` for the squared-
+    Euclidean cost (``None`` for another cost), in centred coordinates::
+
+        L = [2 X / reg, alpha - ||x||^2 / reg, 1],  R = [Y, 1, beta - ||y||^2 / reg]^T
+
+    so that a block of exponents is one product with ``d + 2`` inner terms instead of
+    seven elementwise passes (half the time of an absorbed kernel's build). Infinite
+    offsets (zero weights) keep the elementwise form (``0 * inf`` inside a product). The
+    rounding is that of the norms' form of the distance, about
+    ``eps (||x||^2 + ||y||^2) / reg + eps (|alpha| + |beta|)`` in the exponent.
+    """
+    if not geometry.cost.sqeuclidean:
+        return None
+    reg = geometry.reg
+    ones_x, ones_y = np.ones(len(alpha)), np.ones(len(beta))
+    with np.errstate(invalid="ignore"):
+        left = np.column_stack([geometry.Xc * (2.0 / reg), alpha - geometry.x_sq / reg, ones_x])
+        right = np.column_stack([geometry.Yc, ones_y, beta - geometry.y_sq / reg]).T
+    if not (np.all(np.isfinite(left)) and np.all(np.isfinite(right))):
+        return None
+    return left, np.ascontiguousarray(right)
 
 
 class DeviceExactKernel(ExactKernel):
@@ -625,6 +656,7 @@ class DeviceAbsorbedExactKernel(DeviceExactKernel):
         self._alpha_d, self._beta_d = self._on.put(self.alpha), self._on.put(self.beta)
         self.is_dense = parent.is_dense
         self._stored = None
+        self._factors = _absorbed_factors(parent.geometry, self.alpha, self.beta)
         if self.is_dense:
             del previous  # the device frees the previous storage when it is dropped
             rows = row_slices(self.shape[0], self._rows_per_block)

@@ -1,0 +1,49 @@
+"""The absorbed exact kernel ``exp(alpha_i + beta_j - c(x_i, y_j) / reg)``: its entries,
+built from one product of augmented factors (squared Euclidean) or entry by entry (another
+cost, infinite offsets), against the formula evaluated directly."""
+
+import numpy as np
+import pytest
+from scipy.spatial.distance import cdist
+
+from sketchot.gibbs import GibbsGeometry
+from sketchot.kernels import ExactKernel
+from sketchot.kernels.exact import LOG_FLOOR
+
+
+def absorbed_entries(metric: str, alpha, beta, reg=0.02, n=60, m=45, seed=3):
+    rng = np.random.default_rng(seed)
+    X, Y = 3.0 * rng.random((n, 2)) + 5.0, 3.0 * rng.random((m, 2)) + 4.0  # off-centre
+    kernel = ExactKernel(GibbsGeometry(X, Y, reg, metric), max_dense_bytes=1 << 30)
+    built = kernel.absorbed(alpha(n, rng), beta(m, rng))
+    cost = cdist(X, Y, metric)
+    exponent = built.alpha[:, None] + built.beta[None, :] - cost / reg
+    return built, np.exp(np.maximum(exponent, LOG_FLOOR[np.dtype(np.float64)]))
+
+
+def offsets(scale):
+    return lambda size, rng: scale * rng.normal(size=size)
+
+
+def with_zero_weights(size, rng):
+    out = rng.normal(size=size)
+    out[::7] = -np.inf
+    return out
+
+
+@pytest.mark.parametrize(
+    ("metric", "alpha", "stored_by_factors"),
+    [
+        ("sqeuclidean", offsets(1.0), True),
+        ("sqeuclidean", offsets(100.0), True),  # offsets of the size of cost / reg
+        ("sqeuclidean", with_zero_weights, False),
+        ("euclidean", offsets(1.0), False),
+    ],
+)
+def test_absorbed_entries_equal_the_formula(metric, alpha, stored_by_factors):
+    """Relative 1e-11: the exponents are sums of terms up to ``|x|^2 / reg`` ~ 1e4 here
+    (points off the centre) and offsets up to ~1e3, rounded to about 1e-12 absolute."""
+    built, expected = absorbed_entries(metric, alpha, offsets(1.0))
+    assert (built._factors is not None) == stored_by_factors
+    stored = built.matmat(np.eye(built.shape[1]))
+    np.testing.assert_allclose(stored, expected, rtol=1e-11, atol=0)
