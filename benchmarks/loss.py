@@ -37,14 +37,21 @@ target) for
     and ``s`` in 0.5 and 0.9, value and ``.backward()``, step 0 only.
 
 each with its gradient's relative L2 error against sketchot's exact backend at ``tol=1e-9``
-(the reference at this size; first step's clouds). Times are one run each on a shared
-2-core machine: noisy.
+(the reference at this size) on the first step's clouds, and for sketchot's cold and warm
+calls also on the last step's (``--no-check-last``: not). Each timed sketchot step reads
+``grad_X`` (computed when first read), as the peers' steps run their backward pass. Times
+are one run each on a shared 2-core machine: noisy.
 
     python benchmarks/loss.py --quick   # n-ref 1000 reg 0.1 (POT too); n 1e4 reg 0.1, 3
                                         # steps, without the exact reference and POT there
     python benchmarks/loss.py           # n-ref 2000 and n 1e4 at reg 0.1 and 0.01, 5 steps
     python benchmarks/loss.py --n 100000 --regs 0.01 --steps 2 --n-ref 0 \
         --reference accurate --peers multiscale:0.5 multiscale:0.9 --out loss_1e5
+    python benchmarks/loss.py --n 100000 --regs 0.01 --steps 50 --cold-every 10 --n-ref 0 \
+        --reference accurate --peers --out loss_flow50_1e5   # the 50-step flow at 1e5
+
+``--cold-every K`` solves the flow from scratch at every K-th step only (and at the last): the
+from-scratch total is then estimated as the measured cold steps' mean times the steps.
 
 ``--reference accurate`` measures the gradient errors against the default call at
 ``accuracy=1e-6`` (certified by its true-kernel check) where the exact kernel's passes are too
@@ -75,6 +82,14 @@ LR = 0.05
 REF_TOL = 1e-12
 # GeomLoss's CPU backends at the speed size (KeOps): (backend, scaling)
 GEOMLOSS_PEERS = (("online", 0.5), ("online", 0.9), ("multiscale", 0.5), ("multiscale", 0.9))
+
+
+def read_grad_X(result):  # noqa: N802 (the cloud's name)
+    """``result`` after reading its ``grad_X`` (computed on first read: the timed step
+    includes it, as the peers' timings include their backward pass; ``grad_Y``, which the
+    flow does not use, is not computed)."""
+    result.grad_X  # noqa: B018
+    return result
 
 
 # ---------------------------------------------------------------- dense reference
@@ -137,7 +152,7 @@ def correctness(n: int, reg: float, seed: int, with_pot: bool) -> list[dict[str,
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             seconds, res = timed(
-                lambda kw=kwargs: sketchot.sinkhorn_divergence(X, Y, reg=reg, **kw)
+                lambda kw=kwargs: read_grad_X(sketchot.sinkhorn_divergence(X, Y, reg=reg, **kw))
             )
         rows.append(
             {
@@ -250,7 +265,9 @@ def reference_divergence(X, Y, reg, seed, reference):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         seconds, exact = timed(
-            lambda: sketchot.sinkhorn_divergence(X, Y, reg=reg, rng=seed, **REFERENCES[reference])
+            lambda: read_grad_X(
+                sketchot.sinkhorn_divergence(X, Y, reg=reg, rng=seed, **REFERENCES[reference])
+            )
         )
     print(
         f"  {reference} reference n={len(X)} reg={reg}: {seconds:.1f} s, backends "
@@ -265,32 +282,45 @@ def reference_divergence(X, Y, reg, seed, reference):
 def speed(
     n: int, reg: float, seed: int, steps: int, reference: str | None, with_pot: bool,
     peers: tuple[tuple[str, float], ...] = GEOMLOSS_PEERS, check_last: bool = True,
+    cold_every: int = 1, accuracy: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     rng = np.random.default_rng(seed)
     X, Y = rng.random((n, 3)), rng.random((n, 3))
     seconds, exact = float("nan"), None
     if reference is not None:
         seconds, exact = reference_divergence(X, Y, reg, seed, reference)
-    loss = sketchot.SinkhornDivergence(reg=reg, rng=seed)
+    # --accuracy: the sketchot calls' accuracy= (their default, 1e-3, when not given)
+    options = {} if accuracy is None else {"accuracy": accuracy}
+    loss = sketchot.SinkhornDivergence(reg=reg, rng=seed, **options)
     cells: list[dict[str, Any]] = []
     Z = X.copy()
     for step in range(steps):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             cpu = time.process_time()
-            t_cold, cold = timed(lambda Z=Z: sketchot.sinkhorn_divergence(Z, Y, reg=reg, rng=seed))
-            cpu_cold = time.process_time() - cpu
-            cold = SimpleNamespace(  # released before the warm step (see the reference)
-                backends=[r.backend for r in cold.results.values()], value=cold.value,
-                iterations=[r.n_iter for r in cold.results.values()], grad_X=cold.grad_X,
-                accuracy=cold.accuracy,
-            )  # fmt: skip
+            t_cold, cold, cpu_cold = float("nan"), None, 0.0
+            if step % cold_every == 0 or step == steps - 1:
+                t_cold, cold = timed(
+                    lambda Z=Z: read_grad_X(
+                        sketchot.sinkhorn_divergence(Z, Y, reg=reg, rng=seed, **options)
+                    )
+                )
+                cpu_cold = time.process_time() - cpu
+                cold = SimpleNamespace(  # released before the warm step (see the reference)
+                    backends=[r.backend for r in cold.results.values()], value=cold.value,
+                    iterations=[r.n_iter for r in cold.results.values()], grad_X=cold.grad_X,
+                    accuracy=cold.accuracy,
+                )  # fmt: skip
+            else:  # --cold-every: this step's flow from scratch is not measured
+                cold = SimpleNamespace(backends=[], value=None, iterations=[], grad_X=None,
+                                       accuracy=None)  # fmt: skip
             before = dict(loss.last.results) if loss.last is not None else {}
-            t_warm, warm = timed(lambda Z=Z: loss(Z, Y))
+            t_warm, warm = timed(lambda Z=Z: read_grad_X(loss(Z, Y)))
             cpu_warm = time.process_time() - cpu - cpu_cold
         cell = {
             "step": step, "cold_seconds": t_cold, "warm_seconds": t_warm,
-            "cold_cpu_seconds": cpu_cold, "warm_cpu_seconds": cpu_warm,
+            "cold_cpu_seconds": cpu_cold if cold.value is not None else float("nan"),
+            "warm_cpu_seconds": cpu_warm, "cold_measured": cold.value is not None,
             "cold_backends": cold.backends,
             "warm_backends": [r.backend for r in warm.results.values()],
             "warm_used": warm.warm, "cold_value": cold.value, "warm_value": warm.value,
@@ -312,9 +342,10 @@ def speed(
         # the warm steps' own gradient error: a reference on the last step's clouds
         Z, cold_grad, warm_grad = last
         _, at_last = reference_divergence(Z, Y, reg, seed, reference)
-        cells[-1]["cold_grad_rel_error"] = rel(cold_grad, at_last.grad_X)
+        cells[-1]["cold_grad_rel_error"] = rel(cold_grad, at_last.grad_X)  # always cold there
         cells[-1]["warm_grad_rel_error"] = rel(warm_grad, at_last.grad_X)
-    out = {"n": n, "reg": reg, "exact_seconds": seconds, "steps": cells, "reference": reference}
+    out = {"n": n, "reg": reg, "exact_seconds": seconds, "steps": cells, "reference": reference,
+           "accuracy": accuracy}  # fmt: skip
     if exact is not None:
         out["reference_backends"] = exact.backends
         out["reference_accuracy"] = exact.accuracy
@@ -364,8 +395,10 @@ def report(correct: list[dict[str, Any]], speeds: list[dict[str, Any]]) -> str:
         for c in s["steps"]:
             rows.append(
                 [s["n"], s["reg"], c["step"],
-                 f"{c['cold_seconds']:.2f} ({c['cold_cpu_seconds']:.1f})",
-                 "/".join(c["cold_backends"]), sum(c["cold_iterations"]),
+                 f"{c['cold_seconds']:.2f} ({c['cold_cpu_seconds']:.1f})"
+                 if c.get("cold_measured", True) else "",
+                 "/".join(c["cold_backends"]),
+                 sum(c["cold_iterations"]) if c.get("cold_measured", True) else "",
                  f"{c['warm_seconds']:.2f} ({c['warm_cpu_seconds']:.1f})",
                  "/".join(c["warm_backends"]), sum(c["warm_iterations"]),
                  "".join("w" if used else "c" for used in c["warm_used"].values()),
@@ -392,16 +425,21 @@ def report(correct: list[dict[str, Any]], speeds: list[dict[str, Any]]) -> str:
     )  # fmt: skip
     for s in speeds:
         later = s["steps"][1:]
-        if later:
-            cold = sum(c["cold_seconds"] for c in later)
+        measured = [c for c in later if c.get("cold_measured", True)]
+        if later and measured:
+            # --cold-every: the flow from scratch is its measured steps' mean times the steps
+            scale = len(later) / len(measured)
+            estimated = " (estimated: the measured cold steps' mean x steps)" if scale > 1 else ""
+            cold = scale * sum(c["cold_seconds"] for c in measured)
             warm = sum(c["warm_seconds"] for c in later)
-            cpu_cold = sum(c["cold_cpu_seconds"] for c in later)
+            cpu_cold = scale * sum(c["cold_cpu_seconds"] for c in measured)
             cpu_warm = sum(c["warm_cpu_seconds"] for c in later)
-            its_cold = sum(sum(c["cold_iterations"]) for c in later)
+            its_cold = round(scale * sum(sum(c["cold_iterations"]) for c in measured))
             its_warm = sum(sum(c["warm_iterations"]) for c in later)
+            at = "" if s.get("accuracy") is None else f" accuracy={s['accuracy']:g}"
             lines.append(
-                f"\nn={s['n']} reg={s['reg']}: steps 1-{len(later)}: cold {cold:.1f} s (cpu "
-                f"{cpu_cold:.1f} s, {its_cold} iterations), warm {warm:.1f} s (cpu "
+                f"\nn={s['n']} reg={s['reg']}{at}: steps 1-{len(later)}: cold {cold:.1f} s (cpu "
+                f"{cpu_cold:.1f} s, {its_cold} iterations){estimated}, warm {warm:.1f} s (cpu "
                 f"{cpu_warm:.1f} s, {its_warm} iterations): saved {100 * (1 - warm / cold):.0f}% "
                 f"of the wall time, {100 * (1 - cpu_warm / cpu_cold):.0f}% of the cpu time"
                 + (
@@ -446,6 +484,14 @@ def main(argv: list[str] | None = None) -> None:
         help="GeomLoss peers at --n (default: online and multiscale at 0.5 and 0.9)",
     )  # fmt: skip
     parser.add_argument(
+        "--accuracy", type=float, default=None,
+        help="accuracy= of sketchot's flow calls (default: the library's, 1e-3)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cold-every", type=int, default=1, metavar="K",
+        help="the flow from scratch at every K-th step only (and the last; a long flow)",
+    )  # fmt: skip
+    parser.add_argument(
         "--no-check-last", action="store_true",
         help="no second reference on the last step's clouds (the warm steps' gradient error)",
     )  # fmt: skip
@@ -473,7 +519,10 @@ def main(argv: list[str] | None = None) -> None:
         reference = None if (args.quick or args.no_pot) else args.reference
         with_pot = reference == "exact" and not args.no_pot_speed
         check_last = not args.no_check_last
-        speeds.append(speed(args.n, reg, args.seed, steps, reference, with_pot, peers, check_last))
+        speeds.append(
+            speed(args.n, reg, args.seed, steps, reference, with_pot, peers, check_last,
+                  args.cold_every, args.accuracy)
+        )  # fmt: skip
     text = report(correct, speeds)
     print(text)
     data = {

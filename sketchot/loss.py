@@ -78,7 +78,9 @@ class DivergenceResult:
         The divergence ``S`` (see :mod:`sketchot.loss`), tiny negatives within
         ``value_error`` clipped to 0 (``clipped``).
     grad_X, grad_Y : ndarray, shape (n, d), (m, d)
-        ``dS / dX`` and ``dS / dY``.
+        ``dS / dX`` and ``dS / dY``, each computed when first read (properties): a flow that
+        moves one cloud never pays for the other's plan moments (``d`` log products per
+        plan for a block-local kernel; nothing more for a stored exact one).
     grad_a, grad_b : ndarray, shape (n,), (m,)
         ``dS / da`` and ``dS / db`` (balanced: the shift convention of :mod:`sketchot.loss`).
     value_error : float
@@ -112,8 +114,6 @@ class DivergenceResult:
     """
 
     value: float
-    grad_X: np.ndarray  # noqa: N815 (the clouds' names)
-    grad_Y: np.ndarray  # noqa: N815
     grad_a: np.ndarray
     grad_b: np.ndarray
     value_error: float = 0.0
@@ -124,6 +124,27 @@ class DivergenceResult:
     timings: dict[str, float] = field(default_factory=dict)
     drift: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: what the position gradients are computed from: ``(X, Y, debias)`` with ``results``,
+    #: or the gradients themselves once computed (identical inputs: zeros)
+    positions: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def grad_X(self) -> np.ndarray:  # noqa: N802 (the cloud's name)
+        """``dS / dX``, shape (n, d), computed on first read."""
+        return self._position_gradient("X")
+
+    @property
+    def grad_Y(self) -> np.ndarray:  # noqa: N802
+        """``dS / dY``, shape (m, d), computed on first read."""
+        return self._position_gradient("Y")
+
+    def _position_gradient(self, side: str) -> np.ndarray:
+        if side not in self.positions:
+            start = time.perf_counter()
+            X, Y, debias = self.positions["clouds"]
+            self.positions[side] = _position_gradient(self.results, X, Y, debias, side)
+            self.timings[f"grad_{side}"] = time.perf_counter() - start
+        return self.positions[side]
 
     @property
     def converged(self) -> bool:
@@ -246,8 +267,9 @@ def sinkhorn_divergence(
     if debias and _identical(X, Y, a, b):
         zeros = np.zeros
         return DivergenceResult(
-            0.0, zeros(X.shape), zeros(Y.shape), zeros(a.shape), zeros(b.shape),
+            0.0, zeros(a.shape), zeros(b.shape),
             notes=["identical inputs: S = 0 exactly, no solve"],
+            positions={"X": zeros(X.shape), "Y": zeros(Y.shape)},
         )  # fmt: skip
     seed = int(check_rng(rng).integers(2**63))
     # the gradients come from the potentials: the full stopping fraction unless asked
@@ -271,13 +293,12 @@ def sinkhorn_divergence(
     if debias and rho is not None:
         value += 0.5 * reg * (a.sum() - b.sum()) ** 2
     value_error = sum(abs(weight) * _value_error(results[name]) for name, weight in terms)
-    grad_X, grad_Y = _position_gradients(results, X, Y, debias)
     grad_a, grad_b = _weight_gradients(results, clouds, reg, rho, debias)
     out = DivergenceResult(
-        float(value), grad_X, grad_Y, grad_a, grad_b, value_error=float(value_error),
+        float(value), grad_a, grad_b, value_error=float(value_error),
         accuracy=max(_accuracy(results[name]) for name, _ in terms), results=results,
         warm=warm, timings={"solve": solved - start, "gradient": time.perf_counter() - solved},
-        drift=drift, notes=notes,
+        drift=drift, notes=notes, positions={"clouds": (X, Y, debias)},
     )  # fmt: skip
     if out.value < 0:
         if -out.value <= out.value_error:
@@ -585,26 +606,26 @@ def _balance_shift(grad_a, grad_b, a, b):
     return grad_a + k, grad_b - k
 
 
-def _plan_products(result: SinkhornResult, center: np.ndarray):
-    """``(P 1, P (Y - c), P^T 1, P^T (X - c))`` from the solve's marginals and first moments
-    (:meth:`SinkhornResult.moments`, in its geometry's centring: moved to ``c`` here)."""
-    row_moments, col_moments = result.moments()
-    r, c = result.marginals
+def _plan_product(result: SinkhornResult, center: np.ndarray, side: int):
+    """``(P 1, P (Y - c))`` (``side`` 0) or ``(P^T 1, P^T (X - c))`` (1) from the solve's
+    marginals and first moments (:meth:`SinkhornResult.moment`, in its geometry's
+    centring: moved to ``c`` here)."""
+    marginal = result.marginals[side]
     shift = result.kernel.geometry.center - center
-    return r, row_moments + r[:, None] * shift, c, col_moments + c[:, None] * shift
+    return marginal, result.moment(side) + marginal[:, None] * shift
 
 
-def _position_gradients(results, X, Y, debias):
+def _position_gradient(results, X, Y, debias, side):
+    """``dS / dX`` (``side`` 'X') or ``dS / dY`` ('Y'): the cross plan's rows (columns) and
+    the symmetric problem of that cloud."""
     center = 0.5 * (X.mean(axis=0) + Y.mean(axis=0))
-    Xc, Yc = X - center, Y - center
-    r, PY, c, PtX = _plan_products(results["ab"], center)
-    grad_X = 2.0 * (r[:, None] * Xc - PY)
-    grad_Y = 2.0 * (c[:, None] * Yc - PtX)
-    if not debias:
-        return grad_X, grad_Y
-    for name, points, grad in (("aa", X, grad_X), ("bb", Y, grad_Y)):
-        shifted = points - center
-        r, Pp, c, Ptp = _plan_products(results[name], center)
+    index, points, symmetric = (0, X, "aa") if side == "X" else (1, Y, "bb")
+    shifted = points - center
+    marginal, moment = _plan_product(results["ab"], center, index)
+    grad = 2.0 * (marginal[:, None] * shifted - moment)
+    if debias:
+        r, Pp = _plan_product(results[symmetric], center, 0)
+        c, Ptp = _plan_product(results[symmetric], center, 1)
         # d/dx_i of OT(a, a) / 2: (r_i + c_i) x_i - (P x)_i - (P^T x)_i
         grad -= (r + c)[:, None] * shifted - Pp - Ptp
-    return grad_X, grad_Y
+    return grad

@@ -38,7 +38,12 @@ class SinkhornDivergenceFunction(torch.autograd.Function):
         arrays = [None if t is None else t.detach().cpu().to(torch.float64).numpy() for t in inputs]
         with solving_in(array_context(X=X, Y=Y, a=a, b=b)):  # kernels run on X's device
             result = solve(*arrays)
-        ctx.grads = (result.grad_X, result.grad_Y, result.grad_a, result.grad_b)
+        # only the gradients autograd will ask for (each position gradient costs plan moments)
+        names = ("grad_X", "grad_Y", "grad_a", "grad_b")
+        ctx.grads = [
+            getattr(result, name) if needed else None
+            for name, needed in zip(names, ctx.needs_input_grad[:4], strict=True)
+        ]
         ctx.meta = [None if t is None else (t.dtype, t.device) for t in inputs]
         return torch.tensor(result.value, dtype=X.dtype, device=X.device)
 

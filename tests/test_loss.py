@@ -281,9 +281,27 @@ def test_gradients_from_the_summary_moments_equal_plan_products():
     res = sketchot.sinkhorn_divergence(X, Y, a, b, reg=0.05, backend="exact")
     assert all(m is not None for r in res.results.values() for m in r.plan_moments)
     bare = {k: dataclasses.replace(r, plan_moments=(None, None)) for k, r in res.results.items()}
-    grad_X, grad_Y = sketchot.loss._position_gradients(bare, X, Y, True)
-    np.testing.assert_allclose(res.grad_X, grad_X, rtol=1e-10, atol=1e-14)
-    np.testing.assert_allclose(res.grad_Y, grad_Y, rtol=1e-10, atol=1e-14)
+    for side in ("X", "Y"):
+        grad = sketchot.loss._position_gradient(bare, X, Y, True, side)
+        np.testing.assert_allclose(getattr(res, f"grad_{side}"), grad, rtol=1e-10, atol=1e-14)
+
+
+def test_each_position_gradient_is_computed_when_first_read():
+    """A flow that moves X reads grad_X only: the cross plan's column moments (P^T X) are
+    never computed for a log-domain kernel (here the block-local one), and reading grad_Y
+    later computes them and gives the same numbers as computing both at once."""
+    X, Y, a, b = clouds(18, n=200, m=150, d=3)
+    res = sketchot.sinkhorn_divergence(X, Y, a, b, reg=0.01, backend="polyts_local")
+    assert "grad_X" not in res.timings and "grad_Y" not in res.timings
+    res.grad_X
+    assert res.results["ab"].plan_moments[1] is None and "grad_Y" not in res.timings
+    bare = {k: dataclasses.replace(r, plan_moments=(None, None)) for k, r in res.results.items()}
+    np.testing.assert_array_equal(
+        res.grad_Y, sketchot.loss._position_gradient(bare, X, Y, True, "Y")
+    )
+    assert res.results["ab"].plan_moments[1] is not None and "grad_Y" in res.timings
+    with pytest.raises(ValueError, match="side must be 0"):
+        res.results["ab"].moment(2)
 
 
 def test_errors_name_the_argument():

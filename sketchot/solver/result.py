@@ -265,10 +265,12 @@ class SinkhornResult:
         """The plan's first moments ``(P Yc, P^T Xc)`` (see :attr:`plan_moments`): those the
         summary did not compute (``d`` log products a side for a log-domain approximation,
         :func:`~sketchot.solver.plans.first_moments`) are computed now and kept."""
-        return self._moments(0), self._moments(1)
+        return self.moment(0), self.moment(1)
 
-    def _moments(self, side: int) -> np.ndarray:
-        """``P Yc`` (``side`` 0) or ``P^T Xc`` (1), computed once."""
+    def moment(self, side: int) -> np.ndarray:
+        """One side of :meth:`moments`: ``P Yc`` (``side`` 0) or ``P^T Xc`` (1), computed once."""
+        if side not in (0, 1):
+            raise ValueError(f"side must be 0 (P Yc) or 1 (P^T Xc); got {side!r}")
         moments = list(self.plan_moments)
         if moments[side] is None:
             moments[side] = first_moments(
@@ -286,7 +288,7 @@ class SinkhornResult:
         scale = np.abs(marginal).max(initial=0.0)
         if not (marginal > max(MIN_DENOMINATOR_RATIO * scale, MIN_MAP_DENOMINATOR)).all():
             return None
-        mapped = self._moments(side) / marginal[:, None] + self.kernel.geometry.center
+        mapped = self.moment(side) / marginal[:, None] + self.kernel.geometry.center
         return mapped if np.all(np.isfinite(mapped)) else None
 
     # ------------------------------------------------------------------ check
