@@ -101,14 +101,16 @@ class DivergenceResult:
         also when the problem had not changed and its previous solve was kept).
     clipped : bool
         Whether a negative value within ``value_error`` was set to 0.
-    timings : dict
-        Seconds of the three solves (``'solve'``) and of the gradients (``'gradient'``).
     drift : dict
-        For each problem solved warm from a previous solve of another problem of the same
-        sizes, the change of its potentials ``(f - f_prev, g - g_prev)`` (cost units, one per
+        For each problem solved warm (from ``warm_start``'s solve of it, on moved clouds),
+        the change of its potentials ``(f - f_prev, g - g_prev)`` (cost units, one per
         point): a result warm-started from this one starts from ``f + drift`` (a linear
-        prediction along a flow whose points keep their order), which measured at n = 1e4,
-        reg 0.01 halves the iterations of a gradient flow's warm steps.
+        prediction along a flow whose points keep their order; measured at n = 1e4,
+        reg 0.01, it halves the iterations of a gradient flow's warm steps).
+    timings : dict
+        Seconds of the three solves (``'solve'``), of the weight gradients
+        (``'gradient'``) and of each position gradient when first read (``'grad_X'``,
+        ``'grad_Y'``).
     notes : list of str
         What happened on the way (warm starts refused, clipping, ...).
     """
@@ -124,9 +126,10 @@ class DivergenceResult:
     timings: dict[str, float] = field(default_factory=dict)
     drift: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    #: what the position gradients are computed from: ``(X, Y, debias)`` with ``results``,
-    #: or the gradients themselves once computed (identical inputs: zeros)
-    positions: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: what the position gradients are computed from (``'clouds'``: ``(X, Y, debias)``, with
+    #: ``results``) and the gradients once computed (``'X'``, ``'Y'``; zeros for identical
+    #: inputs): private, read through ``grad_X`` and ``grad_Y``
+    _positions: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def grad_X(self) -> np.ndarray:  # noqa: N802 (the cloud's name)
@@ -139,12 +142,12 @@ class DivergenceResult:
         return self._position_gradient("Y")
 
     def _position_gradient(self, side: str) -> np.ndarray:
-        if side not in self.positions:
+        if side not in self._positions:
             start = time.perf_counter()
-            X, Y, debias = self.positions["clouds"]
-            self.positions[side] = _position_gradient(self.results, X, Y, debias, side)
+            X, Y, debias = self._positions["clouds"]
+            self._positions[side] = _position_gradient(self.results, X, Y, debias, side)
             self.timings[f"grad_{side}"] = time.perf_counter() - start
-        return self.positions[side]
+        return self._positions[side]
 
     @property
     def converged(self) -> bool:
@@ -269,7 +272,7 @@ def sinkhorn_divergence(
         return DivergenceResult(
             0.0, zeros(a.shape), zeros(b.shape),
             notes=["identical inputs: S = 0 exactly, no solve"],
-            positions={"X": zeros(X.shape), "Y": zeros(Y.shape)},
+            _positions={"X": zeros(X.shape), "Y": zeros(Y.shape)},
         )  # fmt: skip
     seed = int(check_rng(rng).integers(2**63))
     # the gradients come from the potentials: the full stopping fraction unless asked
@@ -298,7 +301,7 @@ def sinkhorn_divergence(
         float(value), grad_a, grad_b, value_error=float(value_error),
         accuracy=max(_accuracy(results[name]) for name, _ in terms), results=results,
         warm=warm, timings={"solve": solved - start, "gradient": time.perf_counter() - solved},
-        drift=drift, notes=notes, positions={"clouds": (X, Y, debias)},
+        drift=drift, notes=notes, _positions={"clouds": (X, Y, debias)},
     )  # fmt: skip
     if out.value < 0:
         if -out.value <= out.value_error:
@@ -324,7 +327,8 @@ class SinkhornDivergence:
     started from its previous call.
 
     Each call solves the three problems on the previous call's backend and kernel parameters
-    from the previous potentials (in cost units, so the weights may change too) and keeps the
+    from the previous potentials (in cost units, so the weights may change too), moved on by
+    their last change from the third call on (``DivergenceResult.drift``), and keeps the
     result when it still meets ``accuracy`` and converges; otherwise it solves cold (with
     ``backend``, ``'auto'`` by default, choosing again). A problem whose clouds and weights did
     not change (``(b, b)`` for a fixed target) keeps its previous solve; a change of the

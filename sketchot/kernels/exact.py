@@ -656,7 +656,6 @@ class DeviceAbsorbedExactKernel(DeviceExactKernel):
         self._alpha_d, self._beta_d = self._on.put(self.alpha), self._on.put(self.beta)
         self.is_dense = parent.is_dense
         self._stored = None
-        self._factors = _absorbed_factors(parent.geometry, self.alpha, self.beta)
         if self.is_dense:
             del previous  # the device frees the previous storage when it is dropped
             rows = row_slices(self.shape[0], self._rows_per_block)
