@@ -470,10 +470,13 @@ class _Run:
         scaling = {"rows": u, "cols": v}
         rows_pass = None  # the last pass over the rows side: log(K v) of the current v
         p = self.problem
-        if self.log and self.order == "pot" and p.log_u0 is not None and p.log_v0 is not None:
+        warm = self.log and self.order == "pot" and p.log_u0 is not None and p.log_v0 is not None
+        if warm:
             # a warm start's v is used, not discarded: a rows half-step from it gives u and
             # the projection the first columns pass needs (the products a projection of u
-            # would cost, half an iteration further on)
+            # would cost, half an iteration further on); its rows are then exact, so the
+            # first columns pass already measures the start's error (a start that meets
+            # tol takes no iteration)
             w = self.op.project("cols", v, log=True)
             scaling["rows"], projection, rows_pass = self.half_step("rows", w, v)
         else:
@@ -492,10 +495,9 @@ class _Run:
                 if final and self.order == "paper":
                     break
                 new, proj_first, result = self.half_step(first, projection, scaling[second])
-                if (
-                    self.order == "pot"
-                    and iteration > 1
-                    and ((iteration - 2) % check_every == 0 or final)
+                if self.order == "pot" and (
+                    (iteration > 1 and ((iteration - 2) % check_every == 0 or final))
+                    or (iteration == 1 and warm)
                 ):
                     if self.deferred:
                         lazy = result.residual(scaling["cols"], self.norm)
