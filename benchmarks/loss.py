@@ -46,10 +46,10 @@ are one run each on a shared 2-core machine: noisy.
     python benchmarks/loss.py --quick   # n-ref 1000 reg 0.1 (POT too); n 1e4 reg 0.1, 3
                                         # steps, without the exact reference and POT there
     python benchmarks/loss.py           # n-ref 2000 and n 1e4 at reg 0.1 and 0.01, 5 steps
-    python benchmarks/loss.py --n 100000 --regs 0.01 --steps 2 --n-ref 0 \
+    python benchmarks/loss.py --n 100000 --regs 0.01 --steps 10 --cold-every 10 --n-ref 0 \
         --reference accurate --peers multiscale:0.5 multiscale:0.9 --out loss_1e5
     python benchmarks/loss.py --n 100000 --regs 0.01 --steps 50 --cold-every 10 --n-ref 0 \
-        --reference accurate --peers --out loss_flow50_1e5   # the 50-step flow at 1e5
+        --reference accurate --peers multiscale:0.5 multiscale:0.9 --out loss_flow50_1e5
 
 ``--cold-every K`` solves the flow from scratch at every K-th step only (and at the last): the
 from-scratch total is then estimated as the measured cold steps' mean times the steps.
@@ -361,9 +361,8 @@ def speed(
     out["geomloss"] = []
     # the peers on the first step's clouds, and on the last step's where it has a reference
     # (the warm steps' clouds: the same gradient error measure for both)
-    for at_step, clouds, ref in ((0, X, exact), (steps - 1, last[0], at_last)):
-        if at_step and ref is None:
-            continue
+    runs = [(0, X, exact)] + ([(steps - 1, last[0], at_last)] if at_last is not None else [])
+    for at_step, clouds, ref in runs:
         for backend, scaling in peers:
             step = geomloss_step(clouds, Y, reg, scaling, backend)
             if step is None:

@@ -41,8 +41,9 @@ def with_zero_weights(size, rng):
     ],
 )
 def test_absorbed_entries_equal_the_formula(metric, alpha, stored_by_factors):
-    """Relative 1e-11: the exponents are sums of terms up to ``|x|^2 / reg`` ~ 1e4 here
-    (points off the centre) and offsets up to ~1e3, rounded to about 1e-12 absolute."""
+    """Relative 1e-11: the exponents are sums of terms up to ``|x|^2 / reg`` ~ 1e3 here
+    (centred points 3-4 apart) and offsets up to a few hundred, rounded to about 1e-13
+    absolute."""
     built, expected = absorbed_entries(metric, alpha, offsets(1.0))
     assert (built._factors is not None) == stored_by_factors
     stored = built.matmat(np.eye(built.shape[1]))
