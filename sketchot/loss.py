@@ -34,9 +34,11 @@ iterations): with ``P = diag(u) K diag(v)`` the solved plan of each problem, ``r
   continuous extension of their potential (a log-sum-exp over the true kernel, ``O(k m d)``
   for ``k`` zero weights).
 
-The symmetric problems ``(a, a)`` and ``(b, b)`` are solved by the same engine as the cross
-problem (not by an averaged iteration), and their kernels are built from the same random
-draws as the cross problem's (one seed drawn from ``rng``).
+The symmetric problems ``(a, a)`` and ``(b, b)`` are solved by the engine's symmetric
+iteration (the averaged update of Feydy et al., one kernel product per iteration and a
+contraction of at least 1/2 per iteration at any ``reg``:
+:mod:`sketchot.solver.engine`), and their kernels are built from the same random draws as
+the cross problem's (one seed drawn from ``rng``).
 """
 
 from __future__ import annotations

@@ -42,6 +42,20 @@ after the ``u`` half-step). A run whose best error has not
 improved by :data:`STALL_IMPROVEMENT` over :data:`STALL_CHECKS` checks and
 :data:`STALL_ITERATIONS` iterations stops as stalled.
 
+Symmetric problems (``symmetric=True``: the same cloud and weights on both sides, so that
+``K = K^T`` and the solution has ``u = v``; Feydy et al. 2019, Sec. 3.1): one scaling and
+the averaged update
+
+.. math:: \\log u \\leftarrow \\tfrac12 \\left(\\log u + \\rho \\log \\frac{a^{1/\\rho}}{K u}\\right),
+
+ONE product per iteration instead of two. At the solution the Jacobian of the plain update
+is ``-diag(1/a) P`` (eigenvalues in ``[-1, 0]`` for a positive semi-definite kernel such as
+the Gibbs kernel of the squared Euclidean cost), so the averaged one contracts by at least
+1/2 per iteration whatever ``reg`` (Anderson mixing on top). Its check is the marginal error of
+the scaling it has just multiplied (``u * K u`` against ``a``): the returned scaling is the
+checked one. A run that breaks down (a non-positive product of a signed approximation) is
+solved again by the two-sided iteration.
+
 Block-diagonal kernels (the ``'block_diagonal'`` capability: many independent problems
 stacked, one pass over all of them per half-step): the error is the largest block's residual,
 each relative to its own mass, so that a run converges when every problem has; Anderson
@@ -65,6 +79,8 @@ L. Chizat, G. Peyre, B. Schmitzer, F.-X. Vialard, "Scaling algorithms for unbala
 transport problems", Math. Comp. 87, 2018.
 B. Schmitzer, "Stabilized sparse scaling algorithms for entropy regularized transport
 problems", SIAM J. Sci. Comput. 41(3), 2019.
+J. Feydy, T. Sejourne, F.-X. Vialard, S. Amari, A. Trouve, G. Peyre, "Interpolating between
+optimal transport and MMD using Sinkhorn divergences", AISTATS 2019.
 """
 
 from __future__ import annotations
@@ -77,7 +93,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels import KernelOperator
-from ..kernels.base import IdentityPass
+from ..kernels.base import IdentityPass, fast_ratios_and_bad
 from .acceleration import AndersonMixer, BlockAndersonMixer
 from .problem import Problem
 from .safeguard import Safeguard
@@ -173,6 +189,26 @@ def choose_strategy(kernel: KernelOperator, log_domain: bool | str) -> str:
     return "multiplicative"
 
 
+def is_symmetric(kernel: KernelOperator, problem: Problem) -> bool:
+    """Whether the symmetric iteration applies: the same cloud on both sides of the kernel
+    (equal arrays: every backend builds ``K(X, X)`` symmetric, with the same draws on both
+    sides), equal weights and penalties, and a kernel whose passes are immediate and not
+    block-diagonal. ``O((n + m) d)`` comparisons."""
+    caps = kernel.info.capabilities
+    if "deferred" in caps or "block_diagonal" in caps or kernel.shape[0] != kernel.shape[1]:
+        return False
+    g = kernel.geometry
+    X, Y = getattr(g, "X", None), getattr(g, "Y", None)
+    if not isinstance(X, np.ndarray) or not isinstance(Y, np.ndarray):
+        return False
+    return (
+        problem.reg_m[0] == problem.reg_m[1]
+        and np.array_equal(problem.a, problem.b)
+        and X.shape == Y.shape
+        and (X is Y or np.array_equal(X, Y))
+    )
+
+
 def epsilon_schedule(reg: float, spread: float, factor: float = 0.5) -> list[float]:
     """Geometric regularisations from ``spread`` down to ``reg``: ``reg_k = spread q^k``,
     ``q = (reg / spread)^(1/K) >= factor``, the last exactly ``reg`` (``[reg]`` when
@@ -207,6 +243,7 @@ def iterate(
     order: str = "pot",
     timed: bool = False,
     schedule: list[KernelOperator] | None = None,
+    symmetric: bool = False,
 ) -> Iterate:
     """Run the Sinkhorn iteration (see the module notes).
 
@@ -240,6 +277,10 @@ def iterate(
     schedule : list of KernelOperator, optional
         Kernels at decreasing ``reg`` (the epsilon schedule), solved before ``kernel``, each
         warm-started from the previous potentials (in cost units).
+    symmetric : bool
+        The symmetric iteration (module notes): the caller has checked that both sides are
+        the same cloud with the same weights and penalties (:func:`is_symmetric`). Not for
+        ``order='paper'`` nor deferred kernels.
 
     Returns
     -------
@@ -251,14 +292,38 @@ def iterate(
         raise ValueError(f"strategy must be one of {STRATEGIES}; got {strategy!r}")
     if norm not in NORMS:
         raise ValueError(f"norm must be one of {NORMS}; got {norm!r}")
+    if symmetric and (order != "pot" or "deferred" in kernel.info.capabilities):
+        raise ValueError(
+            "symmetric=True runs the order='pot' iteration on kernels with immediate passes"
+        )
+    args = (kernel, problem, tol, max_iter, norm, check_every, strategy, anderson, guard,
+            progress, order, timed, schedule)  # fmt: skip
+    if not symmetric:
+        return _iterate(_Run, *args)
+    result = _iterate(_SymmetricRun, *args)
+    if result.status == "breakdown":
+        # a signed approximation's non-positive product: the two-sided iteration has the
+        # safeguard that repairs it
+        result = _iterate(_Run, *args)
+        result.info["fallback"] = "two-sided"
+    else:
+        result.info["symmetric"] = True
+    return result
+
+
+def _iterate(
+    runner, kernel, problem, tol, max_iter, norm, check_every, strategy, anderson, guard,
+    progress, order, timed, schedule,
+) -> Iterate:  # fmt: skip
+    """:func:`iterate` with one kind of run (two-sided or symmetric)."""
     if not schedule:
-        result = _Run(kernel, problem, strategy, anderson, guard, progress, order, norm).run(
+        result = runner(kernel, problem, strategy, anderson, guard, progress, order, norm).run(
             tol, max_iter, check_every, timed
         )
         if result.status == "breakdown" and _log_fallback(kernel, problem, strategy):
             # marginals below float64's range (far outliers of unbalanced transport): the
             # linear absorbed kernel cannot hold them, its log-domain passes can
-            result = _Run(kernel, problem, "log", anderson, guard, progress, order, norm).run(
+            result = runner(kernel, problem, "log", anderson, guard, progress, order, norm).run(
                 tol, max_iter, check_every, timed
             )
             result.info["fallback"] = "log"
@@ -271,7 +336,7 @@ def iterate(
         stage_problem = problem.at_reg(reg, log_u, log_v)
         stage_tol = tol if last else max(tol, STAGE_TOL)  # residuals are relative already
         every = check_every if last else 1  # checks are free: don't overshoot a loose tol
-        result = _Run(
+        result = runner(
             stage_kernel, stage_problem, strategy, anderson, guard, progress, order, norm
         ).run(stage_tol, max_iter - total, every, timed, offset=total)
         history.extend(result.history)
@@ -694,3 +759,126 @@ class _Run:
         if np.isfinite(balance) and balance > 0:
             return u / balance, v * balance
         return u, v
+
+
+class _SymmetricRun(_Run):
+    """One stage of the symmetric iteration (module notes): one scaling ``s`` (the rows' and
+    the columns'), one product per iteration, checked before each update."""
+
+    def start_scaling(self) -> np.ndarray:
+        """The start in the strategy's form: the mean of the warm start's two log-scalings
+        (both start the same scaling), else ``u = a`` (potential 0)."""
+        p = self.problem
+        given = [x for x in (p.log_u0, p.log_v0) if x is not None]
+        with np.errstate(divide="ignore"):
+            log_s = sum(given) / len(given) if given else np.log(p.a)
+        log_s = np.where(self.active["rows"], log_s, -np.inf)
+        if self.strategy == "absorb":
+            # the diagonal keeps every product of K~ = diag(u) K diag(u) positive: no
+            # underflow guard is needed at any reg
+            self.absorb(log_s, log_s)
+            return self.unit("rows")
+        if self.log:
+            return log_s
+        with np.errstate(over="ignore"):
+            return np.exp(log_s)
+
+    def product(self, s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(K s, the plain update of s, bad entries)`` in the strategy's form: one product
+        (a log-domain pass projects lazily, so only ``K s`` is computed)."""
+        numerator, exponent = self.numerator("rows"), self.exponent["rows"]
+        if self.log:
+            w = self.op.project("cols", s, log=True)
+            result = self.op.fused_pass("rows", w, numerator, log=True, exponent=exponent)
+            return result.products, result.ratios, result.bad
+        products = self.op.matvec(s)
+        ratios, bad = fast_ratios_and_bad(numerator, products, exponent)
+        return products, ratios, bad
+
+    def symmetric_residual(self, s, products, ratios) -> float:
+        """The residual of :meth:`_Run.residual` for the pass ``(products, ratios)`` of
+        ``s``: ``K s * (s - T(s))``, the marginal error ``u * K u - a`` when balanced."""
+        return self.residual(s, _Pass(products, ratios))
+
+    def averaged(self, s: np.ndarray, ratios: np.ndarray) -> np.ndarray:
+        """``(log s + log T(s)) / 2`` in the strategy's form, Anderson-mixed."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if self.log:
+                new = np.where(self.active["rows"], 0.5 * (s + ratios), -np.inf)
+            else:
+                new = np.sqrt(s * ratios)
+        if self.mixer is None:
+            return new
+        if self.log:
+            return self.mixer.step(s, new)
+        alpha = self.offset["rows"]
+        with np.errstate(divide="ignore"):
+            x, g = alpha + np.log(s), alpha + np.log(new)
+        mixed = self.mixer.step(x, g)
+        if mixed is g:
+            return new
+        return np.where(self.active["rows"], np.exp(mixed - alpha), 0.0)
+
+    def run(self, tol, max_iter, check_every, timed, offset=0) -> Iterate:
+        # the check costs nothing (the product of the update gives it): every iteration,
+        # the start's too when it is a warm start (a cold start is not a solve: as the
+        # two-sided run, it takes one iteration at least)
+        warm = self.problem.log_u0 is not None or self.problem.log_v0 is not None
+        s = self.start_scaling()
+        history: list[tuple[int, float]] = []
+        times: list[float] = []
+        status, n_iter, best, best_at = "max_iter", 0, math.inf, 0
+        products = None
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            for iteration in range(max_iter + 1):
+                begin = time.perf_counter()
+                products, ratios, bad = self.product(s)
+                error = math.inf if bad.any() else self.symmetric_residual(s, products, ratios)
+                if not math.isfinite(error):
+                    status = "breakdown"
+                    break
+                if iteration > 0 or warm:
+                    history.append((offset + iteration, error))
+                    if self.progress is not None:
+                        self.progress.update(offset + iteration, error=error, target=tol)
+                    if error < tol:
+                        status = "converged"
+                        break
+                    if error < STALL_IMPROVEMENT * best:
+                        best, best_at = error, iteration
+                    elif iteration - best_at >= max(STALL_CHECKS, STALL_ITERATIONS):
+                        status = "stalled"
+                        break
+                if iteration == max_iter:
+                    break
+                s = self.averaged(s, ratios)
+                n_iter = iteration + 1
+                if timed:
+                    times.append(time.perf_counter() - begin)
+                if self.strategy == "absorb" and self.out_of_bounds(s, s):
+                    log_s, _ = self.log_scalings(s, s)
+                    self.absorb(log_s, log_s)
+                    self.counts["absorptions"] += 1
+                    s = self.unit("rows")
+        log_u, _ = self.log_scalings(s, s)
+        info = dict(self.counts)
+        info["anderson_restarts"] = 0 if self.mixer is None else self.mixer.restarts
+        if timed:
+            info["iteration_times"] = times
+        plain = (s, s) if self.strategy == "multiplicative" else None
+        absorbed = self.op if self.strategy == "absorb" and self.op is not self.kernel else None
+        # the last product is K u of the returned u: the summary's marginals need none
+        fresh = self.log and status != "breakdown" and products is not None
+        log_products = (products, products) if fresh else None
+        return Iterate(
+            log_u, log_u.copy(), n_iter, status == "converged", history, status,
+            self.strategy, info, plain, absorbed, log_products,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """The two members of a pass that :meth:`_Run.residual` reads."""
+
+    products: np.ndarray
+    ratios: np.ndarray

@@ -174,6 +174,7 @@ def plan_summary(
     *,
     absorbed: Any = None,
     log_products: tuple[np.ndarray, np.ndarray] | None = None,
+    symmetric: bool = False,
 ) -> PlanSummary:
     """Marginals, ``<P, M>``, mass and first moments of ``P = diag(u) K diag(v)``.
 
@@ -198,6 +199,9 @@ def plan_summary(
         ``(log(K v), log(K^T u))`` for these scalings, as the iteration's last passes left
         them (:attr:`~sketchot.solver.engine.Iterate.log_products`): the marginals of a
         log-domain operator then take no product.
+    symmetric : bool
+        ``u = v`` on a symmetric ``K`` (the symmetric iteration): ``P = P^T``, so the column
+        side is the row side's mirror and takes no product.
 
     Returns
     -------
@@ -211,6 +215,9 @@ def plan_summary(
     if stored is not None:
         u, v = stored
         rows_p = absorbed.matmat(np.column_stack([v, v[:, None] * g.Yc]))
+        if symmetric:
+            row, P_y = u * rows_p[:, 0], u[:, None] * rows_p[:, 1:]
+            return _from_products(g, row, P_y, row, P_y)
         cols_p = absorbed.rmatmat(np.column_stack([u, u[:, None] * g.Xc]))
         return _from_products(
             g, u * rows_p[:, 0], u[:, None] * rows_p[:, 1:], v * cols_p[:, 0],
@@ -227,16 +234,20 @@ def plan_summary(
                 row, col = np.exp(log_u + log_products[0]), np.exp(log_v + log_products[1])
         else:
             row = _log_plan_product(kernel, log_u, log_v, np.ones(g.shape[1]), transpose=False)
-            col = _log_plan_product(kernel, log_u, log_v, np.ones(g.shape[0]), transpose=True)
+            col = row if symmetric else _log_plan_product(
+                kernel, log_u, log_v, np.ones(g.shape[0]), transpose=True
+            )  # fmt: skip
         P_y = first_moments(kernel, log_u, log_v, row) if sqeuclidean else None
-        Pt_x = None
+        Pt_x = P_y if symmetric else None
     else:
         # the squared-Euclidean cost from K Y: the coordinates as extra columns
         Yc, Xc = (g.Yc, g.Xc) if sqeuclidean else (g.Yc[:, :0], g.Xc[:, :0])
         with np.errstate(over="ignore", invalid="ignore"):
             u, v = np.exp(log_u), np.exp(log_v)
             products = kernel.matmat(np.column_stack([v, v[:, None] * Yc]))
-            rproducts = kernel.rmatmat(np.column_stack([u, u[:, None] * Xc]))
+            rproducts = (
+                products if symmetric else kernel.rmatmat(np.column_stack([u, u[:, None] * Xc]))
+            )
             row = u * products[:, 0]
             col = v * rproducts[:, 0]
             P_y = u[:, None] * products[:, 1:]

@@ -31,7 +31,7 @@ from ..gibbs import GibbsGeometry, dual_lower_bound, make_cost
 from ..kernels import KernelOperator, build_kernel, get_backend
 from .advice import advise
 from .auto import solve_auto
-from .engine import STALL_CHECKS, annealing_kernels, choose_strategy, iterate
+from .engine import STALL_CHECKS, annealing_kernels, choose_strategy, is_symmetric, iterate
 from .errors import AccuracyWarning, InvalidResultError, InvalidResultWarning
 from .multiscale import cluster_count, coarse_pays, coarse_to_fine_start
 from .options import DEFAULT_ANDERSON_MEMORY, SolverOptions
@@ -268,6 +268,9 @@ def solve(
     )
     schedule = annealing_kernels(kernel) if wanted else None
     every = options.check_interval(kernel.shape)
+    # the same cloud and weights on both sides (OT(a, a) of a divergence): one product per
+    # iteration (engine notes)
+    symmetric = is_symmetric(kernel, problem)
     notes = list(problem.notes)
     start = time.perf_counter()
     with Progress(
@@ -281,6 +284,7 @@ def solve(
                 check_every=every, strategy=strategy,
                 anderson=options.anderson_memory(strategy != "multiplicative"), guard=guard,
                 progress=_Monitor(printer, live, every, done), schedule=schedule,
+                symmetric=symmetric,
             )  # fmt: skip
 
         state = run(schedule, first)
@@ -344,8 +348,9 @@ def solve(
 def _summary_and_check(kernel, problem, state, options, rng):
     """The plan's summary and, with an ``accuracy``, its true-kernel check (else ``None``)."""
     summary = plan_summary(
-        kernel, state.log_u, state.log_v, absorbed=state.absorbed, log_products=state.log_products
-    )
+        kernel, state.log_u, state.log_v, absorbed=state.absorbed,
+        log_products=state.log_products, symmetric=bool(state.info.get("symmetric")),
+    )  # fmt: skip
     if options.accuracy is None:
         return summary, None
     marginals = (summary.row_marginal, summary.col_marginal)

@@ -62,6 +62,18 @@ def test_matvec_and_rmatvec_match_the_dense_matrix(kernel):
     assert kernel.matvec(v) @ u == pytest.approx(v @ kernel.rmatvec(u), rel=1e-10)
 
 
+@pytest.mark.parametrize("backend", available_backends())
+def test_a_kernel_on_identical_clouds_is_symmetric(colours, backend):
+    """The symmetric iteration (OT(a, a) of a divergence) multiplies by K only: every backend
+    builds K(X, X) with the same draws on both sides, so K = K^T to rounding."""
+    X = colours[0]
+    params = get_backend(backend).test_params
+    built = sketchot.make_kernel(X, X.copy(), 0.5, backend, rng=1, **params)
+    u = np.random.default_rng(2).standard_normal(len(X))
+    forward = built.matvec(u)
+    np.testing.assert_allclose(built.rmatvec(u), forward, rtol=1e-12, atol=1e-14 * abs(forward).max())
+
+
 def test_matrix_products_equal_stacked_vector_products(kernel):
     rng = np.random.default_rng(1)
     V, U = rng.standard_normal((90, 4)), rng.standard_normal((120, 3))

@@ -574,3 +574,113 @@ def test_a_warm_log_run_starts_from_its_v(colours):
     assert again.history[0][0] == 0 and again.history[0][1] < 1e-8
     # the summary's marginals come from those two passes: (log K v0, log K^T u1)
     assert again.log_products is not None
+
+
+# ------------------------------------------------------------------ the symmetric iteration
+def symmetric_problem(reg_m=None, zero=False):
+    rng = np.random.default_rng(11)
+    X = rng.random((150, 2))
+    a = rng.random(150) + 0.1
+    if zero:
+        a[:5] = 0.0
+    return X, a / a.sum(), reg_m
+
+
+@pytest.mark.parametrize("strategy", ["absorb", "log", "multiplicative"])
+@pytest.mark.parametrize("reg_m", [None, 0.5])
+@pytest.mark.parametrize("zero", [False, True])
+def test_symmetric_iteration_reaches_the_two_sided_solution(strategy, reg_m, zero):
+    X, a, reg_m = symmetric_problem(reg_m, zero)
+    K = kernel(X, X, 0.05)
+    problem = make_problem(a, a, K.shape, 0.05, reg_m)
+    sym = iterate(K, problem, tol=1e-12, max_iter=2000, strategy=strategy, symmetric=True)
+    two = iterate(K, problem, tol=1e-12, max_iter=5000, strategy=strategy)
+    assert sym.converged and two.converged and sym.info["symmetric"]
+    # one scaling for both sides; the two-sided one is (w e^c, w e^-c) for balanced transport
+    # (the plan's invariant shift), w itself for unbalanced: their mean is the symmetric one.
+    # Both stop at 1e-12 (relative marginal residual): potentials agree to ~1e-9
+    np.testing.assert_array_equal(sym.log_u, sym.log_v)
+    active = a > 0
+    assert np.all(np.isneginf(sym.log_u[~active]))
+    np.testing.assert_allclose(
+        sym.log_u[active], 0.5 * (two.log_u + two.log_v)[active], atol=1e-8
+    )
+
+
+def test_symmetric_iteration_contracts_at_any_reg():
+    """Its Jacobian at the solution has eigenvalues in [0, 1/2] for the (positive semi-
+    definite) Gibbs kernel: the iterations to a tolerance do not grow as reg shrinks, while
+    the two-sided iteration's do (plain iterations, no Anderson mixing)."""
+    X, a, _ = symmetric_problem()
+    counts = {}
+    for reg in (0.05, 0.005):
+        K = kernel(X, X, reg)
+        problem = make_problem(a, a, K.shape, reg, None)
+        sym = iterate(K, problem, tol=1e-10, max_iter=500, strategy="absorb", symmetric=True)
+        two = iterate(K, problem, tol=1e-10, max_iter=500, strategy="absorb")
+        counts[reg] = (sym.n_iter, two.n_iter)
+        assert sym.converged
+    # 1/2 per iteration from a start within 1 of the solution: 1e-10 in at most ~34 + a few
+    assert max(sym for sym, _ in counts.values()) <= 40, counts
+    assert counts[0.005][1] >= 500 > 10 * counts[0.005][0], counts
+
+
+def test_symmetric_iteration_takes_one_product_per_iteration(monkeypatch):
+    X, a, _ = symmetric_problem()
+    K = kernel(X, X, 0.05)
+    calls = []
+    matvec = type(K).matvec
+    monkeypatch.setattr(type(K), "matvec", lambda self, v: calls.append(1) or matvec(self, v))
+    problem = make_problem(a, a, K.shape, 0.05, None)
+    state = iterate(K, problem, tol=1e-10, max_iter=500, strategy="multiplicative",
+                    symmetric=True)  # fmt: skip
+    # the n_iter updates and the check of the returned scaling
+    assert len(calls) == state.n_iter + 1
+
+
+def test_warm_symmetric_start_meeting_tol_takes_no_iteration():
+    X, a, _ = symmetric_problem()
+    K = kernel(X, X, 0.05)
+    problem = make_problem(a, a, K.shape, 0.05, None)
+    solved = iterate(K, problem, tol=1e-11, max_iter=500, strategy="absorb", symmetric=True)
+    warm = make_problem(a, a, K.shape, 0.05, None, log_u0=solved.log_u, log_v0=solved.log_v)
+    again = iterate(K, warm, tol=1e-10, max_iter=500, strategy="absorb", symmetric=True)
+    assert again.n_iter == 0 and again.converged
+    # a cold start is not a solve: one iteration at least, whatever tol
+    cold = iterate(K, problem, tol=10.0, max_iter=500, strategy="absorb", symmetric=True)
+    assert cold.n_iter == 1
+
+
+def test_solve_uses_the_symmetric_iteration_on_identical_sides(colours):
+    X = colours[0]
+    a = np.full(len(X), 1 / len(X))
+    same = sketchot.sinkhorn(a, a, X, X.copy(), 0.1, "exact", tol=1e-10)
+    assert same.iteration_info["symmetric"]
+    # P = P^T: both marginals and both moments, with the value of the two-sided solve
+    np.testing.assert_allclose(same.marginals[0], same.marginals[1], rtol=1e-12)
+    np.testing.assert_allclose(same.moment(0), same.moment(1), rtol=1e-12)
+    b = a.copy()
+    b[0], b[1] = b[0] * (1 + 1e-9), b[1] - b[0] * 1e-9  # another problem by 1e-9: two-sided
+    other = sketchot.sinkhorn(a, b, X, X, 0.1, "exact", tol=1e-10)
+    assert "symmetric" not in other.iteration_info
+    assert same.value == pytest.approx(other.value, rel=1e-7)
+
+
+def test_a_symmetric_breakdown_is_solved_by_the_two_sided_iteration():
+    """Random features at reg 0.05 go negative: the symmetric run has no safeguard, the
+    two-sided one repairs the products."""
+    rng = np.random.default_rng(0)
+    X, a = rng.random((150, 2)), np.full(150, 1 / 150)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = sketchot.sinkhorn(a, a, X, X, 0.05, "rff", rng=0, rank=50, errors="warn")
+    assert result.iteration_info["fallback"] == "two-sided"
+    assert result.safeguard["rows_repaired"] > 0
+
+
+def test_symmetric_needs_the_pot_order_and_immediate_passes():
+    X, a, _ = symmetric_problem()
+    K = kernel(X, X, 0.05)
+    problem = make_problem(a, a, K.shape, 0.05, None)
+    with pytest.raises(ValueError, match="order='pot'"):
+        iterate(K, problem, tol=0, max_iter=3, order="paper", symmetric=True)
