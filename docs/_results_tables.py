@@ -35,7 +35,7 @@ INCLUDED = (
     "barycenter_1e4_pot",
     "barycenter_large",
     "loss_reg0.01",
-    "loss_reg0.01_acc1e-4",
+    "loss_reg0.01_acc3e-4",
     "loss_1e5",
     "loss_flow50_1e5",
     "loss_flow50",

@@ -294,7 +294,9 @@ def _low_rank(
         start = time.perf_counter()
         kernel, error = None, np.inf
         for name, params in candidates:
-            built = build(geometry, name, rng=generator, dtype=dtype, rank=rank, **params)
+            built = build(
+                geometry, name, rng=generator, dtype=dtype, rank=rank, accuracy=target, **params
+            )
             built_error = measure(built, generator)
             if kernel is None or built_error < error:
                 kernel, error = built, built_error
@@ -448,7 +450,12 @@ def choose(
         exact_seconds = exact_iteration_seconds(geometry, stored=dense_fits) if local else np.inf
     for record in local:
         start = time.perf_counter()
-        kernel = build(geometry, record.name, rng=generator, dtype=dtype, **record.auto_params)
+        # the target reaches builders that size themselves by it (the block-local kernel's
+        # entries: a hundredth of it)
+        kernel = build(
+            geometry, record.name, rng=generator, dtype=dtype, accuracy=accuracy,
+            **record.auto_params,
+        )  # fmt: skip
         seconds = record.iteration_seconds(kernel) if record.iteration_seconds is not None else 0.0
         if seconds < exact_seconds:
             say(f"{record.name}: about {seconds:.2g} s per iteration")

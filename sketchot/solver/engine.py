@@ -46,7 +46,7 @@ Symmetric problems (``symmetric=True``: the same cloud and weights on both sides
 ``K = K^T`` and the solution has ``u = v``; Feydy et al. 2019, Sec. 3.1): one scaling and
 the averaged update
 
-.. math:: \\log u \\leftarrow \\tfrac12 \\left(\\log u + \\rho \\log \\frac{a^{1/\\rho}}{K u}\\right),
+.. math:: \\log u \\leftarrow \\tfrac12 \\big(\\log u + \\rho \\log (a^{1/\\rho} / K u)\\big),
 
 ONE product per iteration instead of two. At the solution the Jacobian of the plain update
 is ``-diag(1/a) P`` (eigenvalues in ``[-1, 0]`` for a positive semi-definite kernel such as

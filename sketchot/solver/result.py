@@ -48,7 +48,8 @@ class SinkhornResult:
     potentials : tuple of ndarray
         ``(log u, log v)``, as POT's ``OTResult`` for Sinkhorn (``-inf`` for zero weights).
     n_iter : int
-        Iterations run (a pair of half-steps each).
+        Iterations run (a pair of half-steps each; one product each for the symmetric
+        iteration, ``iteration_info['symmetric']``).
     stop : str
         Why the iteration stopped: ``'converged'``, ``'max_iter'``, ``'stalled'`` (no progress
         over the last checks) or ``'breakdown'`` (:mod:`sketchot.solver.engine`).
@@ -93,8 +94,10 @@ class SinkhornResult:
         columns otherwise, with an upper confidence bound. ``None`` when ``accuracy=None``.
         :meth:`check_true_kernel` runs another one.
     iteration_info : dict
-        The iteration's strategy (``'multiplicative'``, ``'absorb'``, ``'log'``) and
-        counters (absorptions, resets, stages of an epsilon schedule).
+        The iteration's strategy (``'multiplicative'``, ``'absorb'``, ``'log'``),
+        ``'symmetric': True`` where both sides were the same cloud and weights (the averaged
+        iteration of :mod:`sketchot.solver.engine`; ``'fallback': 'two-sided'`` where it
+        broke down) and counters (absorptions, resets, stages of an epsilon schedule).
     plan_moments : tuple of (ndarray or None)
         ``(P Yc, P^T Xc)``, shapes (n, d) and (m, d), in the kernel geometry's centred
         coordinates (``Xc = X - geometry.center``), where the plan's summary computed them

@@ -59,6 +59,20 @@ def test_small_reg_takes_the_block_local_kernel(monkeypatch):
     assert res.accuracy_met
 
 
+def test_the_block_local_kernel_is_built_for_the_requested_accuracy(monkeypatch):
+    """Its entries are sized by the target (a hundredth of it): built at the default
+    accuracy, a call asking 1e-6 got entries to 1e-5, missed the target by its check and fell
+    to the streamed exact kernel (hours at 1e5 points)."""
+    rng = np.random.default_rng(5)
+    X, Y = rng.random((1500, 3)), rng.random((1500, 3))
+    monkeypatch.setattr(kernels_auto, "dense_budget_bytes", lambda: 0)  # as if n x m were huge
+    monkeypatch.setattr(kernels_auto, "DIRECT_DENSE_ENTRIES", 0)
+    monkeypatch.setattr(kernels_auto, "exact_iteration_seconds", lambda *a, **k: np.inf)
+    res = sketchot.sinkhorn(None, None, X, Y, reg=0.01, rng=0, accuracy=1e-6)
+    assert res.backend == "polyts_local" and res.accuracy_met
+    assert res.kernel.expansion.rtol == rtol_for(1e-6)
+
+
 def test_above_the_local_dimension_limit_it_streams_the_exact_kernel(monkeypatch):
     rng = np.random.default_rng(12)
     X, Y = rng.random((300, 5)), rng.random((250, 5))
