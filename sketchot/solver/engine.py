@@ -53,8 +53,8 @@ is ``-diag(1/a) P`` (eigenvalues in ``[-1, 0]`` for a positive semi-definite ker
 the Gibbs kernel of the squared Euclidean cost), so the averaged one contracts by at least
 1/2 per iteration whatever ``reg`` (Anderson mixing on top). Its check is the marginal error of
 the scaling it has just multiplied (``u * K u`` against ``a``): the returned scaling is the
-checked one. A run that breaks down (a non-positive product of a signed approximation) is
-solved again by the two-sided iteration.
+checked one. A run that breaks down (a non-positive product of a signed approximation) or
+stalls is solved again by the two-sided iteration.
 
 Block-diagonal kernels (the ``'block_diagonal'`` capability: many independent problems
 stacked, one pass over all of them per half-step): the error is the largest block's residual,
@@ -301,9 +301,10 @@ def iterate(
     if not symmetric:
         return _iterate(_Run, *args)
     result = _iterate(_SymmetricRun, *args)
-    if result.status == "breakdown":
-        # a signed approximation's non-positive product: the two-sided iteration has the
-        # safeguard that repairs it
+    if result.status in ("breakdown", "stalled"):
+        # a signed approximation's non-positive product (or a kernel far from positive
+        # semi-definite, where the averaged update need not contract): the two-sided
+        # iteration has the safeguard that repairs it
         result = _iterate(_Run, *args)
         result.info["fallback"] = "two-sided"
     else:
