@@ -569,7 +569,7 @@ class _Run:
                         lazy = result.residual(scaling["cols"], self.norm)
                         error = self.settle(lazy)[0] / self.mass
                     else:
-                        error = self.residual(scaling["cols"], result)
+                        error = self.residual(scaling["cols"], result.products, result.ratios)
                     if not math.isfinite(error):
                         status = "breakdown"
                     else:
@@ -658,14 +658,14 @@ class _Run:
                     self.guard.count_deferred(side, int(count))
         return computed[: len(values)]
 
-    def residual(self, v: np.ndarray, result) -> float:
-        """``||K^T u * (v - v_next)||`` over the mass, in the run's norm, from the columns pass
-        (module notes); for a block-diagonal kernel the largest block's, over its own
-        mass."""
+    def residual(self, v: np.ndarray, products: np.ndarray, ratios: np.ndarray) -> float:
+        """``||K^T u * (v - v_next)||`` over the mass, in the run's norm, from the columns
+        pass's ``products`` (``K^T u``) and ``ratios`` (``v_next``) (module notes); for a
+        block-diagonal kernel the largest block's, over its own mass."""
         if self.log:
-            diff = np.exp(result.products + v) - np.exp(result.products + result.ratios)
+            diff = np.exp(products + v) - np.exp(products + ratios)
         else:
-            diff = result.products * v - result.products * result.ratios
+            diff = products * v - products * ratios
         if not self.all_active:
             diff = np.where(self.active["cols"], diff, 0.0)
         scale = float(np.max(np.abs(diff))) if diff.size else 0.0
@@ -796,11 +796,6 @@ class _SymmetricRun(_Run):
         ratios, bad = fast_ratios_and_bad(numerator, products, exponent)
         return products, ratios, bad
 
-    def symmetric_residual(self, s, products, ratios) -> float:
-        """The residual of :meth:`_Run.residual` for the pass ``(products, ratios)`` of
-        ``s``: ``K s * (s - T(s))``, the marginal error ``u * K u - a`` when balanced."""
-        return self.residual(s, _Pass(products, ratios))
-
     def averaged(self, s: np.ndarray, ratios: np.ndarray) -> np.ndarray:
         """``(log s + log T(s)) / 2`` in the strategy's form, Anderson-mixed."""
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -834,7 +829,8 @@ class _SymmetricRun(_Run):
             for iteration in range(max_iter + 1):
                 begin = time.perf_counter()
                 products, ratios, bad = self.product(s)
-                error = math.inf if bad.any() else self.symmetric_residual(s, products, ratios)
+                # K s * (s - T(s)): the marginal error u * K u - a when balanced
+                error = math.inf if bad.any() else self.residual(s, products, ratios)
                 if not math.isfinite(error):
                     status = "breakdown"
                     break
@@ -847,7 +843,7 @@ class _SymmetricRun(_Run):
                         break
                     if error < STALL_IMPROVEMENT * best:
                         best, best_at = error, iteration
-                    elif iteration - best_at >= max(STALL_CHECKS, STALL_ITERATIONS):
+                    elif iteration - best_at >= STALL_ITERATIONS:  # >= STALL_CHECKS checks
                         status = "stalled"
                         break
                 if iteration == max_iter:
@@ -875,11 +871,3 @@ class _SymmetricRun(_Run):
             log_u, log_u.copy(), n_iter, status == "converged", history, status,
             self.strategy, info, plain, absorbed, log_products,
         )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class _Pass:
-    """The two members of a pass that :meth:`_Run.residual` reads."""
-
-    products: np.ndarray
-    ratios: np.ndarray
