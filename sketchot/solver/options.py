@@ -42,7 +42,7 @@ STOP_FRACTION = 0.1
 CERTIFY_FRACTION = 0.5
 
 #: The largest kernel error (relative, per product) that leaves :data:`CERTIFY_FRACTION`'s
-#: first stop its margin (the block-local kernel's is 2% of the accuracy:
+#: first stop its margin (the block-local kernel's is 4% of the accuracy:
 #: :data:`~sketchot.kernels.local.RTOL_FRACTION`).
 KERNEL_SHARE = 0.05
 
