@@ -47,6 +47,10 @@ from ..gibbs import GibbsGeometry
 #: logarithms, ``log=True``, for scalings beyond float64's range), ``'absorb'`` (``absorbed(
 #: alpha, beta)`` returns the operator of ``diag(e^alpha) K diag(e^beta)`` computed entry by
 #: entry, so that scalings of any range can be moved into the kernel: Schmitzer 2019),
+#: ``'log_means'`` (``log_means(side, log_w)`` returns ``log(L exp(w))`` and the means of
+#: the other cloud's centred points weighted by ``L diag(exp(w))``, rows with an empty sum
+#: ``-inf`` and 0, from one product's moments: a log-domain plan's barycentric maps without
+#: a log product per coordinate),
 #: ``'deferred'`` (its passes are lazy: ``fused_pass`` returns a :class:`DeferredPass`, whose
 #: values are computed only when :meth:`DeferredPass.evaluate` is called, e.g. on a cluster),
 #: ``'block_diagonal'`` (``info.params['batch']`` independent problems of equal shapes
@@ -60,6 +64,7 @@ CAPABILITIES = frozenset(
         "out_of_sample",
         "nonnegative",
         "log_products",
+        "log_means",
         "absorb",
         "deferred",
         "block_diagonal",

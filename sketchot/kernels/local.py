@@ -20,10 +20,11 @@ from typing import Any
 import numpy as np
 
 from .._defaults import DEFAULT_ACCURACY
-from .._validation import check_float
+from .._validation import check_choice, check_float
 from ..gibbs import GibbsGeometry
 from ..sketch import LocalGaussianExpansion
 from .base import (
+    SIDES,
     FusedPass,
     KernelInfo,
     KernelOperator,
@@ -92,6 +93,8 @@ class LocalPolyKernel(KernelOperator):
         dtype: Any = np.float64,
     ) -> None:
         info.capabilities = info.capabilities | {"out_of_sample", "nonnegative", "log_products"}
+        if expansion.means_match_products:  # else a log product per coordinate
+            info.capabilities = info.capabilities | {"log_means"}
         super().__init__(geometry, info, dtype)
         self.expansion = expansion
         self._transposed: LocalGaussianExpansion | None = None
@@ -103,6 +106,16 @@ class LocalPolyKernel(KernelOperator):
 
     def rmatmat(self, U: Any) -> np.ndarray:
         return self.expansion.rmatmat(check_operand(U, self.shape[0], "U", vector=False))
+
+    def log_means(self, side: str, log_w: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(log(K exp(w)), means)`` (``side='rows'``: the means of ``Yc`` under
+        ``K diag(exp(w))``; ``'cols'``: of ``Xc`` under ``K^T``), in the geometry's centred
+        coordinates (the expansion is fitted on them); see
+        :meth:`~sketchot.sketch.local.LocalGaussianExpansion.log_means`."""
+        check_choice(side, "side", SIDES)
+        length = self.shape[1 if side == "rows" else 0]
+        log_w = check_operand(log_w, length, "log_w", vector=True).ravel()
+        return self.expansion.log_means(log_w, transpose=side == "cols")
 
     def _rows(self, index: np.ndarray) -> np.ndarray:
         selector = np.zeros((self.shape[0], index.size))

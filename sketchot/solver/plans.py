@@ -275,13 +275,19 @@ def first_moments(
 ) -> np.ndarray:
     """``P Yc`` (or ``P^T Xc`` when ``transpose``) in the geometry's centred coordinates.
 
-    ``marginal`` is the plan's row (column) sums. Through an operator's log-domain products,
-    the coordinates are shifted to be positive so that each takes one log product (``d`` in
-    all, instead of one per sign): ``P (Yc - s) + (P 1) s``; through the plan's products
-    (:class:`LazyPlan`) otherwise.
+    ``marginal`` is the plan's row (column) sums. An operator with ``'log_means'`` gives the
+    means of the coordinates under ``K diag(v)`` in one product's work (``P Yc`` is
+    ``diag(P 1)`` times them); through other log-domain products the coordinates are shifted
+    to be positive so that each takes one log product (``d`` in all, instead of one per
+    sign): ``P (Yc - s) + (P 1) s``; through the plan's products (:class:`LazyPlan`)
+    otherwise.
     """
     g = kernel.geometry
     coords = g.Xc if transpose else g.Yc
+    if _log_kernel(kernel, log_u, log_v) and "log_means" in kernel.info.capabilities:
+        # P Yc = diag(P 1) (the means of Yc under K diag(v)): one product's work
+        _, means = kernel.log_means("cols" if transpose else "rows", log_u if transpose else log_v)
+        return marginal[:, None] * means
     if _log_kernel(kernel, log_u, log_v):
         shift = coords.min(axis=0, initial=np.inf) - 1.0
         shifted = _log_plan_product(kernel, log_u, log_v, coords - shift, transpose)

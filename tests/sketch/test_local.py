@@ -121,6 +121,63 @@ def test_out_of_sample_points_and_barycentric_map():
     assert np.max(np.abs(mapped - expected)) <= 1e-8
 
 
+@pytest.mark.parametrize("truncate", [0.0, 1e-6])
+@pytest.mark.parametrize("exact_below", [0, 8])
+@pytest.mark.parametrize("kind", ["photo", "uniform"])
+def test_log_means_are_the_weighted_means_of_the_other_cloud(kind, exact_below, truncate):
+    """``log_means`` gives ``log(K e^w)`` within the product's bound and the means of the
+    other cloud within ``means_error_bound_`` (``2 (entry bound + truncate) reach +
+    poly_error' rho``, the offsets' degree r - 1 fit), both ways, with zero weights."""
+    X, Y = clouds(kind, 500, 420, seed=61)
+    reg = 0.01
+    rng = np.random.default_rng(6)
+    kernel = LocalGaussianExpansion(
+        reg, tau=2.0, rtol=1e-7, exact_below=exact_below, truncate=truncate, rng=0
+    ).fit(X, Y)
+    assert kernel.supports_means
+    for transpose, (P, Q) in ((False, (X, Y)), (True, (Y, X))):
+        log_w = 20 * rng.normal(size=Q.shape[0])
+        log_w[::7] = -np.inf
+        keep = np.isfinite(log_w)
+        log_sum, means = kernel.log_means(log_w, transpose=transpose)
+        expected = gibbs_log_matvec(P, Q[keep], reg, log_w[keep])
+        bound = kernel.entry_error_bound_ + truncate + ROUNDING
+        assert np.max(np.abs(log_sum - expected)) <= bound
+        tol = kernel.means_error_bound_ + ROUNDING
+        exact = gibbs_softmax_average(P, Q[keep], reg, log_w[keep], Q[keep])
+        assert np.max(np.abs(means - exact)) <= tol
+    # a row with no weight: -inf and means 0
+    log_sum, means = kernel.log_means(np.full(420, -np.inf))
+    assert np.all(log_sum == -np.inf) and np.all(means == 0.0)
+
+
+def test_log_means_need_degree_three():
+    X = np.random.default_rng(0).random((50, 3))
+    kernel = LocalGaussianExpansion(0.1, degree=2, rng=0).fit(X)
+    assert not kernel.supports_means and not kernel.means_match_products
+    assert kernel.means_error_bound_ == np.inf
+    with pytest.raises(NotImplementedError, match="degree >= 3"):
+        kernel.log_means(np.zeros(50))
+
+
+def test_the_block_local_kernel_declares_means_where_they_match_products():
+    """Small clusters (uniform points at reg 0.01, tau = 4, the default accuracy's rtol):
+    the offsets' degree r - 1 error over the radius stays below the centres' share, and the
+    kernel declares 'log_means'; clusters of radius 0.7 over the unit cube (reg 1) leave
+    most of the spread to the offsets: a log product per coordinate instead."""
+    from sketchot.gibbs import GibbsGeometry
+    from sketchot.kernels.local import build_local
+
+    rng = np.random.default_rng(2)
+    X, Y = rng.random((400, 3)), rng.random((300, 3))
+    small = build_local(GibbsGeometry(X, Y, 0.01), rng=0, tau=4.0, rtol=2e-5)
+    assert small.expansion.means_match_products
+    assert "log_means" in small.info.capabilities
+    wide = build_local(GibbsGeometry(X, Y, 1.0), rng=0, rtol=2e-5)
+    assert wide.expansion.rho_ > 0.7 and not wide.expansion.means_match_products
+    assert "log_means" not in wide.info.capabilities
+
+
 def test_dimension_limit_is_refused_with_a_clear_error():
     rng = np.random.default_rng(0)
     with pytest.raises(ValueError, match=r"d = 5 .* d <= 4"):
