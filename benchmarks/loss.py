@@ -1,7 +1,9 @@
 """The Sinkhorn divergence as a loss: correctness of value and gradient, and time per step.
 
 Data: uniform points in ``[0, 1]^3`` (``X`` and ``Y`` drawn independently from
-``default_rng(seed)``), uniform weights, ``reg`` absolute (0.1 and 0.01), squared Euclidean
+``default_rng(seed)``; ``--data colours``: the RGB colours in ``[0, 1]^3`` of pixels drawn
+with replacement from ``images/default_source.png`` and ``default_target.png``), uniform
+weights, ``reg`` absolute (0.1 and 0.01), squared Euclidean
 cost, the balanced debiased divergence ``S = OT(a, b) - OT(a, a) / 2 - OT(b, b) / 2`` with
 ``OT`` the entropic objective (``<P, C> + reg KL(P | a b^T)``, POT's ``value``).
 
@@ -51,6 +53,9 @@ are one run each on a shared 2-core machine: noisy.
     python benchmarks/loss.py --n 100000 --regs 0.01 --steps 50 --cold-every 10 --n-ref 0 \
         --reference accurate --peers multiscale:0.5 multiscale:0.9 --out loss_flow50_1e5
 
+    python benchmarks/loss.py --data colours --n 1000000 --regs 0.01 --steps 4 \
+        --cold-every 4 --n-ref 0 --no-pot --peers --out loss_colours_1e6
+
 ``--cold-every K`` solves the flow from scratch at every K-th step only (and at the last): the
 from-scratch total is then estimated as the measured cold steps' mean times the steps.
 
@@ -79,6 +84,8 @@ from scipy.special import logsumexp
 import sketchot
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+IMAGES = Path(__file__).resolve().parents[1] / "images"
+DATA = {"uniform": "uniform [0, 1]^3", "colours": "the default images' pixel colours"}
 LR = 0.05
 REF_TOL = 1e-12
 # GeomLoss's CPU backends at the speed size (KeOps): (backend, scaling)
@@ -280,13 +287,26 @@ def reference_divergence(X, Y, reg, seed, reference):
     )  # fmt: skip
 
 
+def make_clouds(data: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """The two clouds of ``n`` points: uniform in ``[0, 1]^3``, or the default images'
+    pixel colours (drawn with replacement)."""
+    if data == "uniform":
+        return rng.random((n, 3)), rng.random((n, 3))
+    from sketchot.color import load_image, sample_pixels
+
+    return tuple(
+        sample_pixels(load_image(IMAGES / name), n, rng=rng, replace=True).colors
+        for name in ("default_source.png", "default_target.png")
+    )
+
+
 def speed(
     n: int, reg: float, seed: int, steps: int, reference: str | None, with_pot: bool,
     peers: tuple[tuple[str, float], ...] = GEOMLOSS_PEERS, check_last: bool = True,
-    cold_every: int = 1, accuracy: float | None = None,
+    cold_every: int = 1, accuracy: float | None = None, data: str = "uniform",
 ) -> dict[str, Any]:  # fmt: skip
     rng = np.random.default_rng(seed)
-    X, Y = rng.random((n, 3)), rng.random((n, 3))
+    X, Y = make_clouds(data, n, rng)
     seconds, exact = float("nan"), None
     if reference is not None:
         seconds, exact = reference_divergence(X, Y, reg, seed, reference)
@@ -347,7 +367,7 @@ def speed(
         cells[-1]["cold_grad_rel_error"] = rel(cold_grad, at_last.grad_X)  # always cold there
         cells[-1]["warm_grad_rel_error"] = rel(warm_grad, at_last.grad_X)
     out = {"n": n, "reg": reg, "exact_seconds": seconds, "steps": cells, "reference": reference,
-           "accuracy": accuracy}  # fmt: skip
+           "accuracy": accuracy, "data": data}  # fmt: skip
     if exact is not None:
         out["reference_backends"] = exact.backends
         out["reference_accuracy"] = exact.accuracy
@@ -396,7 +416,8 @@ def report(correct: list[dict[str, Any]], speeds: list[dict[str, Any]]) -> str:
             "rrl-rrrrrr",
         )  # fmt: skip
         lines.append("")
-    lines += ["## Loss + gradient per step (s), gradient flow on uniform [0, 1]^3", ""]
+    data = {DATA[s.get("data", "uniform")] for s in speeds}
+    lines += [f"## Loss + gradient per step (s), gradient flow on {', '.join(sorted(data))}", ""]
     rows = []
     for s in speeds:
         for c in s["steps"]:
@@ -504,6 +525,9 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--data", choices=sorted(DATA), default="uniform", help="the speed cells' clouds"
+    )
+    parser.add_argument(
         "--out", default=None, help="file stem under benchmarks/results (default loss[_quick])"
     )
     args = parser.parse_args(argv)
@@ -528,7 +552,7 @@ def main(argv: list[str] | None = None) -> None:
         check_last = not args.no_check_last
         speeds.append(
             speed(args.n, reg, args.seed, steps, reference, with_pot, peers, check_last,
-                  args.cold_every, args.accuracy)
+                  args.cold_every, args.accuracy, args.data)
         )  # fmt: skip
     text = report(correct, speeds)
     print(text)

@@ -50,6 +50,7 @@ low-rank matrix. ICML 2020 (polynomial expansion of element-wise functions such 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -745,9 +746,12 @@ class _Side:
     # ||p - mean p||^2 (the truncation's Jensen lower bound)
     centroid_offset: np.ndarray
     spread: np.ndarray
-    # padded features of the batches products read again and again, within padded_budget
+    # padded features of the batches products read again and again, within padded_budget;
+    # the products' pool threads fill it: the lock guards the dict and its byte count
     padded: dict = field(default_factory=dict)
     padded_budget: int = 0
+    padded_bytes: int = 0
+    padded_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def build(cls, centred, labels, centers, plan, reg, store, exact_below) -> _Side:
@@ -866,9 +870,11 @@ class _Side:
             cached = self.padded.get(key)
             if cached is None:
                 cached = self.features[batch.index]
-                kept = sum(a.nbytes for a in self.padded.values())
-                if kept + cached.nbytes <= self.padded_budget:
-                    self.padded[key] = cached
+                with self.padded_lock:
+                    fits = self.padded_bytes + cached.nbytes <= self.padded_budget
+                    if fits and key not in self.padded:
+                        self.padded[key] = cached
+                        self.padded_bytes += cached.nbytes
             return cached
         flat = self.block_features_of(batch.index.ravel())
         return flat.reshape(*batch.index.shape, -1)

@@ -281,6 +281,28 @@ def test_kept_padded_features_give_the_same_products():
     assert not fresh._y.padded
 
 
+def test_padded_features_kept_by_concurrent_threads_stay_within_their_budget():
+    """The products' pool threads fill the padded cache together (a product at 10^5 points
+    once failed with 'dictionary changed size during iteration'): many threads asking for
+    every batch at once keep each batch once, the byte count exact and within the budget,
+    and every answer equal to the features it pads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    X, Y = clouds("uniform", 600, 500, seed=67)
+    kernel = LocalGaussianExpansion(0.03, exact_below=0, rng=0).fit(X, Y)
+    side = kernel._y
+    batches = [b for b in side.batches(np.arange(side.n_clusters), 4) if b.index is not None]
+    assert len(batches) > 10
+    sizes = [side.features[b.index].nbytes for b in batches]
+    side.padded_budget = sum(sizes) // 2  # room for about half of them
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(side.batch_features, batches * 8))
+    for batch, answer in zip(batches * 8, answers, strict=True):
+        assert np.array_equal(answer, side.features[batch.index])
+    assert side.padded_bytes == sum(a.nbytes for a in side.padded.values())
+    assert 0 < side.padded_bytes <= side.padded_budget
+
+
 def test_large_clusters_in_row_blocks_give_the_same_products(monkeypatch):
     """Clusters above the row block are streamed (two passes for the input side's shift)."""
     X, Y = clouds("photo", 3000, 2500, seed=47)
