@@ -268,6 +268,8 @@ def adaptive_rank(
         geometry, [(backend, params)], kernel_judge(accuracy, generator, measure), accuracy,
         generator, dtype, build, measure, hopeless=np.inf, say=None,
     )  # fmt: skip
+    if kernel is None:  # not even the first rank fits
+        raise MemoryError(f"backend {backend!r}: {verdict.note}")
     if verdict.accepted:
         kernel.info.reason = (
             f"rank {kernel.info.rank}: sampled kernel error {verdict.error:.2g} <= {accuracy:g}"
@@ -285,21 +287,39 @@ def _low_rank(
     attempts=None,
 ):  # fmt: skip
     """The low-rank rungs: ``(kernel, verdict, rank)`` of the accepted rung, or of the last
-    one tried (``verdict.accepted`` False)."""
+    one built (``verdict.accepted`` False). A rank whose build the memory check refuses
+    (``MemoryError``) ends the ladder as a rung that does not pay: ``auto`` goes on to the
+    next kind of kernel; ``kernel`` is ``None`` when not even the first rank fits."""
     n, m = geometry.shape
     ladder = low_rank_ladder(n, m)
     previous = np.inf
     kernel, verdict = None, Verdict(np.inf, False, "")
     for rank in ladder:
         start = time.perf_counter()
-        kernel, error = None, np.inf
+        built_best, error, refused = None, np.inf, None
         for name, params in candidates:
-            built = build(
-                geometry, name, rng=generator, dtype=dtype, rank=rank, accuracy=target, **params
-            )
+            try:
+                built = build(
+                    geometry, name, rng=generator, dtype=dtype, rank=rank, accuracy=target,
+                    **params,
+                )  # fmt: skip
+            except MemoryError as exc:  # the memory left does not hold this rank
+                refused = (name, exc)
+                continue
             built_error = measure(built, generator)
-            if kernel is None or built_error < error:
-                kernel, error = built, built_error
+            if built_best is None or built_error < error:
+                built_best, error = built, built_error
+        if built_best is None:  # no candidate fits at this rank: nor will a larger one
+            name, exc = refused
+            note = f"rank {rank} does not fit in memory ({exc})"
+            if kernel is None:
+                verdict = Verdict(np.inf, False, note)
+            if attempts is not None:
+                seconds = time.perf_counter() - start
+                attempts.append(Attempt(name, {"rank": rank}, np.inf, seconds, False, note))
+                say(str(attempts[-1]))
+            break
+        kernel = built_best
         if error > hopeless * target:
             verdict = Verdict(error, False, "sampled kernel error too large to solve")
             progress, goal = error, hopeless * target

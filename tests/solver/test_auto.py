@@ -59,8 +59,38 @@ def test_small_reg_takes_the_block_local_kernel(monkeypatch):
     assert res.accuracy_met
 
 
+def test_a_rank_the_memory_refuses_ends_the_low_rank_ladder(monkeypatch):
+    """A low-rank rung whose build the memory check refuses is a rung that does not pay:
+    ``auto`` goes on to the block-local and exact kernels (a loss step at 10^6 colours, with
+    the previous step's kernels alive, once failed on Nystrom's MemoryError at rank 128).
+    Asked for by name (``rank='auto'``), a backend whose first rank does not fit raises."""
+    registry = importlib.import_module("sketchot.kernels.registry")
+    original = registry.check_fits
+    allowed = {}
+
+    def refuse_growth(n_bytes, what, parameter):
+        if "nystrom" in what:  # the first rank fits, none larger
+            if n_bytes > allowed.setdefault("bytes", n_bytes):
+                raise MemoryError(f"{what} would need {n_bytes} bytes (test)")
+        return original(n_bytes, what, parameter)
+
+    monkeypatch.setattr(registry, "check_fits", refuse_growth)
+    monkeypatch.setattr(kernels_auto, "dense_budget_bytes", lambda: 0)  # as if n x m were huge
+    monkeypatch.setattr(kernels_auto, "DIRECT_DENSE_ENTRIES", 0)
+    rng = np.random.default_rng(4)
+    X = sample_pixels(load_image("images/default_source.png"), 1500, rng=rng).colors
+    Y = sample_pixels(load_image("images/default_target.png"), 1500, rng=rng).colors
+    res = sketchot.sinkhorn(None, None, X, Y, reg=0.01, rng=0)
+    refused = [a for a in res.attempts if "does not fit in memory" in a.note]
+    assert len(refused) == 1 and refused[0].params == {"rank": 128}
+    assert res.backend in ("polyts_local", "exact") and res.accuracy_met
+    allowed["bytes"] = 0  # not even the first rank
+    with pytest.raises(MemoryError, match="does not fit in memory"):
+        sketchot.make_kernel(X, Y, 0.01, "nystrom", rank="auto", rng=0)
+
+
 def test_the_block_local_kernel_is_built_for_the_requested_accuracy(monkeypatch):
-    """Its entries are sized by the target (a hundredth of it): built at the default
+    """Its entries are sized by the target (a fiftieth of it): built at the default
     accuracy, a call asking 1e-6 got entries to 1e-5, missed the target by its check and fell
     to the streamed exact kernel (hours at 1e5 points)."""
     rng = np.random.default_rng(5)
