@@ -37,6 +37,8 @@ INCLUDED = (
     "loss_reg0.01",
     "loss_reg0.01_acc3e-4",
     "loss_1e5",
+    "loss_1e5_acc1e-2",
+    "loss_colours_1e6",
     "loss_flow50_1e5",
     "loss_flow50",
     "accuracy_quick",

@@ -69,9 +69,9 @@ def test_a_rank_the_memory_refuses_ends_the_low_rank_ladder(monkeypatch):
     allowed = {}
 
     def refuse_growth(n_bytes, what, parameter):
-        if "nystrom" in what:  # the first rank fits, none larger
-            if n_bytes > allowed.setdefault("bytes", n_bytes):
-                raise MemoryError(f"{what} would need {n_bytes} bytes (test)")
+        # the first rank fits, none larger
+        if "nystrom" in what and n_bytes > allowed.setdefault("bytes", n_bytes):
+            raise MemoryError(f"{what} would need {n_bytes} bytes (test)")
         return original(n_bytes, what, parameter)
 
     monkeypatch.setattr(registry, "check_fits", refuse_growth)
