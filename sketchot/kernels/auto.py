@@ -471,7 +471,7 @@ def choose(
     for record in local:
         start = time.perf_counter()
         # the target reaches builders that size themselves by it (the block-local kernel's
-        # entries: a hundredth of it)
+        # entries: a fiftieth of it)
         kernel = build(
             geometry, record.name, rng=generator, dtype=dtype, accuracy=accuracy,
             **record.auto_params,

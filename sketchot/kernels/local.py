@@ -51,7 +51,7 @@ RTOL_FRACTION = 2e-2
 def rtol_for(accuracy: float) -> float:
     """The entries' relative error for a solve to ``accuracy``: :data:`RTOL_FRACTION` of
     it, within :data:`RTOL_RANGE`. A product of such entries is off by at most that fraction
-    (twice it with the truncation), so the kernel adds at most about ``accuracy / 50`` to the
+    (twice it with the truncation), so the kernel adds at most about ``accuracy / 25`` to the
     marginal error the true-kernel check certifies."""
     accuracy = check_float(accuracy, "accuracy", positive=True)
     return float(np.clip(accuracy * RTOL_FRACTION, *RTOL_RANGE))
