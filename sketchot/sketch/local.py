@@ -339,7 +339,7 @@ class LocalGaussianExpansion:
         self._check_fitted()
         out, inn = (self._y, self._x) if transpose else (self._x, self._y)
         log_w = self._check_log(log_w, inn.n_points, "log_w")
-        plan = self._means_plan()
+        plan = self._means
         if plan is None:
             raise NotImplementedError(
                 f"log_means needs degree >= 3 (a degree-{self.degree_ - 1} fit for the "
@@ -356,7 +356,7 @@ class LocalGaussianExpansion:
     def supports_means(self) -> bool:
         """Whether :meth:`log_means` is available (degree at least 3)."""
         self._check_fitted()
-        return self._means_plan() is not None
+        return self._means is not None
 
     @property
     def means_match_products(self) -> bool:
@@ -366,15 +366,12 @@ class LocalGaussianExpansion:
         against the clouds and a degree ``r - 1`` fit close to the degree ``r`` one (at
         10^5 uniform points, reg 0.01, tau = 4: 1.2e-5 against 1.7e-5 at the default
         accuracy; one cluster over the whole cloud at large reg fails it)."""
-        plan = self._means_plan() if hasattr(self, "_x") else None
-        if plan is None:
+        if not self.supports_means:
             return False
         return (
-            plan.poly_error * self.rho_ <= (self.entry_error_bound_ + self._truncate) * self._reach
+            self._means.poly_error * self.rho_
+            <= (self.entry_error_bound_ + self._truncate) * self._reach
         )
-
-    def _means_plan(self) -> _MeansPlan | None:
-        return self._means
 
     def iteration_seconds(self, stride: int = 1) -> float:
         """Seconds of one log-domain iteration, ``log_matvec`` then ``log_rmatvec`` (uniform
