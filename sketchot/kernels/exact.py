@@ -265,7 +265,7 @@ class AbsorbedExactKernel(ExactKernel):
 
             def fill(part: Part[slice]) -> None:
                 for rows in part:
-                    self._stored[rows] = self._computed_block(rows)
+                    self._computed_block(rows, out=self._stored[rows])
 
             # elementwise numpy work (it releases the GIL): on threads
             blocks = list(row_slices(n, self._rows_per_block))
@@ -275,17 +275,24 @@ class AbsorbedExactKernel(ExactKernel):
     def _dense(self) -> np.ndarray | None:
         return self._stored
 
-    def _computed_block(self, rows: slice) -> np.ndarray:
+    def _computed_block(self, rows: slice, out: np.ndarray | None = None) -> np.ndarray:
+        """The entries of ``rows``, written into ``out`` (a stored block) when given: the
+        exponents then never take a temporary (a quarter of the build at 10^4 points)."""
+        in_place = out is not None and out.dtype == np.float64
         if self._factors is not None:
             left, right = self._factors
-            block = left[rows] @ right
+            block = np.matmul(left[rows], right, out=out if in_place else None)
         else:
             block = self.geometry.log_block(rows)
             block += self.alpha[rows, None]
             block += self.beta[None, :]
         np.maximum(block, LOG_FLOOR[self.dtype], out=block)
         np.exp(block, out=block)
-        return block if self.dtype == np.float64 else block.astype(self.dtype)
+        if self.dtype != np.float64:
+            block = block.astype(self.dtype)
+        if out is not None and block is not out:
+            out[...] = block
+        return block
 
     def _rows(self, index: np.ndarray) -> np.ndarray:
         if self._dense is not None:
