@@ -417,6 +417,16 @@ class GibbsGeometry:
         geometry.context = self.context
         return geometry
 
+    def sample(self, size: int, generator: np.random.Generator) -> GibbsGeometry:
+        """The same cost and ``reg`` on at most ``size`` points of each cloud, drawn uniformly
+        without replacement (a cheap stand-in for questions about the kernel's shape)."""
+        n, m = self.shape
+        rows = np.sort(generator.choice(n, size=min(size, n), replace=False))
+        cols = np.sort(generator.choice(m, size=min(size, m), replace=False))
+        geometry = GibbsGeometry(self.X[rows], self.Y[cols], self.reg, self.cost)
+        geometry.context = self.context
+        return geometry
+
     @property
     def shape(self) -> tuple[int, int]:
         """``(n, m)``."""

@@ -89,6 +89,37 @@ def test_a_rank_the_memory_refuses_ends_the_low_rank_ladder(monkeypatch):
         sketchot.make_kernel(X, Y, 0.01, "nystrom", rank="auto", rng=0)
 
 
+def test_a_hopeless_rank_is_rejected_on_a_sample_without_its_full_build(monkeypatch):
+    """Above ``SAMPLE_ABOVE`` points a low-rank rung is first built on ``SAMPLE_POINTS`` points
+    of each cloud; photo colours at reg = 0.01 are far beyond low rank, so the ladder ends
+    on the sample's errors and no rung is built at full size (sizes scaled down here)."""
+    monkeypatch.setattr(kernels_auto, "SAMPLE_ABOVE", 1000)
+    monkeypatch.setattr(kernels_auto, "SAMPLE_POINTS", 1200)  # ranks 64 and 128 sampled
+    monkeypatch.setattr(kernels_auto, "dense_budget_bytes", lambda: 0)  # as if n x m were huge
+    monkeypatch.setattr(kernels_auto, "DIRECT_DENSE_ENTRIES", 0)
+    rng = np.random.default_rng(4)
+    X = sample_pixels(load_image("images/default_source.png"), 1500, rng=rng).colors
+    Y = sample_pixels(load_image("images/default_target.png"), 1500, rng=rng).colors
+    res = sketchot.sinkhorn(None, None, X, Y, reg=0.01, rng=0)
+    low_rank = [a for a in res.attempts if a.params.get("rank")]
+    assert low_rank and all("on 1200 points of each cloud" in a.note for a in low_rank)
+    assert all(a.error > kernels_auto.HOPELESS_FACTOR * 1e-3 for a in low_rank)
+    assert res.backend in ("polyts_local", "exact") and res.accuracy_met
+
+
+def test_a_sample_within_reach_goes_on_to_the_full_build(clouds, monkeypatch):
+    """At reg = 1 the sample's rank-64 error is small: the rung is built at full size and
+    judged there (the sample never accepts a kernel)."""
+    X, Y = clouds
+    monkeypatch.setattr(kernels_auto, "SAMPLE_ABOVE", 500)
+    monkeypatch.setattr(kernels_auto, "SAMPLE_POINTS", 550)  # 8 x 64 <= 550: rank 64 sampled
+    monkeypatch.setattr(kernels_auto, "dense_budget_bytes", lambda: 0)
+    res = sketchot.sinkhorn(None, None, X, Y, reg=1.0, rng=0)
+    assert res.backend == "nystrom" and res.accuracy_met
+    assert not any("points of each cloud" in a.note for a in res.attempts)
+    assert res.kernel.shape == (700, 600)
+
+
 def test_the_block_local_kernel_is_built_for_the_requested_accuracy(monkeypatch):
     """Its entries are sized by the target (a fiftieth of it): built at the default
     accuracy, a call asking 1e-6 got entries to 1e-5, missed the target by its check and fell

@@ -298,3 +298,16 @@ def test_dask_arrays_refuse_other_metrics(clouds):
         sketchot.sinkhorn(a, b, da.from_array(X), da.from_array(Y), REG, metric="cityblock")
     with pytest.raises(NotImplementedError, match="metric='a callable'"):
         sketchot.make_kernel(da.from_array(X), Y, REG, "exact", metric=chebyshev)
+
+
+def test_a_geometry_sample_keeps_the_cost_on_a_subset_of_each_cloud(clouds):
+    """``GibbsGeometry.sample`` (auto's stand-in for a large problem): rows of each cloud,
+    without repetition, the same cost and reg."""
+    _, _, X, Y = clouds
+    g = GibbsGeometry(X, Y, REG, "cityblock")
+    sub = g.sample(5, np.random.default_rng(2))
+    assert sub.shape == (5, 5) and sub.reg == REG and sub.cost is g.cost
+    for part, whole in ((sub.X, X), (sub.Y, Y)):
+        matches = (part[:, None, :] == whole[None, :, :]).all(axis=2)
+        assert (matches.sum(axis=1) >= 1).all() and np.unique(part, axis=0).shape[0] == 5
+    assert g.sample(10**6, np.random.default_rng(2)).shape == g.shape
