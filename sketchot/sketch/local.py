@@ -63,6 +63,7 @@ from numpy.polynomial import chebyshev as C
 from scipy.spatial import cKDTree
 from scipy.special import logsumexp
 
+from .._memory import available_bytes
 from .._parallel import get_num_threads, run_parts
 from .._validation import check_float, check_int, check_matrix, check_rng
 from ..gibbs import block_rows, neg_cost_over_reg, row_slices, sq_norms
@@ -86,6 +87,8 @@ _IN_BATCH = 16
 _TRUNCATED_GROUP = 32
 # Points per block of the feature computation (R x block doubles stay in cache).
 _FEATURE_BLOCK = 2048
+# Share of the memory available at fit that stored features and their padded copies may take.
+_FEATURE_MEMORY_SHARE = 0.25
 
 
 @dataclass(eq=False)
@@ -112,9 +115,10 @@ class LocalGaussianExpansion:
         raises a ``ValueError`` naming ``d``: the method never returns a cheaper, inaccurate
         kernel.
     max_feature_bytes : int, default=2**31
-        The features of both clouds are stored when they fit in this many bytes (and what
-        is left keeps padded copies of the batches the products read), and recomputed block
-        by block in every product otherwise (memory ``O((n + m) d)``).
+        The features of both clouds are stored when they fit in this many bytes, and in a
+        quarter of the memory available at :meth:`fit` (what is left keeps padded copies of
+        the batches the products read), and recomputed block by block in every product
+        otherwise (memory ``O((n + m) d)``).
     exact_below : int, default=8
         Clusters with fewer points use exact kernel entries instead of the ``R`` features
         (an isolated colour would otherwise cost a full rank-``R`` term against every point
@@ -257,11 +261,13 @@ class LocalGaussianExpansion:
         self._monomials = _MonomialPlan(d, degree, coef)
         self._means = _MeansPlan.build(self._monomials, tau)
         feature_bytes = (X.shape[0] + Y.shape[0]) * n_features * 8
-        store = feature_bytes <= self.max_feature_bytes
+        # other kernels may hold the rest (a loss keeps its previous step's three)
+        budget = min(self.max_feature_bytes, int(_FEATURE_MEMORY_SHARE * available_bytes()))
+        store = feature_bytes <= budget
         self._x = self._side(X, generator, store)
         self._y = self._side(Y, generator, store)
         # what the budget leaves keeps padded copies of the batches products read
-        spare = (self.max_feature_bytes - feature_bytes) // 2 if store else 0
+        spare = (budget - feature_bytes) // 2 if store else 0
         self._x.padded_budget = self._y.padded_budget = spare
         self.n_clusters_ = (self._x.n_clusters, self._y.n_clusters)
         self.cluster_radius_ = (self._x.radius, self._y.radius)

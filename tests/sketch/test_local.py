@@ -505,3 +505,18 @@ def test_jensen_bound_keeps_the_lower_bound_close_on_points_that_fill_space():
     without = local._InputBounds(**{**vars(bounds), "mean": np.full_like(bounds.mean, -np.inf)})
     radius_only = local._row_sum_lower_bound(distance, x.centers, x.cluster_radius, without, reg)
     assert np.median(smallest - radius_only) > np.median(smallest - lower) + 4.0
+
+
+def test_features_are_not_stored_beyond_a_share_of_the_memory_available(monkeypatch):
+    """The stored features and their padded copies take at most a quarter of the memory
+    available at fit (a loss keeps its previous step's kernels alive meanwhile): with less
+    available than the features need, they are recomputed per block, as over the budget."""
+    X, Y = clouds("uniform", 300, 200, seed=5)
+    features = (300 + 200) * LocalGaussianExpansion(0.01, rng=0).fit(X, Y).n_features_ * 8
+    monkeypatch.setattr(local, "available_bytes", lambda: 2 * features)
+    kernel = LocalGaussianExpansion(0.01, rng=0).fit(X, Y)
+    assert kernel._x.features is None and kernel._y.padded_budget == 0
+    monkeypatch.setattr(local, "available_bytes", lambda: 8 * features)
+    kernel = LocalGaussianExpansion(0.01, rng=0).fit(X, Y)
+    assert kernel._x.features is not None
+    assert kernel._y.padded_budget == (2 * features - features) // 2
