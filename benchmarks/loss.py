@@ -86,7 +86,11 @@ import sketchot
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 IMAGES = Path(__file__).resolve().parents[1] / "images"
-DATA = {"uniform": "uniform [0, 1]^3", "colours": "the default images' pixel colours"}
+DATA = {
+    "uniform": "uniform [0, 1]^3",
+    "colours": "the default images' pixel colours",
+    "gaussian10": "Gaussian clouds in d = 10",
+}
 LR = 0.05
 REF_TOL = 1e-12
 # GeomLoss's CPU backends at the speed size (KeOps): (backend, scaling)
@@ -289,10 +293,17 @@ def reference_divergence(X, Y, reg, seed, reference):
 
 
 def make_clouds(data: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """The two clouds of ``n`` points: uniform in ``[0, 1]^3``, or the default images'
-    pixel colours (drawn with replacement)."""
+    """The two clouds of ``n`` points: uniform in ``[0, 1]^3``, the default images' pixel
+    colours (drawn with replacement), or Gaussian clouds in d = 10 (standard deviation 0.15
+    per coordinate, the target's mean 0.3 along the first axis: a mean squared distance
+    of about 0.54, as the unit cube's 0.5, so that the same ``reg`` means the same)."""
     if data == "uniform":
         return rng.random((n, 3)), rng.random((n, 3))
+    if data == "gaussian10":
+        X = 0.15 * rng.standard_normal((n, 10))
+        Y = 0.15 * rng.standard_normal((n, 10))
+        Y[:, 0] += 0.3
+        return X, Y
     from sketchot.color import load_image, sample_pixels
 
     return tuple(
@@ -386,7 +397,11 @@ def speed(
     runs = [(0, X, exact)] + ([(steps - 1, last[0], at_last)] if at_last is not None else [])
     for at_step, clouds, ref in runs:
         for backend, scaling in peers:
-            step = geomloss_step(clouds, Y, reg, scaling, backend)
+            try:
+                step = geomloss_step(clouds, Y, reg, scaling, backend)
+            except NotImplementedError:  # KeOps' multiscale clusters on a grid in d <= 3
+                print(f"  GeomLoss {backend}: not implemented in d = {X.shape[1]}", flush=True)
+                continue
             if step is None:
                 continue
             t_geomloss, value, grad = step
