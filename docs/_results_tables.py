@@ -40,6 +40,7 @@ INCLUDED = (
     "loss_1e5_acc1e-2",
     "loss_colours_1e6",
     "loss_uniform_1e6",
+    "loss_gaussian10",
     "loss_flow50_1e5",
     "loss_flow50",
     "accuracy_quick",
