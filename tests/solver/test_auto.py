@@ -21,6 +21,22 @@ def clouds():
     return rng.random((700, 3)), rng.beta(2, 5, size=(600, 3))
 
 
+@pytest.fixture(scope="module")
+def photo():
+    """1500 pixel colours of each default image: at reg = 0.01 far beyond a global low rank."""
+    rng = np.random.default_rng(4)
+    return tuple(
+        sample_pixels(load_image(f"images/default_{name}.png"), 1500, rng=rng).colors
+        for name in ("source", "target")
+    )
+
+
+def as_if_large(monkeypatch):
+    """``auto`` skips the stored exact kernel, as if ``n x m`` were huge."""
+    monkeypatch.setattr(kernels_auto, "dense_budget_bytes", lambda: 0)
+    monkeypatch.setattr(kernels_auto, "DIRECT_DENSE_ENTRIES", 0)
+
+
 def test_a_problem_that_fits_is_solved_exactly(clouds):
     X, Y = clouds
     res = sketchot.sinkhorn(None, None, X, Y, reg=0.1)
@@ -37,16 +53,13 @@ def test_large_reg_takes_a_low_rank_kernel(clouds, monkeypatch, capsys):
     assert "sketchot auto: chose nystrom" in capsys.readouterr().out
 
 
-def test_small_reg_takes_the_block_local_kernel(monkeypatch):
+def test_small_reg_takes_the_block_local_kernel(photo, monkeypatch):
     """Photo colours at reg = 0.01: no global low rank is accurate (the notes' sharp
     boundary; each rung's sampled kernel error stays far above the target), and the
     block-local polynomial
     kernel, timed cheaper per iteration than the exact one, meets the accuracy."""
-    rng = np.random.default_rng(4)
-    X = sample_pixels(load_image("images/default_source.png"), 1500, rng=rng).colors
-    Y = sample_pixels(load_image("images/default_target.png"), 1500, rng=rng).colors
-    monkeypatch.setattr(kernels_auto, "dense_budget_bytes", lambda: 0)  # as if n x m were huge
-    monkeypatch.setattr(kernels_auto, "DIRECT_DENSE_ENTRIES", 0)
+    X, Y = photo
+    as_if_large(monkeypatch)
     res = sketchot.sinkhorn(None, None, X, Y, reg=0.01, rng=0)
     low_rank = [a for a in res.attempts if a.backend == "nystrom"]
     assert low_rank and not any(a.accepted for a in low_rank)
@@ -59,7 +72,7 @@ def test_small_reg_takes_the_block_local_kernel(monkeypatch):
     assert res.accuracy_met
 
 
-def test_a_rank_the_memory_refuses_ends_the_low_rank_ladder(monkeypatch):
+def test_a_rank_the_memory_refuses_ends_the_low_rank_ladder(photo, monkeypatch):
     """A low-rank rung whose build the memory check refuses is a rung that does not pay:
     ``auto`` goes on to the block-local and exact kernels (a loss step at 10^6 colours, with
     the previous step's kernels alive, once failed on Nystrom's MemoryError at rank 128).
@@ -75,11 +88,8 @@ def test_a_rank_the_memory_refuses_ends_the_low_rank_ladder(monkeypatch):
         return original(n_bytes, what, parameter)
 
     monkeypatch.setattr(registry, "check_fits", refuse_growth)
-    monkeypatch.setattr(kernels_auto, "dense_budget_bytes", lambda: 0)  # as if n x m were huge
-    monkeypatch.setattr(kernels_auto, "DIRECT_DENSE_ENTRIES", 0)
-    rng = np.random.default_rng(4)
-    X = sample_pixels(load_image("images/default_source.png"), 1500, rng=rng).colors
-    Y = sample_pixels(load_image("images/default_target.png"), 1500, rng=rng).colors
+    as_if_large(monkeypatch)
+    X, Y = photo
     res = sketchot.sinkhorn(None, None, X, Y, reg=0.01, rng=0)
     refused = [a for a in res.attempts if "does not fit in memory" in a.note]
     assert len(refused) == 1 and refused[0].params == {"rank": 128}
@@ -89,17 +99,14 @@ def test_a_rank_the_memory_refuses_ends_the_low_rank_ladder(monkeypatch):
         sketchot.make_kernel(X, Y, 0.01, "nystrom", rank="auto", rng=0)
 
 
-def test_a_hopeless_rank_is_rejected_on_a_sample_without_its_full_build(monkeypatch):
+def test_a_hopeless_rank_is_rejected_on_a_sample_without_its_full_build(photo, monkeypatch):
     """Above ``SAMPLE_ABOVE`` points a low-rank rung is first built on ``SAMPLE_POINTS`` points
     of each cloud; photo colours at reg = 0.01 are far beyond low rank, so the ladder ends
     on the sample's errors and no rung is built at full size (sizes scaled down here)."""
     monkeypatch.setattr(kernels_auto, "SAMPLE_ABOVE", 1000)
     monkeypatch.setattr(kernels_auto, "SAMPLE_POINTS", 1200)  # ranks 64 and 128 sampled
-    monkeypatch.setattr(kernels_auto, "dense_budget_bytes", lambda: 0)  # as if n x m were huge
-    monkeypatch.setattr(kernels_auto, "DIRECT_DENSE_ENTRIES", 0)
-    rng = np.random.default_rng(4)
-    X = sample_pixels(load_image("images/default_source.png"), 1500, rng=rng).colors
-    Y = sample_pixels(load_image("images/default_target.png"), 1500, rng=rng).colors
+    as_if_large(monkeypatch)
+    X, Y = photo
     res = sketchot.sinkhorn(None, None, X, Y, reg=0.01, rng=0)
     low_rank = [a for a in res.attempts if a.params.get("rank")]
     assert low_rank and all("on 1200 points of each cloud" in a.note for a in low_rank)
@@ -114,7 +121,16 @@ def test_a_sample_within_reach_goes_on_to_the_full_build(clouds, monkeypatch):
     monkeypatch.setattr(kernels_auto, "SAMPLE_ABOVE", 500)
     monkeypatch.setattr(kernels_auto, "SAMPLE_POINTS", 550)  # 8 x 64 <= 550: rank 64 sampled
     monkeypatch.setattr(kernels_auto, "dense_budget_bytes", lambda: 0)
+    sampled = []
+    original = kernels_auto.GibbsGeometry.sample
+
+    def spy(geometry, size, generator):
+        sampled.append(size)
+        return original(geometry, size, generator)
+
+    monkeypatch.setattr(kernels_auto.GibbsGeometry, "sample", spy)
     res = sketchot.sinkhorn(None, None, X, Y, reg=1.0, rng=0)
+    assert sampled == [550], "the rung must have been tried on the sample first"
     assert res.backend == "nystrom" and res.accuracy_met
     assert not any("points of each cloud" in a.note for a in res.attempts)
     assert res.kernel.shape == (700, 600)
@@ -126,8 +142,7 @@ def test_the_block_local_kernel_is_built_for_the_requested_accuracy(monkeypatch)
     to the streamed exact kernel (hours at 1e5 points)."""
     rng = np.random.default_rng(5)
     X, Y = rng.random((1500, 3)), rng.random((1500, 3))
-    monkeypatch.setattr(kernels_auto, "dense_budget_bytes", lambda: 0)  # as if n x m were huge
-    monkeypatch.setattr(kernels_auto, "DIRECT_DENSE_ENTRIES", 0)
+    as_if_large(monkeypatch)
     monkeypatch.setattr(kernels_auto, "exact_iteration_seconds", lambda *a, **k: np.inf)
     res = sketchot.sinkhorn(None, None, X, Y, reg=0.01, rng=0, accuracy=1e-6)
     assert res.backend == "polyts_local" and res.accuracy_met
