@@ -483,10 +483,12 @@ class GibbsGeometry:
 
     def computes_on_device(self, cost: Cost | None = None) -> bool:
         """Whether the kernel's values are computed where the caller's points live: arrays
-        of another library than NumPy, and a cost the device blocks compute (squared
-        Euclidean or Euclidean; ``cost`` defaults to the geometry's)."""
+        the context runs device operators for
+        (:attr:`~sketchot._arrays.ArrayContext.device_operators`: off the host), and a cost
+        the device blocks compute (squared Euclidean or Euclidean; ``cost`` defaults to the
+        geometry's)."""
         cost = self.cost if cost is None else cost
-        return not self.context.is_numpy and cost.name in ("sqeuclidean", "euclidean")
+        return self.context.device_operators and cost.name in ("sqeuclidean", "euclidean")
 
     def _device_rows(
         self, own: np.ndarray, other: np.ndarray, cost: Cost, values: np.ndarray, what: str

@@ -55,11 +55,24 @@ class Library:
         return self.name
 
 
+@pytest.fixture
+def device_operators(monkeypatch):
+    """Arrays in host memory take the device operators (:mod:`sketchot.kernels.device`), as
+    arrays on an accelerator do: how their code runs without a GPU (by default CPU tensors
+    take NumPy's operators on views of them)."""
+    from sketchot import _arrays
+
+    monkeypatch.setattr(_arrays, "HOST_ARRAYS_ON_DEVICE", True)
+
+
 @pytest.fixture(params=["numpy", "torch", "array_api_strict"])
 def library(request) -> Library:
     """The contract and solver tests run on NumPy arrays, on PyTorch CPU tensors and on the
     Array API's strict arrays (each skipped when not installed), with the same tolerances:
-    results come back in the inputs' library."""
+    results come back in the inputs' library. The other libraries' arrays take the device
+    operators (``device_operators``): the code that runs on a GPU."""
+    if request.param != "numpy":
+        request.getfixturevalue("device_operators")
     return Library(request.param)
 
 
@@ -137,7 +150,8 @@ def fused_interpreter(monkeypatch):
     version = tuple(int(part) for part in triton.__version__.split(".")[:2])
     if version < (3, 7):
         pytest.skip(f"Triton's interpreter needs Triton >= 3.7; found {triton.__version__}")
-    from sketchot import fused
+    from sketchot import _arrays, fused
 
+    monkeypatch.setattr(_arrays, "HOST_ARRAYS_ON_DEVICE", True)
     monkeypatch.setattr(fused, "CPU_INTERPRETER", True)
     return fused

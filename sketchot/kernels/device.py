@@ -1,8 +1,10 @@
 """What kernel operators need to run their per-entry work where the caller's points live.
 
-When a call passes PyTorch tensors (or another Array API library's arrays), every geometry
-records the :class:`~sketchot._arrays.ArrayContext` of the inputs, and the exact and low-rank
-builders return their device operators (:class:`~sketchot.kernels.exact.DeviceExactKernel`,
+When a call passes arrays on an accelerator (CUDA tensors, CuPy; arrays in host memory only
+with :data:`sketchot._arrays.HOST_ARRAYS_ON_DEVICE`: CPU tensors run NumPy's operators on
+views of them), every geometry records the :class:`~sketchot._arrays.ArrayContext` of the
+inputs, and the exact and low-rank builders return their device operators
+(:class:`~sketchot.kernels.exact.DeviceExactKernel`,
 :class:`~sketchot.kernels.lowrank.DeviceLowRankKernel`): the clouds (or the factors) are
 copied once to that device (:class:`~sketchot._arrays.DeviceArrays`), and every product, the
 exact kernel's blocks, exponentials and log-sum-exps included (:mod:`sketchot.gibbs`'s

@@ -20,7 +20,7 @@ import numpy as np
 from .._arrays import DeviceArrays
 from .._defaults import DEFAULT_MAX_DENSE_BYTES
 from .._parallel import Part, run_parts
-from .._validation import check_int
+from .._validation import check_choice, check_int
 from ..fused import MAX_COLUMNS, FusedPoints, fused_available, fused_pass_seconds, fused_rows
 from ..gibbs import (
     GibbsGeometry,
@@ -33,6 +33,7 @@ from ..gibbs import (
 )
 from .base import (
     MIN_DENOMINATOR_RATIO,
+    SIDES,
     THREADED_PASS_MIN_ENTRIES,
     FusedPass,
     KernelInfo,
@@ -389,6 +390,8 @@ class DeviceExactKernel(ExactKernel):
         n, m = self.shape
         rows = device_block_bytes(geometry.context) // max(1, 8 * m)
         self._rows_per_block = int(max(1, min(n, rows)))
+        # a log-domain plan's moments in one pass over the entries, where they live
+        self.info.capabilities = self.info.capabilities | {"log_means"}
         if self._fused is not None and not self.is_dense:
             # fused log-domain passes cost what linear ones do and never underflow: no
             # absorptions (the engine's 'log' strategy)
@@ -533,6 +536,57 @@ class DeviceExactKernel(ExactKernel):
             logits += weights[None, :]
             out.append(self._on.get(logsumexp_on_device(xp, logits, axis=1)))
         return np.concatenate(out)
+
+    def log_means(self, side: str, log_w: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(log(K exp(w)), means)``, one pass over the entries on the device.
+
+        ``side='rows'``: ``log sum_j exp(w_j - c_ij / reg)`` and the means of the centred
+        targets ``Yc`` under the weights ``exp(w_j - c_ij / reg)`` of each row; ``'cols'``:
+        the same over the columns of ``K`` (means of ``Xc``). A row whose weights are all zero
+        gives ``-inf`` and 0. ``O(n m d)`` on the device, ``O((n + m) d)`` numbers moved; the
+        fused program where it runs (value columns in launches of
+        :data:`~sketchot.fused.MAX_COLUMNS`), streamed blocks with a per-row shift otherwise.
+        """
+        check_choice(side, "side", SIDES)
+        transpose = side == "cols"
+        length = self.shape[0 if transpose else 1]
+        log_w = np.asarray(check_operand(log_w, length, "log_w", vector=True)).ravel()
+        xp = self._on.xp
+        if self._fused is not None:
+            own, other = self._fused[::-1] if transpose else self._fused
+            weights = self._on.put(log_w)
+            parts, lse = [], None
+            for start in range(0, other.points.shape[1], MAX_COLUMNS):
+                columns = other.points[:, start : start + MAX_COLUMNS]
+                lse, top, sums = fused_rows(own, other, self.geometry.reg, sqrt=self._sqrt,
+                                            log_w=weights, values=columns)  # fmt: skip
+                parts.append(sums / xp.exp(lse - top)[:, None])
+            log_sums = self._on.get(lse)
+            means = self._on.get(xp.concat(parts, axis=1))
+        else:
+            own, own_sq, other, other_sq = (self._Xd, self._x_sq, self._Yd, self._y_sq)
+            if transpose:
+                own, own_sq, other, other_sq = other, other_sq, own, own_sq
+            weights = self._on.put(log_w)
+            step = max(1, device_block_bytes(self.geometry.context) // (8 * max(1, length)))
+            sums_parts, means_parts = [], []
+            for start in range(0, own.shape[0], step):
+                block = slice(start, min(start + step, own.shape[0]))  # the standard's bounds
+                logits = self._neg_cost(own[block, ...], own_sq[block], other, other_sq)
+                logits += weights[None, :]
+                top = xp.max(logits, axis=1, keepdims=True)
+                shares = xp.exp(logits - xp.where(xp.isfinite(top), top, 0.0))
+                totals = xp.sum(shares, axis=1)
+                sums_parts.append(self._on.get(xp.log(totals) + top[:, 0]))
+                means_parts.append(self._on.get((shares @ other) / totals[:, None]))
+            log_sums = np.concatenate(sums_parts) if sums_parts else np.zeros(0)
+            means = (
+                np.concatenate(means_parts, axis=0)
+                if means_parts
+                else np.zeros((0, self.geometry.Xc.shape[1]))
+            )
+        means[~np.isfinite(log_sums)] = 0.0  # an empty row: no mass, no mean
+        return log_sums, means
 
     def fused_pass(
         self,

@@ -223,6 +223,8 @@ def plan_summary(
             g, u * rows_p[:, 0], u[:, None] * rows_p[:, 1:], v * cols_p[:, 0],
             v[:, None] * cols_p[:, 1:],
         )  # fmt: skip
+    if sqeuclidean and _log_form(kernel, log_u, log_v) and _exact_means(kernel):
+        return _log_means_summary(kernel, log_u, log_v, symmetric)
     if _log_form(kernel, log_u, log_v) or (not sqeuclidean and "exact" in kernel.info.capabilities):
         return _log_form_summary(kernel, log_u, log_v)
     if _log_kernel(kernel, log_u, log_v):
@@ -257,6 +259,31 @@ def plan_summary(
     return _from_products(g, row, P_y, col, Pt_x)
 
 
+def _exact_means(kernel: KernelOperator) -> bool:
+    """Whether an exact operator gives a log-domain plan's moments through its own
+    ``'log_means'`` passes (on the caller's device) instead of the host's entry-by-entry
+    blocks."""
+    return {"exact", "log_means"} <= kernel.info.capabilities
+
+
+def _log_means_summary(
+    kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray, symmetric: bool
+) -> PlanSummary:
+    """The summary of a squared-Euclidean plan in log form from the operator's
+    ``log_means`` passes: ``P 1 = u * K v`` and ``P Yc = diag(P 1)`` times the means, each
+    side one pass over the entries where the operator computes them (``O(n m d)`` there,
+    ``O((n + m) d)`` numbers here); the cost from the moments (:func:`_from_products`)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        log_rows, row_means = kernel.log_means("rows", log_v)
+        row = np.exp(log_u + log_rows)
+        P_y = row[:, None] * row_means
+        if symmetric:
+            return _from_products(kernel.geometry, row, P_y, row, P_y)
+        log_cols, col_means = kernel.log_means("cols", log_u)
+        col = np.exp(log_v + log_cols)
+        return _from_products(kernel.geometry, row, P_y, col, col[:, None] * col_means)
+
+
 def _from_products(g, row, P_y, col, Pt_x) -> PlanSummary:
     """The summary of a squared-Euclidean plan from its marginals and moments."""
     with np.errstate(over="ignore", invalid="ignore"):
@@ -284,7 +311,8 @@ def first_moments(
     """
     g = kernel.geometry
     coords = g.Xc if transpose else g.Yc
-    if _log_kernel(kernel, log_u, log_v) and "log_means" in kernel.info.capabilities:
+    means = "log_means" in kernel.info.capabilities
+    if means and (_log_kernel(kernel, log_u, log_v) or _log_form(kernel, log_u, log_v)):
         # P Yc = diag(P 1) (the means of Yc under K diag(v)): one product's work
         _, means = kernel.log_means("cols" if transpose else "rows", log_u if transpose else log_v)
         return marginal[:, None] * means
@@ -323,7 +351,8 @@ class LazyPlan:
                 self._log_v,
             )
         )
-        if _log_form(self.kernel, self._log_u, self._log_v):
+        log_form = _log_form(self.kernel, self._log_u, self._log_v)
+        if log_form and not runs_on_device(self.kernel.geometry):
             out = np.zeros((m if transpose else n, *values.shape[1:]))
             for rows, log_plan, _ in _log_blocks(self.kernel, self._log_u, self._log_v):
                 plan = np.exp(log_plan)
@@ -332,7 +361,8 @@ class LazyPlan:
                 else:
                     out[rows] = plan @ values
             return out
-        if _log_kernel(self.kernel, self._log_u, self._log_v):
+        if log_form or _log_kernel(self.kernel, self._log_u, self._log_v):
+            # on a device, the exact kernel's own log passes: no block comes to the host
             return _log_plan_product(self.kernel, self._log_u, self._log_v, values, transpose)
         with np.errstate(over="ignore", invalid="ignore"):
             right = np.exp(log_right)

@@ -14,6 +14,7 @@ from sketchot.kernels.exact import DeviceExactKernel
 from sketchot.kernels.lowrank import DeviceLowRankKernel
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.usefixtures("device_operators")  # CPU tensors take them here
 
 #: products in float64 on both sides, summed in other orders: agreement to rounding
 RTOL = 1e-10
@@ -80,6 +81,30 @@ def test_fused_passes_linear_and_log_match(kernels, exponent):
             reference.project("rows", theirs.ratios[index], index, log=log),
             rtol=RTOL,
         )
+
+
+@pytest.mark.parametrize("side", ["rows", "cols"])
+def test_log_means_are_the_log_sums_and_weighted_means(kernels, side):
+    """``log_means`` gives ``log(K e^w)`` and the means of the other cloud under
+    ``K diag(e^w)``, from the dense kernel on the host; weights near e^800 (beyond float64)
+    and zero weights (log -inf) included; an all-zero weight vector gives -inf and 0."""
+    reference, device = kernels
+    assert "log_means" in device.info.capabilities
+    K = reference.to_dense() if side == "rows" else reference.to_dense().T
+    g = reference.geometry
+    other = g.Yc if side == "rows" else g.Xc
+    rng = np.random.default_rng(5)
+    log_w = rng.normal(scale=3.0, size=K.shape[1]) + 800.0
+    log_w[[0, 7]] = -np.inf
+    log_sums, means = device.log_means(side, log_w)
+    weights = K * np.exp(log_w - 800.0)[None, :]
+    np.testing.assert_allclose(log_sums, np.log(weights.sum(1)) + 800.0, rtol=RTOL)
+    expected = weights @ other / weights.sum(1)[:, None]
+    np.testing.assert_allclose(means, expected, rtol=RTOL, atol=RTOL * np.abs(other).max())
+    log_sums, means = device.log_means(side, np.full(K.shape[1], -np.inf))
+    assert np.all(log_sums == -np.inf) and np.all(means == 0.0)
+    with pytest.raises(ValueError, match="side"):
+        device.log_means("diagonal", log_w)
 
 
 def test_bad_products_are_reported_as_the_numpy_rules_say(kernels):

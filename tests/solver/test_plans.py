@@ -110,6 +110,45 @@ def test_log_form_summary_is_the_same_with_any_number_of_threads():
     assert np.array_equal(one.col_moments, two.col_moments)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["blocks", "fused"])
+@pytest.mark.usefixtures("device_operators")
+def test_a_device_kernels_log_form_summary_stays_on_its_device(fused, request, monkeypatch):
+    """An exact kernel on tensors gives the log-form summary and plan products from its own
+    'log_means' and log passes (no block of the plan on the host): the host's entry-by-entry
+    summary to rounding (sums in other orders over 300 x 250 entries; scalings near e^720)."""
+    torch = pytest.importorskip("torch")
+    from sketchot._arrays import array_context
+    from sketchot.kernels.exact import DeviceExactKernel
+
+    if fused:
+        request.getfixturevalue("fused_interpreter")
+    kernel, state = _absorbed_state()
+    shift = 720.0 - state.log_u.max()  # exp(log u) overflows: the log form
+    log_u, log_v = state.log_u + shift, state.log_v - shift
+    g = kernel.geometry
+    on_device = sketchot.gibbs.GibbsGeometry(g.X, g.Y, g.reg)
+    on_device.context = array_context(X=torch.as_tensor(g.X))
+    device = sketchot.kernels.exact.build_exact(on_device, max_dense_bytes=0)
+    assert isinstance(device, DeviceExactKernel) and device.fused == fused
+    assert plans._log_form(device, log_u, log_v)
+
+    def no_host_blocks(*args, **kwargs):
+        raise AssertionError("a block of the plan was computed on the host")
+
+    monkeypatch.setattr(plans, "_log_form_summary", no_host_blocks)
+    monkeypatch.setattr(plans, "_log_blocks", no_host_blocks)
+    summary = plan_summary(device, log_u, log_v)
+    monkeypatch.undo()
+    _assert_same_summary(summary, plans._log_form_summary(kernel, log_u, log_v), rtol=1e-9)
+    V = np.random.default_rng(6).standard_normal((250, 2))
+    np.testing.assert_allclose(
+        plans.LazyPlan(device, log_u, log_v).matmat(V),
+        plans.LazyPlan(kernel, log_u, log_v).matmat(V), rtol=1e-9, atol=1e-12,
+    )  # fmt: skip
+    rows = first_moments(device, log_u, log_v, summary.row_marginal)
+    np.testing.assert_allclose(rows, summary.row_moments, rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("backend", available_backends())
 def test_first_moments_are_the_plans_products(colours, backend):
     """P Yc and P^T Xc through each backend's products (the means of one product where the
