@@ -25,6 +25,8 @@ INCLUDED = (
     "dask_scale_quick",
     "polyts_improved_quick",
     "unbalanced_quick",
+    "gpu_cpu_tensors",
+    "gpu_cpu_tensors_before",
     "gpu_quick",
     "gpu_1e5",
     "gpu_h100",

@@ -32,7 +32,11 @@ def describe(value: Any) -> str:
 
 
 def check_dtype(dtype: Any, name: str = "dtype") -> np.dtype:
-    """Return ``np.dtype(dtype)`` if it is float64 or float32."""
+    """Return ``np.dtype(dtype)`` if it is float64 or float32; ``None`` (the public default,
+    which the builders that know where the points live resolve first:
+    :func:`sketchot.kernels.device.default_dtype`) is float64."""
+    if dtype is None:
+        return np.dtype(np.float64)
     try:
         resolved = np.dtype(dtype)
     except TypeError as exc:

@@ -125,7 +125,7 @@ def sinkhorn(
     p: float = 2.0,
     warmstart: Any = None,
     rank: Any = None,
-    dtype: Any = np.float64,
+    dtype: Any = None,
     rng: Any = None,
     max_iter: int = _DEFAULT.max_iter,
     tol: float | None = _DEFAULT.tol,
@@ -201,8 +201,13 @@ def sinkhorn(
         The size of a low-rank backend's factors (it sets the record's rank parameter:
         ``n_features``, ``n_landmarks``, ...; :func:`sketchot.make_kernel`); not with
         ``backend='auto'``, which sizes them itself.
-    dtype : numpy.float64 or numpy.float32, default=numpy.float64
-        Precision of the stored kernel or factors.
+    dtype : numpy.float64, numpy.float32 or None, default=None
+        Precision of the stored kernel or factors (and of the exact kernel's passes on a
+        GPU). ``None``: float64, except for arrays on an accelerator (CUDA tensors), where
+        float32 is taken when ``accuracy`` is at least ten times float32's rounding of the
+        kernel's exponents (``1.2e-7 * max_cost / reg``; the true-kernel check stays
+        float64).
+        See :func:`sketchot.kernels.device.default_dtype`.
     rng : None, int, Generator, ...
         Randomness of the approximate backends and of the sampled true-kernel check.
     {options}
@@ -506,7 +511,7 @@ def make_kernel(
     metric: Any = "sqeuclidean",
     p: float = 2.0,
     rank: Any = None,
-    dtype: Any = np.float64,
+    dtype: Any = None,
     accuracy: float = _DEFAULT.accuracy,
     rng: Any = None,
     **backend_params: Any,
@@ -543,8 +548,13 @@ def make_kernel(
         ``'auto'`` doubles it from 64 until a sampled relative error of ``K~ v`` against the
         true kernel meets ``accuracy``, or until an iteration would cost more than the exact
         kernel's (:func:`sketchot.kernels.auto.adaptive_rank`). Not with ``backend='auto'``.
-    dtype : numpy.float64 or numpy.float32, default=numpy.float64
-        Precision of the stored kernel or factors.
+    dtype : numpy.float64, numpy.float32 or None, default=None
+        Precision of the stored kernel or factors (and of the exact kernel's passes on a
+        GPU). ``None``: float64, except for arrays on an accelerator (CUDA tensors), where
+        float32 is taken when ``accuracy`` is at least ten times float32's rounding of the
+        kernel's exponents (``1.2e-7 * max_cost / reg``; the true-kernel check stays
+        float64).
+        See :func:`sketchot.kernels.device.default_dtype`.
     accuracy : float, default=1e-3
         The accuracy the answer is asked for (:func:`sinkhorn`'s): what ``'auto'`` and
         ``rank='auto'`` size the kernel to, and what a backend fitting a sketch to a

@@ -12,6 +12,7 @@ from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_dtype, check_float, check_matrix, check_rng
 from ..gibbs import GibbsGeometry, make_cost
 from .auto import adaptive_rank, choose, kernel_judge
+from .device import default_dtype
 from .registry import build_backend, resolve_parameters
 
 
@@ -22,7 +23,7 @@ def make_kernel(
     backend: str = "auto",
     *,
     rng: Any = None,
-    dtype: Any = np.float64,
+    dtype: Any = None,
     rank: int | str | None = None,
     metric: Any = "sqeuclidean",
     p: float = 2.0,
@@ -37,6 +38,8 @@ def make_kernel(
     reg = check_float(reg, "reg", positive=True)
     geometry = GibbsGeometry(X, Y, reg, make_cost(metric, p))
     accuracy = check_float(accuracy, "accuracy", positive=True)
+    if dtype is None:
+        dtype = default_dtype(geometry, accuracy)
     if backend == "auto":
         if params or rank is not None:
             raise TypeError(

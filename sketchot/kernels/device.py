@@ -27,6 +27,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
+
 from .._arrays import DeviceArrays
 from ..fused import FusedPoints, fused_available, fused_pass_seconds
 from ..gibbs import BLOCK_BYTES, GibbsGeometry, neg_cost_on_device
@@ -36,6 +38,31 @@ from ..gibbs import BLOCK_BYTES, GibbsGeometry, neg_cost_on_device
 DEVICE_MEMORY_SHARE = 0.125
 #: ... and at most this many bytes (a cap, so that the stored data keep their room).
 MAX_DEVICE_BLOCK_BYTES = 1 << 30
+
+
+#: ``dtype=None`` on an accelerator takes float32 when ``accuracy`` is at least this many times
+#: float32's rounding of a pass's exponents, ``eps * max(1, max_cost / reg)`` (a weight and a
+#: cost of that size each rounded: that relative error in every product).
+FLOAT32_MARGIN = 10.0
+
+
+def on_accelerator(geometry: GibbsGeometry) -> bool:
+    """Whether the geometry's kernels run on a device apart from host memory (a GPU)."""
+    return runs_on_device(geometry) and not geometry.context.on_host
+
+
+def default_dtype(geometry: GibbsGeometry, accuracy: float | None) -> np.dtype:
+    """The precision of ``dtype=None``: float64, except on an accelerator, where float32
+    passes run about twice as fast (one H100, ``benchmarks/gpu.py --passes``; far more on GPUs
+    with little float64 arithmetic) and are taken when the ``accuracy`` asked for is at least
+    :data:`FLOAT32_MARGIN` times float32's rounding of their exponents,
+    ``eps32 * max(1, max_cost / reg)``. The true-kernel check stays in float64, so a float32
+    run that misses the accuracy says so. No accuracy (no check): float64."""
+    if accuracy is None or not on_accelerator(geometry):
+        return np.dtype(np.float64)
+    spread = max(1.0, geometry.max_cost() / geometry.reg)
+    rounding = float(np.finfo(np.float32).eps) * spread
+    return np.dtype(np.float32 if accuracy >= FLOAT32_MARGIN * rounding else np.float64)
 
 
 def runs_on_device(geometry: GibbsGeometry) -> bool:

@@ -518,9 +518,10 @@ class DeviceExactKernel(ExactKernel):
             own, other = self._fused[::-1] if transpose else self._fused
             if transpose and rows is not None:
                 other = other.take(self._on.put(np.arange(self.shape[0])[rows], np.int64))
+            shift = _weight_shift(log_w)
             lse, _, _ = fused_rows(own, other, self.geometry.reg, sqrt=self._sqrt,
-                                   log_w=self._on.put(log_w))  # fmt: skip
-            return self._on.get(lse)
+                                   log_w=self._on.put(log_w - shift))  # fmt: skip
+            return self._on.get(lse) + shift
         own, own_sq, other, other_sq = self._Xd, self._x_sq, self._Yd, self._y_sq
         if transpose:
             own, own_sq, other, other_sq = other, other_sq, own, own_sq
@@ -554,14 +555,15 @@ class DeviceExactKernel(ExactKernel):
         xp = self._on.xp
         if self._fused is not None:
             own, other = self._fused[::-1] if transpose else self._fused
-            weights = self._on.put(log_w)
+            shift = _weight_shift(log_w)
+            weights = self._on.put(log_w - shift)
             parts, lse = [], None
             for start in range(0, other.points.shape[1], MAX_COLUMNS):
                 columns = other.points[:, start : start + MAX_COLUMNS]
                 lse, top, sums = fused_rows(own, other, self.geometry.reg, sqrt=self._sqrt,
                                             log_w=weights, values=columns)  # fmt: skip
                 parts.append(sums / xp.exp(lse - top)[:, None])
-            log_sums = self._on.get(lse)
+            log_sums = self._on.get(lse) + shift
             means = self._on.get(xp.concat(parts, axis=1))
         else:
             own, own_sq, other, other_sq = (self._Xd, self._x_sq, self._Yd, self._y_sq)
@@ -689,6 +691,14 @@ class DeviceExactKernel(ExactKernel):
 
     def absorbed(self, alpha: np.ndarray, beta: np.ndarray, previous: Any = None) -> Any:
         return DeviceAbsorbedExactKernel(self, alpha, beta, previous)
+
+
+def _weight_shift(log_w: np.ndarray) -> float:
+    """The largest finite log weight (0 if none): subtracted in float64 before a fused pass
+    and added back to its log sums, so that a pass in float32 rounds the weights' spread, not
+    their gauge (balanced potentials are defined up to a constant)."""
+    finite = log_w[np.isfinite(log_w)]
+    return float(finite.max()) if finite.size else 0.0
 
 
 class DeviceAbsorbedExactKernel(DeviceExactKernel):

@@ -29,6 +29,7 @@ from .._validation import (
 )
 from ..gibbs import GibbsGeometry, dual_lower_bound, make_cost
 from ..kernels import KernelOperator, build_kernel, get_backend
+from ..kernels.device import default_dtype
 from .advice import advise
 from .auto import solve_auto
 from .engine import STALL_CHECKS, annealing_kernels, choose_strategy, is_symmetric, iterate
@@ -79,6 +80,8 @@ def sinkhorn(
     parameters; anything else is rejected, naming what is accepted."""
     check_backend_params("sinkhorn", backend, backend_params)
     geometry = check_problem(X, Y, reg, metric, p)
+    if backend_params.get("dtype") is None:  # where the points live decides (float32 on a GPU)
+        backend_params["dtype"] = default_dtype(geometry, options.accuracy)
     problem = make_problem(a, b, geometry.shape, geometry.reg, reg_m, **warm_start(warmstart))
     problem, coarse = coarse_start(problem, geometry, options, rng)
     if backend == "auto":

@@ -107,6 +107,24 @@ def test_log_means_are_the_log_sums_and_weighted_means(kernels, side):
         device.log_means("diagonal", log_w)
 
 
+def test_float32_fused_passes_round_the_weights_spread_not_their_gauge(fused_interpreter):
+    """Log weights offset by 1e5 (a balanced solve's gauge) give the same log sums in
+    float32 passes: the offset is taken out in float64 (rounded with it, float32 would lose
+    1e5 * 1.2e-7 = 0.012 in every exponent). Tolerance: float32's rounding of exponents of
+    size ~20 (the weights' spread and c / reg here), 1e-5."""
+    host, device = pair()
+    dense = ExactKernel(host).to_dense()
+    single = sketchot.kernels.exact.build_exact(device, max_dense_bytes=0, dtype=np.float32)
+    assert single.fused
+    log_w = np.random.default_rng(7).normal(scale=3.0, size=55)
+    expected = np.log(dense @ np.exp(log_w))
+    for offset in (0.0, 1e5, -1e5):
+        log_sums, _ = single.log_means("rows", log_w + offset)
+        np.testing.assert_allclose(log_sums - offset, expected, rtol=0, atol=1e-5)
+        one = single.fused_pass("rows", log_w + offset, np.zeros(70), log=True)
+        np.testing.assert_allclose(one.products - offset, expected, rtol=0, atol=1e-5)
+
+
 def test_bad_products_are_reported_as_the_numpy_rules_say(kernels):
     """A weight vector with negative entries gives non-positive products: the streamed
     pass's mask and ratios are :func:`ratios_and_bad`'s, block by block."""
@@ -198,7 +216,8 @@ def test_cuda_kernels_hold_their_data_on_the_device():
 def test_a_cuda_solve_streams_fused_passes_and_equals_the_numpy_solve(params):
     rng = np.random.default_rng(9)
     X, Y = rng.random((900, 3)), rng.random((700, 3))
-    params = {"backend": "exact", "max_dense_bytes": 0, **params}
+    # float64 named: dtype=None would take float32 on the GPU (the next test)
+    params = {"backend": "exact", "max_dense_bytes": 0, "dtype": np.float64, **params}
     reference = sketchot.sinkhorn(None, None, X, Y, reg=0.02, **params)
     ours = sketchot.sinkhorn(None, None, *(torch.as_tensor(Z, device="cuda") for Z in (X, Y)),
                              reg=0.02, **params)  # fmt: skip
@@ -206,6 +225,59 @@ def test_a_cuda_solve_streams_fused_passes_and_equals_the_numpy_solve(params):
     np.testing.assert_allclose(ours.potentials[0].cpu().numpy(), reference.potentials[0],
                                rtol=1e-9, atol=1e-9)  # fmt: skip
     assert ours.accuracy_met == reference.accuracy_met
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_solve_takes_float32_where_it_meets_the_accuracy():
+    rng = np.random.default_rng(10)
+    X, Y = (torch.as_tensor(rng.random((900, 3)), device="cuda") for _ in range(2))
+    res = sketchot.sinkhorn(None, None, X, Y, reg=0.05, backend="exact", max_dense_bytes=0)
+    assert res.host.kernel.dtype == np.float32 and res.accuracy_met
+    assert res.potentials[0].dtype == torch.float64  # the points' dtype, whatever the passes'
+    tight = sketchot.sinkhorn(None, None, X, Y, reg=0.05, backend="exact", accuracy=1e-7)
+    assert tight.host.kernel.dtype == np.float64
+
+
+def test_dtype_none_takes_float32_on_an_accelerator_only_where_its_rounding_allows(monkeypatch):
+    """``default_dtype``: float64 for NumPy and for CPU tensors (host memory); on an
+    accelerator float32 from ``FLOAT32_MARGIN * eps32 * max(1, max_cost / reg)`` up."""
+    from sketchot.kernels import device as device_module
+
+    host, device = pair(reg=0.3)
+    eps32 = float(np.finfo(np.float32).eps)
+    assert device_module.default_dtype(host, 1e-2) == np.float64
+    assert device_module.default_dtype(device, 1e-2) == np.float64  # a CPU tensor's geometry
+    monkeypatch.setattr(device_module, "on_accelerator", lambda geometry: True)
+    threshold = device_module.FLOAT32_MARGIN * eps32 * max(1.0, device.max_cost() / device.reg)
+    assert device_module.default_dtype(device, threshold) == np.float32
+    assert device_module.default_dtype(device, 0.99 * threshold) == np.float64
+    assert device_module.default_dtype(device, None) == np.float64  # no check: float64
+    small = device.at_reg(1e-4)  # a spread 3000x larger: its threshold too
+    assert device_module.default_dtype(small, threshold) == np.float64
+
+
+def test_a_float32_default_solve_meets_the_accuracy_its_rule_took_it_for(
+    fused_interpreter, monkeypatch
+):
+    """The rule followed: at its own smallest float32 accuracy, a solve of the fused float32
+    passes (the GPU's program, under Triton's interpreter) from the float64 solution stays
+    within that accuracy against the true kernel, at a reg of 1% of the squared spread (spread
+    max_cost / reg ~ 260; started warm: the interpreter is slow)."""
+    from sketchot.kernels import device as device_module
+
+    monkeypatch.setattr(device_module, "on_accelerator", lambda geometry: True)
+    rng = np.random.default_rng(11)
+    X, Y = rng.random((120, 3)), rng.beta(2, 5, size=(100, 3))
+    reg = 0.01
+    reference = sketchot.sinkhorn(None, None, X, Y, reg=reg, backend="exact", accuracy=None,
+                                  tol=1e-12, max_iter=5000)  # fmt: skip
+    spread = reference.kernel.geometry.max_cost() / reg
+    accuracy = device_module.FLOAT32_MARGIN * float(np.finfo(np.float32).eps) * spread
+    res = sketchot.sinkhorn(None, None, torch.as_tensor(X), torch.as_tensor(Y), reg=reg,
+                            backend="exact", max_dense_bytes=0, accuracy=accuracy,
+                            warmstart=reference.potentials)  # fmt: skip
+    assert res.host.kernel.dtype == np.float32 and res.host.kernel.fused
+    assert res.accuracy_met and res.true_kernel.exhaustive
 
 
 def test_auto_times_the_exact_iteration_on_the_device():
