@@ -28,6 +28,7 @@ INCLUDED = (
     "gpu_cpu_tensors",
     "gpu_cpu_tensors_before",
     "gpu_quick",
+    "float32",
     "gpu_1e5",
     "gpu_h100",
     "gpu_h100_first_kernel",

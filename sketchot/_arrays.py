@@ -27,13 +27,6 @@ import numpy as np
 #: Result types whose attributes are scalars or strings; they pass through unchanged.
 _PLAIN = (str, bytes, bool, int, float, complex, type(None), dict, slice)
 
-#: Whether arrays in host memory of another library than NumPy (CPU tensors, the standard's
-#: strict arrays) take the device operators, as arrays on an accelerator do. Off: NumPy's
-#: operators run on zero-copy views of them, threaded and faster on the CPU than the
-#: library's own blocks (``benchmarks/results/gpu_cpu_tensors.md``); the tests turn it on to
-#: run the device code where there is no GPU.
-HOST_ARRAYS_ON_DEVICE = False
-
 
 def _library(value: Any) -> str | None:
     """The array library of ``value`` (``None`` for NumPy arrays, lists and scalars)."""
@@ -78,13 +71,6 @@ class ArrayContext:
     def on_host(self) -> bool:
         """Whether the arrays are in host memory (NumPy, or a CPU device)."""
         return self.is_numpy or "cpu" in str(self.device).lower()
-
-    @property
-    def device_operators(self) -> bool:
-        """Whether the kernels' per-entry work runs in the library's own namespace on its
-        device: arrays off the host (CUDA tensors, CuPy); arrays in host memory only when
-        :data:`HOST_ARRAYS_ON_DEVICE` says so."""
-        return not self.is_numpy and (not self.on_host or HOST_ARRAYS_ON_DEVICE)
 
     def to_host(self, value: Any) -> Any:
         """A NumPy view of one of the caller's arrays (a copy only off the host or for a dtype

@@ -17,8 +17,6 @@ import functools
 import inspect
 from typing import Any
 
-import numpy as np
-
 from ._arrays import in_user_arrays
 from ._dask import any_dask, require_dask
 from ._validation import unknown_names

@@ -45,6 +45,14 @@ FLOAT64 = np.dtype(np.float64)
 METRICS = ("sqeuclidean", "euclidean", "cityblock", "minkowski")
 
 
+#: Whether arrays in host memory of another library than NumPy (CPU tensors, the standard's
+#: strict arrays) take the device operators (:mod:`sketchot.kernels.device`), as arrays on an
+#: accelerator do. Off: NumPy's operators run on zero-copy views of them, threaded and faster
+#: on the CPU than the library's own blocks (``benchmarks/results/gpu_cpu_tensors.md``); the
+#: tests and ``benchmarks/float32.py`` turn it on to run the device code where there is no GPU.
+HOST_ARRAYS_ON_DEVICE = False
+
+
 @dataclass(frozen=True)
 class Cost:
     """The ground cost ``c(x, y)`` of the problem (POT's ``ot.dist(x1, x2, metric, p)``).
@@ -483,12 +491,14 @@ class GibbsGeometry:
 
     def computes_on_device(self, cost: Cost | None = None) -> bool:
         """Whether the kernel's values are computed where the caller's points live: arrays
-        the context runs device operators for
-        (:attr:`~sketchot._arrays.ArrayContext.device_operators`: off the host), and a cost
-        the device blocks compute (squared Euclidean or Euclidean; ``cost`` defaults to the
-        geometry's)."""
+        of another library than NumPy off the host (CUDA tensors, CuPy; in host memory only
+        with :data:`HOST_ARRAYS_ON_DEVICE`), and a cost the device blocks compute (squared
+        Euclidean or Euclidean; ``cost`` defaults to the geometry's)."""
         cost = self.cost if cost is None else cost
-        return self.context.device_operators and cost.name in ("sqeuclidean", "euclidean")
+        context = self.context
+        elsewhere = not context.on_host or HOST_ARRAYS_ON_DEVICE
+        named = cost.name in ("sqeuclidean", "euclidean")
+        return not context.is_numpy and elsewhere and named
 
     def _device_rows(
         self, own: np.ndarray, other: np.ndarray, cost: Cost, values: np.ndarray, what: str

@@ -60,9 +60,9 @@ def device_operators(monkeypatch):
     """Arrays in host memory take the device operators (:mod:`sketchot.kernels.device`), as
     arrays on an accelerator do: how their code runs without a GPU (by default CPU tensors
     take NumPy's operators on views of them)."""
-    from sketchot import _arrays
+    from sketchot import gibbs
 
-    monkeypatch.setattr(_arrays, "HOST_ARRAYS_ON_DEVICE", True)
+    monkeypatch.setattr(gibbs, "HOST_ARRAYS_ON_DEVICE", True)
 
 
 @pytest.fixture(params=["numpy", "torch", "array_api_strict"])
@@ -150,8 +150,8 @@ def fused_interpreter(monkeypatch):
     version = tuple(int(part) for part in triton.__version__.split(".")[:2])
     if version < (3, 7):
         pytest.skip(f"Triton's interpreter needs Triton >= 3.7; found {triton.__version__}")
-    from sketchot import _arrays, fused
+    from sketchot import fused, gibbs
 
-    monkeypatch.setattr(_arrays, "HOST_ARRAYS_ON_DEVICE", True)
+    monkeypatch.setattr(gibbs, "HOST_ARRAYS_ON_DEVICE", True)
     monkeypatch.setattr(fused, "CPU_INTERPRETER", True)
     return fused

@@ -212,7 +212,7 @@ class FactorMaps:
 def low_rank_from_maps(geometry: GibbsGeometry, maps: FactorMaps) -> LowRankKernel:
     """The in-memory operator of fitted maps: ``A = left_factor(X)``, ``B = right_factor(Y)``."""
     operator_class = LowRankKernel
-    if geometry.context.device_operators:  # e.g. CUDA tensors: the products run there
+    if geometry.computes_on_device():  # e.g. CUDA tensors: the products run there
         operator_class = DeviceLowRankKernel
     operator = operator_class(
         geometry,
