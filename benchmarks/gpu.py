@@ -242,7 +242,8 @@ def estimated_seconds(method: str, data: str, n: int) -> float:
         return 30.0 * (n / 1e4) ** 2 * (d / 3) ** 0.5
     if "multiscale" in method:
         return 1.5 * (n / 1e4) ** 1.2 if d <= 3 else 30.0 * (n / 1e4) ** 2
-    return 10.0 * (n / 1e4) ** 1.3 * (d / 3)
+    # the default call: 0.7-2.9 s at 10^4 and 3.8-47 s at 10^5 (gpu_cpu_tensors.md)
+    return 3.0 * (n / 1e4) ** 1.2 * (d / 3)
 
 
 def report(rows: list[dict[str, Any]], device: str, pass_rows: list[dict[str, Any]]) -> str:
