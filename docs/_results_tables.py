@@ -27,6 +27,7 @@ INCLUDED = (
     "unbalanced_quick",
     "gpu_cpu_tensors",
     "gpu_cpu_tensors_before",
+    "gpu_cpu_tensors_1e6",
     "gpu_quick",
     "float32",
     "gpu_1e5",

@@ -311,8 +311,8 @@ def first_moments(
     """
     g = kernel.geometry
     coords = g.Xc if transpose else g.Yc
-    means = "log_means" in kernel.info.capabilities
-    if means and (_log_kernel(kernel, log_u, log_v) or _log_form(kernel, log_u, log_v)):
+    has_means = "log_means" in kernel.info.capabilities
+    if has_means and (_log_kernel(kernel, log_u, log_v) or _log_form(kernel, log_u, log_v)):
         # P Yc = diag(P 1) (the means of Yc under K diag(v)): one product's work
         _, means = kernel.log_means("cols" if transpose else "rows", log_u if transpose else log_v)
         return marginal[:, None] * means
