@@ -201,11 +201,10 @@ def sinkhorn(
         ``backend='auto'``, which sizes them itself.
     dtype : numpy.float64, numpy.float32 or None, default=None
         Precision of the stored kernel or factors (and of the exact kernel's passes on a
-        GPU). ``None``: float64, except for arrays on an accelerator (CUDA tensors), where
-        float32 is taken when ``accuracy`` is at least ten times float32's rounding of the
-        kernel's exponents (``1.2e-7 * max_cost / reg``; the true-kernel check stays
-        float64).
-        See :func:`sketchot.kernels.device.default_dtype`.
+        GPU). ``None``: float64, except for the exact kernel on an accelerator (CUDA
+        tensors), which takes float32 when ``accuracy`` is at least ten times float32's
+        rounding of its exponents (``1.2e-7 * max_cost / reg``; the true-kernel check stays
+        float64). See :func:`sketchot.kernels.device.default_dtype`.
     rng : None, int, Generator, ...
         Randomness of the approximate backends and of the sampled true-kernel check.
     {options}
@@ -548,11 +547,10 @@ def make_kernel(
         kernel's (:func:`sketchot.kernels.auto.adaptive_rank`). Not with ``backend='auto'``.
     dtype : numpy.float64, numpy.float32 or None, default=None
         Precision of the stored kernel or factors (and of the exact kernel's passes on a
-        GPU). ``None``: float64, except for arrays on an accelerator (CUDA tensors), where
-        float32 is taken when ``accuracy`` is at least ten times float32's rounding of the
-        kernel's exponents (``1.2e-7 * max_cost / reg``; the true-kernel check stays
-        float64).
-        See :func:`sketchot.kernels.device.default_dtype`.
+        GPU). ``None``: float64, except for the exact kernel on an accelerator (CUDA
+        tensors), which takes float32 when ``accuracy`` is at least ten times float32's
+        rounding of its exponents (``1.2e-7 * max_cost / reg``; the true-kernel check stays
+        float64). See :func:`sketchot.kernels.device.default_dtype`.
     accuracy : float, default=1e-3
         The accuracy the answer is asked for (:func:`sinkhorn`'s): what ``'auto'`` and
         ``rank='auto'`` size the kernel to, and what a backend fitting a sketch to a

@@ -477,7 +477,7 @@ def choose(
     size = f"n x m = {n} x {m} ({n * m * itemsize / 2**20:.0f} MiB)"
     dense_fits = store and n * m * itemsize <= dense_budget_bytes()
     if dense_fits and n * m <= DIRECT_DENSE_ENTRIES:
-        kernel = build(geometry, exact.name, dtype=dtype)
+        kernel = build(geometry, exact.name, dtype=dtype, accuracy=accuracy)
         return final(exact, kernel, f"{size} is small: the exact kernel, stored")
 
     exact_seconds = None
@@ -485,7 +485,7 @@ def choose(
         exact_seconds = exact_iteration_seconds(geometry, stored=dense_fits)
         if exact_seconds * DIRECT_EXACT_ITERATIONS <= DIRECT_EXACT_SECONDS:
             streamed = {} if dense_fits else exact.streamed_params
-            kernel = build(geometry, exact.name, dtype=dtype, **streamed)
+            kernel = build(geometry, exact.name, dtype=dtype, accuracy=accuracy, **streamed)
             reason = (
                 f"{DIRECT_EXACT_ITERATIONS} exact iterations take about "
                 f"{exact_seconds * DIRECT_EXACT_ITERATIONS:.2g} s on the caller's device "
@@ -545,13 +545,13 @@ def choose(
             return Choice(verdict.outcome, kernel, reason, tuple(attempts))
 
     if dense_fits:
-        kernel = build(geometry, exact.name, dtype=dtype)
+        kernel = build(geometry, exact.name, dtype=dtype, accuracy=accuracy)
         reason = (
             f"no cheaper kernel meets the accuracy; {size} fits the dense budget: the exact "
             "kernel, stored"
         )
         return final(exact, kernel, reason)
-    kernel = build(geometry, exact.name, dtype=dtype, **exact.streamed_params)
+    kernel = build(geometry, exact.name, dtype=dtype, accuracy=accuracy, **exact.streamed_params)
     # one estimate everywhere: a pass each way (as the solve's own announcement says)
     if kernel.info.seconds_per_pass is not None:
         say(f"the exact kernel streamed: about {2 * kernel.info.seconds_per_pass:.2g} s per "

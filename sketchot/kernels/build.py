@@ -12,7 +12,6 @@ from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_dtype, check_float, check_matrix, check_rng
 from ..gibbs import GibbsGeometry, make_cost
 from .auto import adaptive_rank, choose, kernel_judge
-from .device import default_dtype
 from .registry import build_backend, resolve_parameters
 
 
@@ -38,8 +37,6 @@ def make_kernel(
     reg = check_float(reg, "reg", positive=True)
     geometry = GibbsGeometry(X, Y, reg, make_cost(metric, p))
     accuracy = check_float(accuracy, "accuracy", positive=True)
-    if dtype is None:
-        dtype = default_dtype(geometry, accuracy)
     if backend == "auto":
         if params or rank is not None:
             raise TypeError(
@@ -49,7 +46,7 @@ def make_kernel(
         generator = check_rng(rng)
         choice = choose(
             geometry, kernel_judge(accuracy, generator), accuracy=accuracy, rng=generator,
-            dtype=check_dtype(dtype),
+            dtype=None if dtype is None else check_dtype(dtype),
         )  # fmt: skip
         choice.kernel.info.reason = choice.reason
         return choice.kernel

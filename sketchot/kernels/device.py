@@ -52,10 +52,11 @@ def on_accelerator(geometry: GibbsGeometry) -> bool:
 
 
 def default_dtype(geometry: GibbsGeometry, accuracy: float | None) -> np.dtype:
-    """The precision of ``dtype=None``: float64, except on an accelerator, where float32
-    passes run about twice as fast (one H100, ``benchmarks/gpu.py --passes``; far more on GPUs
-    with little float64 arithmetic) and are taken when the ``accuracy`` asked for is at least
-    :data:`FLOAT32_MARGIN` times float32's rounding of their exponents,
+    """The exact kernel's precision for ``dtype=None`` (the approximations keep float64:
+    :func:`~sketchot.kernels.registry.build_backend`): float64, except on an accelerator,
+    where float32 passes run about twice as fast (one H100, ``benchmarks/gpu.py --passes``;
+    far more on GPUs with little float64 arithmetic) and are taken when the ``accuracy``
+    asked for is at least :data:`FLOAT32_MARGIN` times float32's rounding of their exponents,
     ``eps32 * max(1, max_cost / reg)``. The true-kernel check stays in float64, so a float32
     run that misses the accuracy says so. No accuracy (no check): float64."""
     if accuracy is None or not on_accelerator(geometry):

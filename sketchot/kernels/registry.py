@@ -26,6 +26,7 @@ from .._defaults import DEFAULT_ACCURACY
 from .._memory import check_fits
 from .._validation import check_dtype, check_int, describe, unknown_names
 from ..gibbs import Cost, GibbsGeometry
+from .device import default_dtype
 
 #: The paper's Sinkhorn setting (Han et al. 2020, Section 4.3): sketch dimension and degree.
 PAPER_SKETCH_DIM = 20
@@ -528,9 +529,14 @@ def build_backend(
     **params: Any,
 ):
     """A backend's operator on an in-memory geometry at given parameters (an integer
-    ``rank`` or none), its memory checked first, with ``info.build_time`` set."""
-    dtype = check_dtype(dtype)
+    ``rank`` or none), its memory checked first, with ``info.build_time`` set. ``dtype=None``:
+    the exact kernel's precision where the points live (:func:`~.device.default_dtype`: float32
+    on a GPU where it holds ``accuracy``), float64 for the approximations (their signed factors
+    cancel in products: float32's rounding is not bounded by the entries')."""
     record, params = resolve_parameters(backend, params, rank=rank, accuracy=accuracy)
+    if dtype is None:
+        dtype = default_dtype(geometry, accuracy) if record.exact else np.float64
+    dtype = check_dtype(dtype)
     check_metric(record, geometry.cost)
     # the size parameter a refusal names: the one the caller passed (rank= or the backend's)
     sized_by = (

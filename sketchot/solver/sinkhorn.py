@@ -29,7 +29,6 @@ from .._validation import (
 )
 from ..gibbs import GibbsGeometry, dual_lower_bound, make_cost
 from ..kernels import KernelOperator, build_kernel, get_backend
-from ..kernels.device import default_dtype
 from .advice import advise
 from .auto import solve_auto
 from .engine import STALL_CHECKS, annealing_kernels, choose_strategy, is_symmetric, iterate
@@ -80,8 +79,8 @@ def sinkhorn(
     parameters; anything else is rejected, naming what is accepted."""
     check_backend_params("sinkhorn", backend, backend_params)
     geometry = check_problem(X, Y, reg, metric, p)
-    if backend_params.get("dtype") is None:  # where the points live decides (float32 on a GPU)
-        backend_params["dtype"] = default_dtype(geometry, options.accuracy)
+    if backend_params.get("dtype") is None and options.accuracy is None:
+        backend_params["dtype"] = np.float64  # no accuracy to hold float32 to: float64
     problem = make_problem(a, b, geometry.shape, geometry.reg, reg_m, **warm_start(warmstart))
     problem, coarse = coarse_start(problem, geometry, options, rng)
     if backend == "auto":

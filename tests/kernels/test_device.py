@@ -278,6 +278,13 @@ def test_a_float32_default_solve_meets_the_accuracy_its_rule_took_it_for(
                             warmstart=reference.potentials)  # fmt: skip
     assert res.host.kernel.dtype == np.float32 and res.host.kernel.fused
     assert res.accuracy_met and res.true_kernel.exhaustive
+    # the approximations keep float64 (signed factors: no entry bound on float32's rounding)
+    low_rank = sketchot.sinkhorn(None, None, torch.as_tensor(X), torch.as_tensor(Y), reg=1.0,
+                                 backend="nystrom", rank=40, rng=0, accuracy=accuracy)  # fmt: skip
+    assert low_rank.host.kernel.dtype == np.float64
+    without_check = sketchot.sinkhorn(None, None, torch.as_tensor(X), torch.as_tensor(Y), reg=reg,
+                                      backend="exact", accuracy=None, max_iter=3)  # fmt: skip
+    assert without_check.host.kernel.dtype == np.float64  # nothing to hold float32 to
 
 
 def test_auto_times_the_exact_iteration_on_the_device():
