@@ -271,3 +271,24 @@ def test_polyts_auto_escalates_to_the_block_local_record_within_its_dimension():
     X, Y = rng.random((300, 6)), rng.random((200, 6))
     kernel = sketchot.make_kernel(X, Y, 0.01, "polyts", rng=0)
     assert kernel.info.backend == "polyts" and "no candidate accepted" in kernel.info.reason
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_float32_rung_that_goes_non_positive_ends_its_climb(clouds, monkeypatch, dtype):
+    """A low-rank rung whose sampled error is within reach but whose solve goes non-positive
+    (a judge that always says so) ends the climb in float32 (its products' rounding, which a
+    larger rank does not shrink) and not in float64 (a larger rank may fix an approximation);
+    the ladder then goes on to the next kind of kernel either way."""
+    X, Y = clouds
+    as_if_large(monkeypatch)
+    geometry = sketchot.gibbs.GibbsGeometry(X, Y, 1.0)
+
+    def judge(kernel, kind, error):
+        if kind == kernels_auto.LOW_RANK_KIND:
+            return kernels_auto.Verdict(np.inf, False, "a denominator went non-positive")
+        return kernels_auto.Verdict(0.0, True, "accepted", kernel)
+
+    choice = kernels_auto.choose(geometry, judge, accuracy=1e-3, rng=0, dtype=dtype)
+    low_rank = [a for a in choice.attempts if a.backend == "nystrom"]
+    assert len(low_rank) == 1 if dtype == np.float32 else len(low_rank) > 1
+    assert choice.kernel.info.backend != "nystrom"
