@@ -40,9 +40,19 @@ def _options_doc() -> str:
     return doc[doc.index("----------\n") + len("----------\n") :].rstrip()
 
 
+#: ``dtype``'s entry, shared by the solves and :func:`make_kernel`.
+_DTYPE_DOC = """    dtype : numpy.float64, numpy.float32 or None, default=None
+        Precision of the stored kernel or factors (and of the exact kernel's passes on a
+        GPU). ``None``: float64, except for the exact kernel on an accelerator (CUDA
+        tensors), which takes float32 when ``accuracy`` is at least ten times float32's
+        rounding of its exponents (``1.2e-7 * max_cost / reg``; the true-kernel check stays
+        float64). See :func:`sketchot.kernels.device.default_dtype`."""
+
+
 def _documented(func):
-    """Fill ``{options}`` in ``func``'s docstring with the options' entries."""
-    func.__doc__ = func.__doc__.replace("    {options}", _options_doc())
+    """Fill ``{options}`` and ``{dtype}`` in ``func``'s docstring with their entries."""
+    doc = func.__doc__.replace("    {options}", _options_doc())
+    func.__doc__ = doc.replace("    {dtype}", _DTYPE_DOC)
     return func
 
 
@@ -199,12 +209,7 @@ def sinkhorn(
         The size of a low-rank backend's factors (it sets the record's rank parameter:
         ``n_features``, ``n_landmarks``, ...; :func:`sketchot.make_kernel`); not with
         ``backend='auto'``, which sizes them itself.
-    dtype : numpy.float64, numpy.float32 or None, default=None
-        Precision of the stored kernel or factors (and of the exact kernel's passes on a
-        GPU). ``None``: float64, except for the exact kernel on an accelerator (CUDA
-        tensors), which takes float32 when ``accuracy`` is at least ten times float32's
-        rounding of its exponents (``1.2e-7 * max_cost / reg``; the true-kernel check stays
-        float64). See :func:`sketchot.kernels.device.default_dtype`.
+    {dtype}
     rng : None, int, Generator, ...
         Randomness of the approximate backends and of the sampled true-kernel check.
     {options}
@@ -498,6 +503,7 @@ def sinkhorn_kernel(
     )  # fmt: skip
 
 
+@_documented
 @in_user_arrays("X", "Y")
 def make_kernel(
     X: Any,
@@ -545,12 +551,7 @@ def make_kernel(
         ``'auto'`` doubles it from 64 until a sampled relative error of ``K~ v`` against the
         true kernel meets ``accuracy``, or until an iteration would cost more than the exact
         kernel's (:func:`sketchot.kernels.auto.adaptive_rank`). Not with ``backend='auto'``.
-    dtype : numpy.float64, numpy.float32 or None, default=None
-        Precision of the stored kernel or factors (and of the exact kernel's passes on a
-        GPU). ``None``: float64, except for the exact kernel on an accelerator (CUDA
-        tensors), which takes float32 when ``accuracy`` is at least ten times float32's
-        rounding of its exponents (``1.2e-7 * max_cost / reg``; the true-kernel check stays
-        float64). See :func:`sketchot.kernels.device.default_dtype`.
+    {dtype}
     accuracy : float, default=1e-3
         The accuracy the answer is asked for (:func:`sinkhorn`'s): what ``'auto'`` and
         ``rank='auto'`` size the kernel to, and what a backend fitting a sketch to a
