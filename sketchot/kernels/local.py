@@ -7,6 +7,10 @@ unlike a global low-rank kernel. It declares the ``'log_products'`` capability: 
 passes and projections also run on logarithms (``log=True``), which the solver uses at small
 ``reg``. As ``K = L R^T`` it has ``L = K`` and ``R = I``.
 
+Where the caller's arrays live on a device (CUDA tensors, say), the expansion's per-point
+work runs there (:meth:`~sketchot.sketch.LocalGaussianExpansion.to_device`), and ``tau='auto'``
+times its sampled iterations there.
+
 Dimension limit: the expansion needs ``C(degree + d, d)`` features per point; at the default
 degree (9) that is ``d <= 4``. Above it the builder raises a ``ValueError`` naming ``d`` and
 the limit: it never returns an inaccurate kernel.
@@ -19,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .._arrays import DeviceArrays
 from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_choice, check_float
 from ..gibbs import GibbsGeometry
@@ -55,6 +60,13 @@ def rtol_for(accuracy: float) -> float:
     marginal error the true-kernel check certifies."""
     accuracy = check_float(accuracy, "accuracy", positive=True)
     return float(np.clip(accuracy * RTOL_FRACTION, *RTOL_RANGE))
+
+
+def _device_of(geometry: GibbsGeometry) -> DeviceArrays | None:
+    """Where the expansion's products run: the caller's device when the geometry computes
+    there (:meth:`~sketchot.gibbs.GibbsGeometry.computes_on_device`: CUDA tensors, say),
+    else the host."""
+    return DeviceArrays(geometry.context) if geometry.computes_on_device() else None
 
 
 def _signed_log_product(log_product, log_w: np.ndarray, V: np.ndarray) -> np.ndarray:
@@ -135,6 +147,7 @@ class LocalPolyKernel(KernelOperator):
                 truncate=e.truncate,
                 rng=e.rng,
             ).fit(g.Yc, g.Xc)
+            self._transposed.to_device(_device_of(g))
         expansion = self._transposed if transpose else self.expansion
         centred = points - g.center
         return _signed_log_product(
@@ -284,7 +297,7 @@ def build_local(
         rtol = rtol_for(accuracy)
 
     def fit(tau: float) -> LocalGaussianExpansion:
-        return LocalGaussianExpansion(
+        expansion = LocalGaussianExpansion(
             geometry.reg,
             tau=tau,
             rtol=rtol,
@@ -292,6 +305,8 @@ def build_local(
             truncate=rtol if truncate is None else truncate,
             rng=rng,
         ).fit(geometry.Xc, geometry.Yc)
+        # on the caller's device before tau='auto' times it: the timing is the device's
+        return expansion.to_device(_device_of(geometry))
 
     sampled = None
     if isinstance(tau, str) and tau == "auto":

@@ -63,10 +63,11 @@ from numpy.polynomial import chebyshev as C
 from scipy.spatial import cKDTree
 from scipy.special import logsumexp
 
+from .._arrays import DeviceArrays
 from .._memory import available_bytes
 from .._parallel import get_num_threads, run_parts
 from .._validation import check_float, check_int, check_matrix, check_rng
-from ..gibbs import block_rows, neg_cost_over_reg, row_slices, sq_norms
+from ..gibbs import BLOCK_BYTES, SQEUCLIDEAN, block_rows, neg_cost_on_device, row_slices, sq_norms
 from .coefficients import chebyshev_to_monomial
 
 EPS = np.finfo(np.float64).eps
@@ -266,6 +267,7 @@ class LocalGaussianExpansion:
         store = feature_bytes <= budget
         self._x = self._side(X, generator, store)
         self._y = self._side(Y, generator, store)
+        self._on = None  # products on the host until to_device
         # what the budget leaves keeps padded copies of the batches products read
         spare = (budget - feature_bytes) // 2 if store else 0
         self._x.padded_budget = self._y.padded_budget = spare
@@ -316,14 +318,14 @@ class LocalGaussianExpansion:
         """
         self._check_fitted()
         log_v = self._check_log(log_v, self._y.n_points, "log_v")
-        scale, Z = _apply(self._x, self._y, log_v, None, self._monomials, self.reg, self._truncate)
+        scale, Z = self._apply(self._x, self._y, log_v, None, self._truncate)
         return _log_of_scaled(scale, Z[:, 0])
 
     def log_rmatvec(self, log_u: Any) -> np.ndarray:
         """``log(K^T exp(log_u))``, shape ``(m,)``."""
         self._check_fitted()
         log_u = self._check_log(log_u, self._x.n_points, "log_u")
-        scale, Z = _apply(self._y, self._x, log_u, None, self._monomials, self.reg, self._truncate)
+        scale, Z = self._apply(self._y, self._x, log_u, None, self._truncate)
         return _log_of_scaled(scale, Z[:, 0])
 
     def log_means(self, log_w: Any, *, transpose: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -351,9 +353,7 @@ class LocalGaussianExpansion:
                 f"log_means needs degree >= 3 (a degree-{self.degree_ - 1} fit for the "
                 f"offsets); this expansion has degree {self.degree_}"
             )
-        scale, Z = _apply(
-            out, inn, log_w, None, self._monomials, self.reg, self._truncate, means=plan
-        )
+        scale, Z = self._apply(out, inn, log_w, None, self._truncate, means=plan)
         with np.errstate(invalid="ignore", divide="ignore"):
             means = np.where(Z[:, :1] > 0, Z[:, 1:] / Z[:, :1] + self.center_, 0.0)
         return _log_of_scaled(scale, Z[:, 0]), means
@@ -391,7 +391,7 @@ class LocalGaussianExpansion:
         for out, inn in ((self._x, self._y), (self._y, self._x)):
             log_w = np.zeros(inn.n_points)
             start = time.perf_counter()
-            _, Z = _apply(out, inn, log_w, None, self._monomials, self.reg, self._truncate, stride)
+            _, Z = self._apply(out, inn, log_w, None, self._truncate, stride=stride)
             # uniform weights: every computed row has a positive sum, the skipped ones 0
             computed = max(np.count_nonzero(Z[:, 0] > 0), 1) / out.n_points
             seconds += (time.perf_counter() - start) / computed
@@ -407,7 +407,7 @@ class LocalGaussianExpansion:
         """
         side = self._new_side(X_new)
         log_v = self._check_log(log_v, self._y.n_points, "log_v")
-        scale, Z = _apply(side, self._y, log_v, None, self._monomials, self.reg, self._truncate)
+        scale, Z = self._apply(side, self._y, log_v, None, self._truncate)
         return _log_of_scaled(scale, Z[:, 0])
 
     def barycentric_map(self, X_new: Any, log_v: Any) -> np.ndarray:
@@ -422,11 +422,34 @@ class LocalGaussianExpansion:
         values = np.empty((self._y.n_points, self._y.local.shape[1] + 1))
         values[:, 0] = 1.0
         values[:, 1:] = self._y.points_centred()
-        _, Z = _apply(side, self._y, log_v, values, self._monomials, self.reg)
+        _, Z = self._apply(side, self._y, log_v, values)
         with np.errstate(invalid="ignore", divide="ignore"):
             return Z[:, 1:] / Z[:, :1] + self.center_
 
+    def to_device(self, on: DeviceArrays | None) -> LocalGaussianExpansion:
+        """Run the products' per-point work (exponents, moments, output rows, exact
+        entries) on the device of ``on`` (:class:`~sketchot._arrays.DeviceArrays`), in its
+        Array API namespace, on copies of both clouds' sorted arrays and features made there
+        (memory ``O((n + m) (d + R))`` on the device); ``None``: on the host (NumPy). The
+        clustering and each product's cluster-level plan stay on the host, and every method
+        still takes and returns NumPy arrays (``O(n + m)`` numbers move per product).
+
+        Returns
+        -------
+        self
+        """
+        self._check_fitted()
+        self._on = on
+        if on is not None:  # the copies now, not in the first (timed) product
+            self._x.arrays(on), self._y.arrays(on)
+        return self
+
     # ------------------------------------------------------------------ helpers
+    def _apply(self, out: _Side, inn: _Side, log_w, values, truncate=0.0, **options):
+        """:func:`_apply` with the fitted plan, where :meth:`to_device` put the products."""
+        plan, on = self._monomials, self._on
+        return _apply(out, inn, log_w, values, plan, self.reg, truncate, on=on, **options)
+
     def _side(self, points: np.ndarray, generator: np.random.Generator, store: bool) -> _Side:
         centred = points - self.center_
         labels, centers = _cover(centred, self.rho_, generator)
@@ -455,7 +478,7 @@ class LocalGaussianExpansion:
         if not np.all(np.isfinite(V)):
             raise ValueError(f"{name} must contain only finite values")
         values = V.reshape(inn.n_points, -1)
-        scale, Z = _apply(out, inn, np.zeros(inn.n_points), values, self._monomials, self.reg)
+        scale, Z = self._apply(out, inn, np.zeros(inn.n_points), values)
         with np.errstate(under="ignore"):
             result = np.exp(scale)[:, None] * Z
         return result.reshape(out.n_points, *V.shape[1:])
@@ -693,8 +716,9 @@ class _Batch:
 
     ``first:stop`` are the clusters' positions in the list the batch was cut from. ``index``
     (clusters x padded size) holds sorted row indices, padding repeating each cluster's first
-    row, and ``valid`` marks the real rows; both are ``None`` for a single cluster, read as
-    its contiguous ``rows``.
+    row, ``valid`` marks the real rows and ``padding`` adds ``-inf`` to the others' exponents
+    (0 to the real ones); all three are ``None`` for a single cluster, read as its contiguous
+    ``rows``.
     """
 
     ids: np.ndarray
@@ -703,6 +727,7 @@ class _Batch:
     rows: slice | None
     index: np.ndarray | None
     valid: np.ndarray | None
+    padding: np.ndarray | None
 
     @classmethod
     def make(cls, ids: np.ndarray, first: int, offsets: np.ndarray, sizes: np.ndarray) -> _Batch:
@@ -710,11 +735,11 @@ class _Batch:
         if ids.size == 1:
             cluster = int(ids[0])
             rows = slice(int(offsets[cluster]), int(offsets[cluster + 1]))
-            return cls(ids, first, stop, rows, None, None)
+            return cls(ids, first, stop, rows, None, None, None)
         steps = np.arange(int(sizes[ids].max()))
         valid = steps[None, :] < sizes[ids, None]
         index = np.where(valid, offsets[ids, None] + steps[None, :], offsets[ids, None])
-        return cls(ids, first, stop, None, index, valid)
+        return cls(ids, first, stop, None, index, valid, np.where(valid, 0.0, -np.inf))
 
     def gather(self, values: np.ndarray) -> np.ndarray:
         """``values`` of the batch's rows, shape ``(clusters, padded size, ...)``."""
@@ -755,6 +780,8 @@ class _Side:
     padded_budget: int = 0
     padded_bytes: int = 0
     padded_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # copies of the per-point arrays on the device products run on (:class:`_DeviceArrays`)
+    device: Any = field(default=None, repr=False)
 
     @classmethod
     def build(cls, centred, labels, centers, plan, reg, store, exact_below) -> _Side:
@@ -811,6 +838,15 @@ class _Side:
         if store:
             side.features = _local_monomials(local * np.sqrt(2.0 / reg), plan)
         return side
+
+    def arrays(self, on: DeviceArrays | None) -> _HostArrays:
+        """The per-point arrays products read: the side's own (``on=None``), or copies on
+        ``on``'s device, made once."""
+        if on is None:
+            return _HostArrays(self)
+        if self.device is None or self.device.on is not on:
+            self.device = _DeviceArrays(self, on)
+        return self.device
 
     @property
     def n_points(self) -> int:
@@ -898,6 +934,151 @@ class _Side:
         return out
 
 
+# ---------------------------------------------------------------------- where products run
+class _HostArrays:
+    """The per-point arrays of one side that products read, in NumPy on the host (the side's
+    own, and its padded batches' features within the side's budget).
+
+    :class:`_DeviceArrays` keeps copies on the caller's device behind the same small
+    interface, so that :func:`_apply` is written once against the Array API (``xp``).
+    """
+
+    xp = np
+    on_host = True
+
+    def __init__(self, side: _Side) -> None:
+        self.side = side
+        self.local, self.base, self.points = side.local, side.base, side.points
+
+    def put(self, array: np.ndarray) -> np.ndarray:
+        return array
+
+    def get(self, array: np.ndarray) -> np.ndarray:
+        return array
+
+    def put_index(self, index: np.ndarray) -> np.ndarray:
+        return index
+
+    def empty(self, shape: tuple[int, ...]) -> np.ndarray:
+        return np.empty(shape)
+
+    def full(self, shape: tuple[int, ...], value: float) -> np.ndarray:
+        return np.full(shape, value)
+
+    def gather(self, batch: _Batch, values: np.ndarray) -> np.ndarray:
+        return batch.gather(values)
+
+    def padding(self, batch: _Batch) -> np.ndarray:
+        return batch.padding
+
+    def take_valid(self, batch: _Batch, values: np.ndarray) -> np.ndarray:
+        """The real rows of padded ``values`` (clusters, size, ...), cluster by cluster."""
+        return values[batch.valid]
+
+    def batch_features(self, batch: _Batch) -> np.ndarray:
+        return self.side.batch_features(batch)
+
+    def block_features(self, rows: slice) -> np.ndarray:
+        return self.side.block_features(rows)
+
+
+class _DeviceArrays(_HostArrays):
+    """Copies of one side's per-point arrays on the caller's device
+    (:class:`~sketchot._arrays.DeviceArrays`, float64), with each batch's padded row index
+    and mask kept there and its padded features within the side's budget; features are
+    recomputed there block by block when the side does not store them.
+
+    Memory on the device: ``O(n (d + R))`` plus the padded features' budget.
+    """
+
+    on_host = False
+
+    def __init__(self, side: _Side, on: DeviceArrays) -> None:
+        self.side, self.on, self.xp = side, on, on.xp
+        self.local, self.base, self.points = on.put(side.local), on.put(side.base), None
+        self.points = on.put(side.points)
+        self.features = None if side.features is None else on.put(side.features)
+        plan = side.plan
+        self._parents = [on.put(p, np.int64) for p in plan.parents]
+        self._coords = [on.put(c, np.int64) for c in plan.coords]
+        self._scale = on.put(plan.scale)
+        self._index: dict[bytes, tuple[Any, Any]] = {}
+        self._padded: dict[bytes, Any] = {}
+        self._padded_bytes = 0
+
+    def put(self, array: np.ndarray) -> Any:
+        return self.on.put(array)
+
+    def get(self, array: Any) -> np.ndarray:
+        return self.on.get(array)
+
+    def put_index(self, index: np.ndarray) -> Any:
+        return self.on.put(index, np.int64)
+
+    def empty(self, shape: tuple[int, ...]) -> Any:
+        return self.xp.empty(shape, dtype=self.xp.float64, device=self.local.device)
+
+    def full(self, shape: tuple[int, ...], value: float) -> Any:
+        return self.xp.full(shape, value, dtype=self.xp.float64, device=self.local.device)
+
+    def _padded_rows(self, batch: _Batch) -> tuple[Any, Any, Any]:
+        """The batch's padded row index, padding offsets and real positions, kept on the
+        device (gathers by integer index: no boolean mask, whose shape a GPU must wait for)."""
+        key = batch.ids.tobytes()
+        if key not in self._index:
+            self._index[key] = (
+                self.put_index(batch.index.ravel()),
+                self.put(batch.padding),
+                self.put_index(np.flatnonzero(batch.valid.ravel())),
+            )
+        return self._index[key]
+
+    def gather(self, batch: _Batch, values: Any) -> Any:
+        if batch.index is None:
+            return values[batch.rows, ...][None, ...]
+        flat = self.xp.take(values, self._padded_rows(batch)[0], axis=0)
+        return self.xp.reshape(flat, (*batch.index.shape, *values.shape[1:]))
+
+    def padding(self, batch: _Batch) -> Any:
+        return self._padded_rows(batch)[1]
+
+    def take_valid(self, batch: _Batch, values: Any) -> Any:
+        flat = self.xp.reshape(values, (-1, *values.shape[2:]))
+        return self.xp.take(flat, self._padded_rows(batch)[2], axis=0)
+
+    def batch_features(self, batch: _Batch) -> Any:
+        if batch.index is None:
+            return self.block_features(batch.rows)[None, ...]
+        key = batch.ids.tobytes()
+        cached = self._padded.get(key)
+        if cached is None:
+            if self.features is not None:
+                cached = self.gather(batch, self.features)
+            else:
+                cached = self._monomials(self.gather(batch, self.local))
+            nbytes = cached.shape[0] * cached.shape[1] * cached.shape[2] * 8
+            if self._padded_bytes + nbytes <= self.side.padded_budget:
+                self._padded[key] = cached
+                self._padded_bytes += nbytes
+        return cached
+
+    def block_features(self, rows: slice) -> Any:
+        if self.features is not None:
+            return self.features[rows, ...]
+        return self._monomials(self.local[rows, ...])
+
+    def _monomials(self, local: Any) -> Any:
+        """:func:`_local_monomials` of ``local`` (any leading shape) on the device: one
+        gather-multiply per degree along the last axis, ``O(n R)``."""
+        xp = self.xp
+        U = local * float(np.sqrt(2.0 / self.side.reg))
+        columns, previous = [xp.ones_like(U[..., :1]), U], U
+        for parents, coords in zip(self._parents, self._coords, strict=True):
+            previous = xp.take(previous, parents, axis=-1) * xp.take(U, coords, axis=-1)
+            columns.append(previous)
+        return xp.concat(columns, axis=-1) * self._scale
+
+
 # ---------------------------------------------------------------------- products
 _BLAS_CONTROLLER: Any = None
 
@@ -936,6 +1117,7 @@ def _apply(
     truncate: float = 0.0,
     stride: int = 1,
     means: _MeansPlan | None = None,
+    on: DeviceArrays | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``sum_j exp(log_w_j) K_ij values_j`` as ``exp(scale_i) Z_i``, in the caller's order.
 
@@ -967,25 +1149,36 @@ def _apply(
     ``stride > 1`` computes only every ``stride``-th group of output clusters and every
     ``stride``-th exactly handled row (the others are left at ``Z = 0``): a spatially even
     sample of the work, for timing (:meth:`LocalGaussianExpansion.iteration_seconds`).
+
+    ``on``: the per-point work (exponents, moments, output rows, exact entries) runs on that
+    device, in its Array API namespace, on copies of the sides' arrays kept there
+    (:class:`_DeviceArrays`); the cluster-level planning (groups, kept pairs, batches) stays
+    on the host, and ``log_w``, ``values`` and the result are NumPy arrays on the host.
     """
+    A_out, A_in = out.arrays(on), inn.arrays(on)
+    xp = A_in.xp
     n_values = 1 if values is None else values.shape[1]
     truncated = truncate > 0.0 and values is None
     w_sorted = log_w[inn.order]
-    v_sorted = None if values is None else values[inn.order]
+    w_on = A_in.put(w_sorted)
+    base_and_w = A_in.base + w_on  # the input rows' exponents before the pair's coupling
+    v_on = None if values is None else A_in.put(values[inn.order])
     d = inn.local.shape[1]
     n_out = n_values + (d if means is not None else 0)
     # the exactly handled clusters take the coordinates as plain columns
-    exact_values = v_sorted
+    exact_values = v_on
     if means is not None:
-        exact_values = np.column_stack([np.ones(inn.n_points), inn.points])
-    half_width = np.sqrt(reg / 2.0)  # q = w sqrt(reg / 2) for the features' w
+        exact_values = xp.concat([xp.ones_like(A_in.points[:, :1]), A_in.points], axis=1)
+        means_index = A_in.put_index(means.index.ravel())
+        means_factor = A_in.put(means.factor)
+    half_width = float(np.sqrt(reg / 2.0))  # q = w sqrt(reg / 2) for the features' w
     # Only the expanded (large) input clusters kb: take part in the pairs.
     kb = inn.n_small
     k_in = inn.n_clusters - kb
     in_sq = np.einsum("ij,ij->i", inn.centers[kb:], inn.centers[kb:])
     in_coupling = (2.0 / reg) * inn.centers[kb:].T  # (d, k_in)
-    scale = np.full(out.n_points, -np.inf)
-    Z = np.zeros((out.n_points, n_out))
+    # pieces of the result: (sorted output rows, scale, Z), in any order (threads append)
+    pieces: list[tuple[np.ndarray, Any, Any]] = []
     per_cluster = plan.n_features * max(k_in, 1) * n_values * 8
     group = max(1, _MOMENT_BYTES // per_cluster)
     if truncated:
@@ -1022,93 +1215,93 @@ def _apply(
                     batches.append(replace(batch, first=position, stop=position + size))
                     position += size
             kept = np.concatenate([batch.ids for batch in batches]) - kb
-        out_coupling = (2.0 / reg) * out.centers[ids].T  # (d, n_group)
-        kept_coupling = in_coupling[:, kept] if truncated else in_coupling
-        kept_centers = inn.centers[kb:][kept]
+        out_coupling = A_in.put((2.0 / reg) * out.centers[ids].T)  # (d, n_group)
+        kept_coupling = A_out.put(in_coupling[:, kept] if truncated else in_coupling)
+        kept_centers = A_out.put(inn.centers[kb:][kept])
         # -inf marks a pair whose input block has only zero weights: it stays out of row maxima.
-        shifts = np.empty((kept.size, n_group))
+        shifts = A_in.full((kept.size, n_group), -np.inf)
         # input-major, so that a batch's moments are one contiguous write
-        moments = np.empty((kept.size, n_group * n_values, R))
+        moments = A_in.empty((kept.size, n_group * n_values, R))
 
-        def exponents(batch: _Batch, rows: slice | None = None) -> np.ndarray:
+        def exponents(batch: _Batch, rows: slice | None = None) -> Any:
             if rows is not None:  # a slice of one large cluster
-                E = inn.local[rows] @ out_coupling
-                E += (inn.base[rows] + w_sorted[rows])[:, None]
-                return E[None]
-            E = batch.gather(inn.local) @ out_coupling  # (clusters, size, n_group)
-            E += batch.gather(inn.base)[:, :, None] + batch.gather(w_sorted)[:, :, None]
-            if batch.valid is not None:
-                E[~batch.valid] = -np.inf
+                E = A_in.local[rows, ...] @ out_coupling
+                E += base_and_w[rows][:, None]
+                return E[None, ...]
+            E = A_in.gather(batch, A_in.local) @ out_coupling  # (clusters, size, n_group)
+            E += A_in.gather(batch, base_and_w)[:, :, None]
+            if batch.padding is not None:
+                E += A_in.padding(batch)[:, :, None]
             return E
 
-        def weighted_moments(E: np.ndarray, batch: _Batch, rows, top) -> np.ndarray:
-            E -= np.where(np.isfinite(top), top, 0.0)[:, None, :]
-            np.exp(E, out=E)
-            if v_sorted is not None:
-                V = v_sorted[rows][None] if rows is not None else batch.gather(v_sorted)
-                E = (E[..., None] * V[:, :, None, :]).reshape(*E.shape[:2], -1)
-            F = inn.batch_features(batch) if rows is None else inn.block_features(rows)[None]
-            return np.matmul(E.transpose(0, 2, 1), F)  # (clusters, n_group * k, R)
+        def weighted_moments(E: Any, batch: _Batch, rows, top) -> Any:
+            E -= xp.where(xp.isfinite(top), top, xp.zeros_like(top))[:, None, :]
+            E = xp.exp(E)
+            if v_on is not None:
+                V = v_on[rows, ...][None, ...] if rows is not None else A_in.gather(batch, v_on)
+                E = xp.reshape(E[..., None] * V[:, :, None, :], (*E.shape[:2], -1))
+            F = A_in.batch_features(batch) if rows is None else A_in.block_features(rows)[None, ...]
+            return E.mT @ F  # (clusters, n_group * k, R)
 
         def input_batches(batches) -> None:
             for batch in batches:
                 if batch.index is None and batch.rows.stop - batch.rows.start > _ROW_BLOCK:
                     # One large cluster: its maximum first, then the moments block by block.
-                    pieces = [
+                    pieces_of = [
                         slice(start, min(start + _ROW_BLOCK, batch.rows.stop))
                         for start in range(batch.rows.start, batch.rows.stop, _ROW_BLOCK)
                     ]
-                    top = np.max([exponents(batch, rows)[0].max(axis=0) for rows in pieces], 0)
+                    tops = [xp.max(exponents(batch, rows)[0, ...], axis=0) for rows in pieces_of]
+                    top = xp.max(xp.stack(tops), axis=0)[None, ...]
                     block = sum(
-                        weighted_moments(exponents(batch, rows), batch, rows, top[None])
-                        for rows in pieces
+                        weighted_moments(exponents(batch, rows), batch, rows, top)
+                        for rows in pieces_of
                     )
-                    top = top[None]
                 else:
                     E = exponents(batch)
-                    top = E.max(axis=1)  # (clusters, n_group)
+                    top = xp.max(E, axis=1)  # (clusters, n_group)
                     block = weighted_moments(E, batch, None, top)
-                shifts[batch.first : batch.stop] = top
-                moments[batch.first : batch.stop] = block
+                shifts[batch.first : batch.stop, :] = top
+                moments[batch.first : batch.stop, ...] = block
 
         def output_rows(G, H, totals_rows, local, base, F):
             """``(scale, Z)`` of padded rows ``(clusters, size)`` against the kept clusters."""
             T = local @ kept_coupling  # (clusters, size, kept)
             T += base[:, :, None]
             T += totals_rows[:, None, :]
-            top = T.max(axis=2)
-            safe = np.where(np.isfinite(top), top, 0.0)
+            top = xp.max(T, axis=2)
+            safe = xp.where(xp.isfinite(top), top, xp.zeros_like(top))
             T -= safe[:, :, None]
-            np.exp(T, out=T)
-            M = np.matmul(F, G).reshape(*T.shape, n_values)
-            z = np.einsum("csb,csbk->csk", T, M)
+            T = xp.exp(T)
+            M = xp.reshape(F @ G, (*T.shape, n_values))
+            z = (T[:, :, None, :] @ M)[:, :, 0, :]  # sum_B T_iB M_iB, batched
             if H is None:
                 return safe, z
             # means: y = c_B + q, the centres weighting the plain terms, the offsets from H
             centres = (T * M[..., 0]) @ kept_centers
-            offsets = np.matmul(F[..., : means.n_features], H).reshape(*T.shape[:2], d, -1)
-            centres += half_width * np.einsum("csb,cskb->csk", T, offsets)
-            return safe, np.concatenate([z, centres], axis=2)
+            offsets = xp.reshape(F[..., : means.n_features] @ H, (*T.shape[:2], d, -1))
+            centres += half_width * (offsets @ T[..., None])[..., 0]
+            return safe, xp.concat([z, centres], axis=2)
 
         def offset_moments(G):
             """``H`` of :class:`_MeansPlan` for plain moments ``G`` (clusters, R, kept):
             shape (clusters, R', d * kept)."""
             if means is None:
                 return None
-            H = G[:, means.index.ravel(), :].reshape(G.shape[0], d, means.n_features, -1)
-            H *= means.factor[None, :, :, None]
-            return H.transpose(0, 2, 1, 3).reshape(G.shape[0], means.n_features, -1)
+            H = xp.take(G, means_index, axis=1)
+            H = xp.reshape(H, (G.shape[0], d, means.n_features, -1))
+            H = H * means_factor[None, :, :, None]
+            H = xp.permute_dims(H, (0, 2, 1, 3))
+            return xp.reshape(H, (G.shape[0], means.n_features, -1))
 
         def output_batches(batches) -> None:
             for batch in batches:
                 # (clusters, R, kept * k): a strided view for one column (BLAS reads it as is)
-                G = (
-                    moments.reshape(kept.size, n_group, n_values, R)[:, batch.first : batch.stop]
-                    .transpose(1, 3, 0, 2)
-                    .reshape(batch.stop - batch.first, R, -1)
-                )
+                G = xp.reshape(moments, (kept.size, n_group, n_values, R))
+                G = xp.permute_dims(G[:, batch.first : batch.stop, ...], (1, 3, 0, 2))
+                G = xp.reshape(G, (batch.stop - batch.first, R, -1))
                 H = offset_moments(G)
-                tot = totals[batch.first : batch.stop]
+                tot = totals[batch.first : batch.stop, :]
                 if batch.index is None:
                     for start in range(batch.rows.start, batch.rows.stop, _ROW_BLOCK):
                         rows = slice(start, min(start + _ROW_BLOCK, batch.rows.stop))
@@ -1116,62 +1309,90 @@ def _apply(
                             G,
                             H,
                             tot,
-                            out.local[rows][None],
-                            out.base[rows][None],
-                            out.block_features(rows)[None],
+                            A_out.local[rows, ...][None, ...],
+                            A_out.base[rows][None, ...],
+                            A_out.block_features(rows)[None, ...],
                         )
-                        scale[rows], Z[rows] = safe[0], z[0]
+                        pieces.append((np.arange(rows.start, rows.stop), safe[0, ...], z[0, ...]))
                     continue
                 safe, z = output_rows(
                     G,
                     H,
                     tot,
-                    batch.gather(out.local),
-                    batch.gather(out.base),
-                    out.batch_features(batch),
+                    A_out.gather(batch, A_out.local),
+                    A_out.gather(batch, A_out.base),
+                    A_out.batch_features(batch),
                 )
-                rows = batch.index[batch.valid]
-                scale[rows] = safe[batch.valid]
-                Z[rows] = z[batch.valid]
+                pieces.append(
+                    (
+                        batch.index[batch.valid],
+                        A_out.take_valid(batch, safe),
+                        A_out.take_valid(batch, z),
+                    )
+                )
 
         with np.errstate(under="ignore", invalid="ignore"):
             run_parts(input_batches, batches, parallel)
-            totals = shifts.T - pair_sq[:, kept] / reg
+            totals = shifts.T - A_in.put(pair_sq[:, kept]) / reg
             run_parts(output_batches, out.batches(ids, n_group), parallel)
 
+    def rows_of(kept: list) -> tuple[np.ndarray, Any, Any]:
+        """The pieces as one ``(rows, scale, Z)`` (empty when none)."""
+        if not kept:
+            return np.zeros(0, dtype=np.int64), A_out.full((0,), 0.0), A_out.full((0, n_out), 0.0)
+        return (
+            np.concatenate([piece[0] for piece in kept]),
+            xp.concat([piece[1] for piece in kept]),
+            xp.concat([piece[2] for piece in kept]),
+        )
+
+    def empty_rows(rows: np.ndarray) -> tuple[np.ndarray, Any, Any]:
+        return rows, A_out.full((rows.size,), -np.inf), A_out.full((rows.size, n_out), 0.0)
+
+    # host-only pool (a device runs its own parallel work)
     with _pool_without_blas_threads() as parallel:
+        parallel = parallel and A_in.on_host
         if k_in:
             for ids in out.expanded_groups(group, spatial=truncated)[::stride]:
                 one_group(ids, parallel)
-        # Exact entries: small output clusters against every input point, and the other
-        # output points against the small input clusters.
+        expanded = rows_of(pieces)
         small_out, small_in = out.small_rows, inn.small_rows
+        all_rows = np.arange(small_out, out.n_points, stride)
+        if stride == 1 or not k_in:  # every row the sample covers, its empty ones included
+            unseen = np.setdiff1d(all_rows, expanded[0], assume_unique=True)
+            expanded = rows_of([expanded, empty_rows(unseen)])
+        if small_in and expanded[0].size:
+            # the expanded output rows against the small input clusters, exactly
+            rows, scale, Z = expanded
+            exact = _exact_scaled(
+                A_out,
+                xp.take(A_out.points, A_out.put_index(rows), axis=0),
+                A_in.points[:small_in, ...],
+                w_on[:small_in],
+                None if exact_values is None else exact_values[:small_in, ...],
+                reg,
+                parallel,
+            )
+            expanded = (rows, *_combine(xp, scale, Z, *exact))
+        parts = [expanded]
         if small_out:
-            sampled = slice(0, small_out, stride)
-            scale[sampled], Z[sampled] = _exact_scaled(
-                out.points[sampled], inn.points, w_sorted, exact_values, reg, parallel
-            )
-        if small_in and small_out < out.n_points:
-            rest: slice | np.ndarray = slice(small_out, out.n_points, stride)
-            if stride > 1 and k_in:  # a sample: the rows of the groups it computed
-                rest = small_out + np.flatnonzero(Z[small_out:, 0] != 0.0)
-            scale[rest], Z[rest] = _combine(
-                scale[rest],
-                Z[rest],
-                *_exact_scaled(
-                    out.points[rest],
-                    inn.points[:small_in],
-                    w_sorted[:small_in],
-                    None if exact_values is None else exact_values[:small_in],
-                    reg,
-                    parallel,
-                ),
-            )
-    result_scale = np.empty_like(scale)
-    result_Z = np.empty_like(Z)
-    result_scale[out.order] = scale
-    result_Z[out.order] = Z
-    return result_scale, result_Z
+            # small output clusters against every input point, exactly
+            sampled = np.arange(0, small_out, stride)
+            points = A_out.points[0:small_out:stride, ...]
+            exact = _exact_scaled(A_out, points, A_in.points, w_on, exact_values, reg, parallel)
+            parts.append((sampled, *exact))
+        rows = rows_of(parts)
+        if stride > 1:  # the rows the sample left out
+            missing = np.setdiff1d(np.arange(out.n_points), rows[0], assume_unique=True)
+            rows = rows_of([rows, empty_rows(missing)])
+    # one gather from the pieces' order to the caller's
+    position = np.empty(out.n_points, dtype=np.int64)
+    position[rows[0]] = np.arange(out.n_points)
+    caller = A_out.put_index(position[np.argsort(out.order)])
+    return (
+        A_out.get(xp.take(rows[1], caller, axis=0)),
+        A_out.get(xp.take(rows[2], caller, axis=0)),
+    )
 
 
 @dataclass(frozen=True)
@@ -1292,39 +1513,48 @@ def _row_sum_lower_bound(
 
 
 def _exact_scaled(
-    points: np.ndarray,
-    others: np.ndarray,
-    log_w: np.ndarray,
-    values: np.ndarray | None,
+    arrays: _HostArrays,
+    points: Any,
+    others: Any,
+    log_w: Any,
+    values: Any,
     reg: float,
     parallel: bool,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Exact ``sum_j exp(log_w_j) K_ij values_j`` as ``(scale, Z)``, row blocks on the pool."""
-    scale = np.empty(points.shape[0])
-    Z = np.empty((points.shape[0], 1 if values is None else values.shape[1]))
-    others_sq = sq_norms(others)
+) -> tuple[Any, Any]:
+    """Exact ``sum_j exp(log_w_j) K_ij values_j`` as ``(scale, Z)``, for arrays where
+    ``arrays``' products run; row blocks on the pool (host) or of ``BLOCK_BYTES`` (device)."""
+    xp = arrays.xp
+    scale = arrays.empty((points.shape[0],))
+    Z = arrays.empty((points.shape[0], 1 if values is None else values.shape[1]))
+    others_sq = xp.sum(others * others, axis=1)
 
     def blocks(part) -> None:
         for rows in part:
-            logits = neg_cost_over_reg(points[rows], others, reg, y_sq=others_sq)
+            X = points[rows, :]
+            x_sq = xp.sum(X * X, axis=1)
+            logits = neg_cost_on_device(xp, X, x_sq, others, others_sq, reg, SQEUCLIDEAN)
             logits += log_w[None, :]
-            top = logits.max(axis=1)
-            safe = np.where(np.isfinite(top), top, 0.0)
+            top = xp.max(logits, axis=1)
+            safe = xp.where(xp.isfinite(top), top, xp.zeros_like(top))
             logits -= safe[:, None]
-            np.exp(logits, out=logits)
-            Z[rows] = logits.sum(axis=1, keepdims=True) if values is None else logits @ values
+            logits = xp.exp(logits)
+            Z[rows, :] = (
+                xp.sum(logits, axis=1, keepdims=True) if values is None else logits @ values
+            )
             scale[rows] = safe
 
-    slices = list(row_slices(points.shape[0], block_rows(others.shape[0], dim=points.shape[1])))
-    run_parts(blocks, slices, parallel)
+    target = None if arrays.on_host else BLOCK_BYTES  # a device wants large blocks
+    rows_per_block = block_rows(others.shape[0], target_bytes=target, dim=points.shape[1])
+    run_parts(blocks, list(row_slices(points.shape[0], rows_per_block)), parallel)
     return scale, Z
 
 
-def _combine(s1: np.ndarray, Z1: np.ndarray, s2: np.ndarray, Z2: np.ndarray):
-    """``exp(s) Z = exp(s1) Z1 + exp(s2) Z2`` with ``s = max(s1, s2)`` (``-inf`` allowed)."""
-    top = np.maximum(s1, s2)
-    safe = np.where(np.isfinite(top), top, 0.0)
-    return safe, Z1 * np.exp(s1 - safe)[:, None] + Z2 * np.exp(s2 - safe)[:, None]
+def _combine(xp: Any, s1: Any, Z1: Any, s2: Any, Z2: Any) -> tuple[Any, Any]:
+    """``exp(s) Z = exp(s1) Z1 + exp(s2) Z2`` with ``s = max(s1, s2)`` (``-inf`` allowed), in
+    the Array API namespace ``xp``."""
+    top = xp.maximum(s1, s2)
+    safe = xp.where(xp.isfinite(top), top, xp.zeros_like(top))
+    return safe, Z1 * xp.exp(s1 - safe)[:, None] + Z2 * xp.exp(s2 - safe)[:, None]
 
 
 def _log_of_scaled(scale: np.ndarray, Z: np.ndarray) -> np.ndarray:

@@ -188,6 +188,54 @@ def test_low_rank_factors_run_on_the_device(backend):
     np.testing.assert_allclose(ours.rmatvec(a), reference.rmatvec(a), rtol=RTOL, atol=1e-14)
 
 
+def test_the_block_local_kernel_runs_its_products_on_the_device():
+    """``polyts_local`` from tensors: the expansion's per-point work runs in torch (the
+    sides' arrays kept there), its passes, means and new-point products equal the NumPy
+    kernel's to rounding (summed in other orders), and the transposed expansion that new
+    target points need goes to the device too."""
+    host, device = pair(reg=0.01, n=300, m=260)
+    params = {"tau": 2.0, "rtol": 1e-10, "rng": 0}
+    reference = sketchot.kernels.local.build_local(host, **params)
+    ours = sketchot.kernels.local.build_local(device, **params)
+    assert ours.expansion._on is not None and reference.expansion._on is None
+    assert isinstance(ours.expansion._x.device.local, torch.Tensor)
+    rng = np.random.default_rng(12)
+    log_w, numerator = rng.normal(scale=4.0, size=260), np.log(np.full(300, 1 / 300))
+    for log in (False, True):
+        w = log_w if log else np.exp(log_w)
+        one, other = (k.fused_pass("rows", w, numerator, log=log) for k in (ours, reference))
+        for name in ("products", "ratios", "projection"):
+            np.testing.assert_allclose(
+                getattr(one, name), getattr(other, name), rtol=RTOL, err_msg=name
+            )
+    for side, length in (("rows", 260), ("cols", 300)):
+        weights = rng.normal(size=length)
+        for got, expected in zip(ours.log_means(side, weights),
+                                 reference.log_means(side, weights), strict=True):  # fmt: skip
+            np.testing.assert_allclose(got, expected, rtol=RTOL, atol=1e-12)
+    new, V = rng.random((7, 3)), rng.standard_normal((260, 2))
+    np.testing.assert_allclose(ours.apply_new(new, V), reference.apply_new(new, V), rtol=RTOL)
+    U = rng.standard_normal((300, 2))
+    np.testing.assert_allclose(ours.apply_new(new, U, side="target"),
+                               reference.apply_new(new, U, side="target"), rtol=RTOL)  # fmt: skip
+    assert ours._transposed._on is not None
+
+
+def test_a_block_local_solve_on_the_device_equals_the_numpy_solve():
+    """A small-reg log-domain solve with ``polyts_local`` on tensors: the same iterations,
+    potentials and certified error as on NumPy arrays."""
+    rng = np.random.default_rng(13)
+    X, Y = rng.random((400, 3)), rng.beta(2, 5, size=(350, 3))
+    params = {"reg": 0.002, "backend": "polyts_local", "rng": 0}
+    reference = sketchot.sinkhorn(None, None, X, Y, **params)
+    ours = sketchot.sinkhorn(None, None, torch.as_tensor(X), torch.as_tensor(Y), **params)
+    assert ours.host.kernel.expansion._on is not None
+    assert ours.n_iter == reference.n_iter and ours.accuracy_met == reference.accuracy_met
+    np.testing.assert_allclose(ours.potentials[0].numpy(), reference.potentials[0],
+                               rtol=1e-9, atol=1e-9)  # fmt: skip
+    assert ours.true_kernel.bound == pytest.approx(reference.true_kernel.bound, rel=1e-3)
+
+
 def test_a_solve_on_device_kernels_equals_the_numpy_solve():
     rng = np.random.default_rng(6)
     X, Y = rng.random((90, 2)), rng.random((70, 2))
@@ -209,6 +257,14 @@ def test_cuda_kernels_hold_their_data_on_the_device():
     X = torch.rand(500, 3, dtype=torch.float64, device="cuda")
     kernel = sketchot.make_kernel(X, X, 0.1, "exact").host
     assert kernel._Xd.device.type == "cuda" and kernel._dense.device.type == "cuda"
+    local = sketchot.make_kernel(X, X, 0.01, "polyts_local", rng=0).host
+    assert local.expansion._x.device.local.device.type == "cuda"
+    reference = sketchot.make_kernel(X.cpu().numpy(), X.cpu().numpy(), 0.01, "polyts_local",
+                                     rng=0)  # fmt: skip
+    log_w, zero = np.linspace(-3.0, 3.0, 500), np.zeros(500)
+    np.testing.assert_allclose(local.fused_pass("rows", log_w, zero, log=True).products,
+                               reference.fused_pass("rows", log_w, zero, log=True).products,
+                               rtol=1e-10)  # fmt: skip
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -520,3 +520,50 @@ def test_features_are_not_stored_beyond_a_share_of_the_memory_available(monkeypa
     kernel = LocalGaussianExpansion(0.01, rng=0).fit(X, Y)
     assert kernel._x.features is not None
     assert kernel._y.padded_budget == (2 * features - features) // 2
+
+
+@pytest.mark.parametrize("name", ["torch", "array_api_strict"])
+@pytest.mark.parametrize("stored", [True, False], ids=["stored", "recomputed"])
+@pytest.mark.parametrize("exact_below", [0, 8])
+def test_products_on_a_device_equal_the_hosts(monkeypatch, name, stored, exact_below):
+    """``to_device``: every product's per-point work in another Array API library (PyTorch
+    CPU tensors and the standard's strict arrays here; CUDA tensors the same code) gives the
+    host's numbers: the same arithmetic summed in other orders, to 1e-11 relative (log sums
+    near 0 and signed products lose a few digits more than 1e-13). Features stored or
+    recomputed there, small clusters exact or expanded, one large cluster in row blocks, the
+    truncated log products, the means, new points and the timing sample."""
+    module = pytest.importorskip(name)
+    from sketchot._arrays import DeviceArrays, array_context
+
+    monkeypatch.setattr(local, "_ROW_BLOCK", 64)  # the photo's large clusters in row blocks
+    X, Y = clouds("photo", 700, 600, seed=71)
+    params = dict(tau=2.0, rtol=1e-7, truncate=1e-7, exact_below=exact_below, rng=0)
+    params["max_feature_bytes"] = 1 << 30 if stored else 0
+    host = LocalGaussianExpansion(0.003, **params).fit(X, Y)
+    on = DeviceArrays(array_context(X=module.asarray(X)))
+    device = LocalGaussianExpansion(0.003, **params).fit(X, Y).to_device(on)
+    assert host.n_exact_points_ == device.n_exact_points_
+    assert (host.n_exact_points_[0] > 0) == (exact_below > 0)
+    rng = np.random.default_rng(72)
+    log_v, log_u = rng.normal(scale=5.0, size=600), rng.normal(scale=5.0, size=700)
+    log_v[3] = -np.inf
+    V, new = rng.standard_normal((600, 2)), rng.random((40, 3))
+    products = {
+        "log_matvec": lambda e: e.log_matvec(log_v),
+        "log_rmatvec": lambda e: e.log_rmatvec(log_u),
+        "log_means": lambda e: np.column_stack(e.log_means(log_v, transpose=False)),
+        "matmat": lambda e: e.matmat(V),
+        "log_matvec_new": lambda e: e.log_matvec_new(new, log_v),
+        "barycentric_map": lambda e: e.barycentric_map(new, log_v),
+    }
+    for label, product in products.items():
+        np.testing.assert_allclose(
+            product(device), product(host), rtol=1e-11, atol=1e-13, err_msg=label
+        )
+    assert type(device._x.device.local).__module__.split(".")[0] == name  # kept there
+    args = (log_v, None, host._monomials, 0.003, host._truncate)
+    sampled = local._apply(device._x, device._y, *args, stride=3, on=on)
+    expected = local._apply(host._x, host._y, *args, stride=3)
+    np.testing.assert_array_equal(sampled[1] == 0.0, expected[1] == 0.0)  # the same rows
+    np.testing.assert_allclose(sampled[1], expected[1], rtol=1e-11)
+    assert device.iteration_seconds(stride=3) > 0.0
