@@ -27,10 +27,13 @@ confidence bound, :meth:`sketchot.SinkhornResult.check_true_kernel`):
 With ``--passes`` it first times one iteration's two passes of the streamed exact kernel
 on the device (:mod:`sketchot.fused`'s one-launch passes in float64 and float32, against the
 unfused blocks of the same kernel: ``vs blocks``), each the best of 3 after a warm-up (of 1
-at n = 10^6).
+at n = 10^6), and one log-domain iteration of the block-local kernel (``polyts_local``, the
+small-reg kernel) with its products on NumPy arrays and on the tensors' device (on a CPU,
+through the device code: ``sketchot.gibbs.HOST_ARRAYS_ON_DEVICE``): ``vs numpy``.
 
     python benchmarks/gpu.py --quick                  # n = 10^4, 3-D, both regs
     python benchmarks/gpu.py --targets --budget 120   # the issue's GPU target cells only
+    python benchmarks/gpu.py --local-passes           # the block-local kernel's iterations only
     python benchmarks/gpu.py --json out.json          # n = 10^4 and 10^5 (cells over --budget skip)
 """
 
@@ -52,6 +55,7 @@ from small_reg import clouds as small_reg_clouds
 
 import sketchot
 import sketchot.fused
+import sketchot.gibbs
 
 DATA = ("colours", "uniform", "gauss64")
 RELATIVE_REGS = (0.1, 0.01)
@@ -187,6 +191,64 @@ def pass_cell(data: str, n: int, relative_reg: float, variant: str, seed: int) -
     return {"seconds": min(times[1:]), "fused": kernel.fused, "tile": tiles if kernel.fused else ""}
 
 
+def local_pass_cell(data: str, n: int, relative_reg: float, tau: float, where: str,
+                    seed: int) -> dict:  # fmt: skip
+    """Seconds of one log-domain iteration of the block-local kernel (``K^T exp(.)`` after
+    ``K exp(.)``, uniform weights) built at ``tau`` on NumPy arrays (``where='numpy'``) or
+    on tensors whose products run on their device: the best of 3 after a warm-up (of 1 at
+    n = 10^6)."""
+    import torch
+
+    X, Y = clouds(data, n, seed)
+    reg = relative_reg * mean_sq_distance(X, Y)
+    points: tuple[Any, Any] = (X, Y)
+    if where == "device":
+        device = device_name()
+        sketchot.gibbs.HOST_ARRAYS_ON_DEVICE = True  # on a CPU: the code a GPU runs
+        points = (torch.as_tensor(X, device=device), torch.as_tensor(Y, device=device))
+    view = sketchot.make_kernel(*points, reg, "polyts_local", rng=seed, tau=tau)
+    kernel = getattr(view, "host", view)
+    log_w = np.full(n, -math.log(n))
+    times = []
+    for _ in range(2 if n >= 1_000_000 else 4):  # a warm-up, then the best of the others
+        synchronize()
+        start = time.perf_counter()
+        kernel.fused_pass("rows", log_w, log_w, log=True).projection  # noqa: B018
+        synchronize()
+        times.append(time.perf_counter() - start)
+    on = kernel.expansion._on
+    return {"seconds": min(times[1:]), "clusters": kernel.info.params["clusters"],
+            "products": "numpy" if on is None else str(on.context.device)}  # fmt: skip
+
+
+#: ``--passes``: the block-local kernel's cells (data, n, reg, tau: the ``tau`` its
+#: ``'auto'`` takes there on two CPU cores, fixed so that both sides run the same kernel).
+LOCAL_PASS_GRID = (("colours", 100_000, 0.01, 1.0), ("uniform", 100_000, 0.01, 4.0),
+                   ("colours", 1_000_000, 0.01, 1.0))  # fmt: skip
+
+
+def local_passes(runner: Any, seed: int) -> list[dict[str, Any]]:
+    """The block-local rows of the ``--passes`` table (NumPy first: the baseline)."""
+    rows = []
+    print("| data | n | reg | tau | products | iteration s | vs numpy | clusters |")
+    print("|---|---:|---:|---:|---|---:|---:|---|")
+    for data, n, reg, tau in LOCAL_PASS_GRID:
+        base = None
+        for where in ("numpy", "device"):
+            row: dict[str, Any] = {"data": data, "n": n, "reg": reg, "tau": tau, "where": where}
+            row.update(runner(local_pass_cell, data, n, reg, tau, where, seed)
+                       or {"skipped": "stopped at the budget"})  # fmt: skip
+            if where == "numpy":
+                base = row.get("seconds")
+            ratio = f"{row['seconds'] / base:.2f}x" if base and "seconds" in row else ""
+            row["vs_numpy"] = ratio
+            rows.append(row)
+            shown = row.get("skipped") or f"{row['seconds']:.3f}"
+            print(f"| {data} | {n} | {reg:g} | {tau:g} | {row.get('products', where)} | {shown} "
+                  f"| {ratio} | {row.get('clusters', '')} |", flush=True)  # fmt: skip
+    return rows
+
+
 #: ``--targets``: the issue's GPU targets (one H100: 1e5 colours at reg 0.01 certified to 1e-6
 #: under 2 s; 1e6 under 30 s; d = 64 exact streamed at 5e4, 100 iterations, against
 #: FlashSinkhorn's 1.45 s) and GeomLoss multiscale on the first, in one short run.
@@ -246,7 +308,8 @@ def estimated_seconds(method: str, data: str, n: int) -> float:
     return 3.0 * (n / 1e4) ** 1.2 * (d / 3)
 
 
-def report(rows: list[dict[str, Any]], device: str, pass_rows: list[dict[str, Any]]) -> str:
+def report(rows: list[dict[str, Any]], device: str, pass_rows: list[dict[str, Any]],
+           local_rows: list[dict[str, Any]]) -> str:  # fmt: skip
     lines = [
         f"# sketchot on PyTorch tensors ({device}) against NumPy and peers",
         "",
@@ -285,6 +348,17 @@ def report(rows: list[dict[str, Any]], device: str, pass_rows: list[dict[str, An
               r["vs_blocks"], r.get("tile", "")] for r in pass_rows],
             align="lllrrl",
         )  # fmt: skip
+    if local_rows:
+        lines += ["", "One log-domain iteration of the block-local kernel (`polyts_local`, "
+                  "uniform weights, `tau` fixed) with its products on NumPy arrays and on "
+                  "the tensors' device, best of 3 (1 at n = 1e6):", ""]  # fmt: skip
+        lines += md_table(
+            ["data", "n", "reg", "tau", "products", "iteration s", "vs numpy", "clusters"],
+            [[r["data"], r["n"], r["reg"], r["tau"], r.get("products", r["where"]),
+              r.get("skipped") or f"{r['seconds']:.3f}", r["vs_numpy"], r.get("clusters", "")]
+             for r in local_rows],
+            align="lllllrrl",
+        )  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -302,6 +376,8 @@ def main() -> None:
     parser.add_argument("--regs", nargs="+", type=float, default=list(RELATIVE_REGS))
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
     parser.add_argument("--passes", action="store_true", help="time the exact kernel's passes")
+    parser.add_argument("--local-passes", action="store_true",
+                        help="only the block-local kernel's iterations (of --passes)")  # fmt: skip
     parser.add_argument("--pass-block-entries", type=float, default=2e10,
                         help="the unfused blocks' largest n^2 in --passes")  # fmt: skip
     args = parser.parse_args()
@@ -309,6 +385,8 @@ def main() -> None:
     if args.targets:
         cells = TARGET_CELLS
         grid = []
+    elif args.local_passes:
+        cells, grid = [], []
     elif args.quick:
         grid = [("colours", 10_000, reg) for reg in RELATIVE_REGS]
     else:
@@ -326,6 +404,7 @@ def main() -> None:
     rows = []
     runner = CellRunner(args.budget, fresh=True)
     pass_rows = passes(runner, args.seed, args.pass_block_entries) if args.passes else []
+    local_rows = local_passes(runner, args.seed) if args.passes or args.local_passes else []
     if cells is None:
         cells = [(data, n, reg, method) for data, n, reg in grid for method in args.methods]
     for data, n, reg, method in cells:
@@ -354,13 +433,13 @@ def main() -> None:
                   f"{row['n_iter'] or '-'} | {row['error']:.2g} | {row['detail']} |",
                   flush=True)  # fmt: skip
     runner.close()
-    text = report(rows, device, pass_rows)
+    text = report(rows, device, pass_rows, local_rows)
     print(text)
     if args.markdown is not None:
         write_text(args.markdown, text)
     if args.json is not None:
         write_json(args.json, {"device": device, "seed": args.seed, "rows": rows,
-                               "passes": pass_rows})  # fmt: skip
+                               "passes": pass_rows, "local_passes": local_rows})  # fmt: skip
 
 
 if __name__ == "__main__":

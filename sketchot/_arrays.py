@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from ._memory import available_bytes
+
 #: Result types whose attributes are scalars or strings; they pass through unchanged.
 _PLAIN = (str, bytes, bool, int, float, complex, type(None), dict, slice)
 
@@ -148,6 +150,18 @@ class DeviceArrays:
 
     def get(self, array: Any) -> np.ndarray:
         return np.asarray(self.context.to_host(array), dtype=np.float64)
+
+    def free_bytes(self) -> int | None:
+        """Bytes free on the context's device now: the host's available memory for arrays
+        in host memory, a CUDA device's free memory for torch (asked through torch), ``None``
+        where this module cannot ask (another library's accelerator)."""
+        if self.context.on_host:
+            return available_bytes()
+        if self.context.library == "torch" and str(self.context.device).startswith("cuda"):
+            import torch  # the caller's arrays are CUDA tensors: torch is loaded already
+
+            return int(torch.cuda.mem_get_info(self.context.device)[0])
+        return None
 
 
 NUMPY = ArrayContext("numpy", np, "cpu", np.dtype(np.float64))

@@ -6,10 +6,11 @@ views of them), every geometry records the :class:`~sketchot._arrays.ArrayContex
 inputs, and the exact and low-rank builders return their device operators
 (:class:`~sketchot.kernels.exact.DeviceExactKernel`,
 :class:`~sketchot.kernels.lowrank.DeviceLowRankKernel`; the block-local builder puts its
-expansion's products there, :meth:`~sketchot.sketch.LocalGaussianExpansion.to_device`): the
-clouds (or the factors) are copied once to that device (:class:`~sketchot._arrays.DeviceArrays`), and every product, the
-exact kernel's blocks, exponentials and log-sum-exps included (:mod:`sketchot.gibbs`'s
-device functions), runs there through the library's Array API namespace
+expansion's products there, :meth:`~sketchot.sketch.LocalGaussianExpansion.to_device`):
+the clouds (or the factors) are copied once to that device
+(:class:`~sketchot._arrays.DeviceArrays`), and every product, the exact kernel's blocks,
+exponentials and log-sum-exps included (:mod:`sketchot.gibbs`'s device functions), runs
+there through the library's Array API namespace
 (``array-api-compat``). This module says when (:func:`runs_on_device`), with which block
 sizes, and times a block there for ``auto``. They keep the
 operator contract of :mod:`sketchot.kernels.base` unchanged: vectors in and out are NumPy
@@ -76,14 +77,10 @@ def runs_on_device(geometry: GibbsGeometry) -> bool:
 def device_block_bytes(context: Any) -> int:
     """Bytes of one streamed block on the context's device: a share of the free memory of a
     CUDA device (asked through torch), :data:`~sketchot.gibbs.BLOCK_BYTES` elsewhere."""
-    if context.on_host:
+    free = None if context.on_host else DeviceArrays(context).free_bytes()
+    if free is None:  # host memory, or a device whose free memory cannot be asked for
         return BLOCK_BYTES
-    if context.library == "torch" and str(context.device).startswith("cuda"):
-        import torch  # the caller's arrays are CUDA tensors: torch is loaded already
-
-        free, _ = torch.cuda.mem_get_info(context.device)
-        return int(min(MAX_DEVICE_BLOCK_BYTES, DEVICE_MEMORY_SHARE * free))
-    return BLOCK_BYTES  # a device whose free memory this module cannot ask for
+    return int(min(MAX_DEVICE_BLOCK_BYTES, DEVICE_MEMORY_SHARE * free))
 
 
 def block_seconds(geometry: GibbsGeometry, rows: slice) -> tuple[float, float]:

@@ -985,19 +985,28 @@ class _HostArrays:
 class _DeviceArrays(_HostArrays):
     """Copies of one side's per-point arrays on the caller's device
     (:class:`~sketchot._arrays.DeviceArrays`, float64), with each batch's padded row index
-    and mask kept there and its padded features within the side's budget; features are
-    recomputed there block by block when the side does not store them.
+    and mask kept there. The side's stored features are copied when they fit
+    ``_FEATURE_MEMORY_SHARE`` of the device's free memory (and recomputed there block by
+    block otherwise, as when the side does not store them), and padded batches' features
+    are kept within the side's budget and what that share leaves.
 
-    Memory on the device: ``O(n (d + R))`` plus the padded features' budget.
+    Memory on the device: ``O(n d)``, plus ``O(n R)`` within the share.
     """
 
     on_host = False
 
     def __init__(self, side: _Side, on: DeviceArrays) -> None:
         self.side, self.on, self.xp = side, on, on.xp
-        self.local, self.base, self.points = on.put(side.local), on.put(side.base), None
+        self.local, self.base = on.put(side.local), on.put(side.base)
         self.points = on.put(side.points)
-        self.features = None if side.features is None else on.put(side.features)
+        free = on.free_bytes()
+        share = side.padded_budget if free is None else int(_FEATURE_MEMORY_SHARE * free)
+        stored = 0 if side.features is None else side.features.nbytes
+        self.features = None
+        if side.features is not None and (free is None or stored <= share):
+            self.features = on.put(side.features)
+            share -= stored if free is not None else 0
+        self._padded_budget = min(side.padded_budget, max(share, 0))
         plan = side.plan
         self._parents = [on.put(p, np.int64) for p in plan.parents]
         self._coords = [on.put(c, np.int64) for c in plan.coords]
@@ -1057,7 +1066,7 @@ class _DeviceArrays(_HostArrays):
             else:
                 cached = self._monomials(self.gather(batch, self.local))
             nbytes = cached.shape[0] * cached.shape[1] * cached.shape[2] * 8
-            if self._padded_bytes + nbytes <= self.side.padded_budget:
+            if self._padded_bytes + nbytes <= self._padded_budget:
                 self._padded[key] = cached
                 self._padded_bytes += nbytes
         return cached

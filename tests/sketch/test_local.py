@@ -567,3 +567,22 @@ def test_products_on_a_device_equal_the_hosts(monkeypatch, name, stored, exact_b
     np.testing.assert_array_equal(sampled[1] == 0.0, expected[1] == 0.0)  # the same rows
     np.testing.assert_allclose(sampled[1], expected[1], rtol=1e-11)
     assert device.iteration_seconds(stride=3) > 0.0
+
+
+def test_features_that_do_not_fit_the_device_are_recomputed_there(monkeypatch):
+    """A device whose free memory holds less than the share the stored features need (a
+    GPU smaller than the host's memory): the features are recomputed there block by block,
+    no padded copies kept, and the products are the same."""
+    torch = pytest.importorskip("torch")
+    from sketchot._arrays import DeviceArrays, array_context
+
+    X, Y = clouds("uniform", 500, 400, seed=73)
+    host = LocalGaussianExpansion(0.01, rng=0).fit(X, Y)
+    assert host._x.features is not None
+    monkeypatch.setattr(DeviceArrays, "free_bytes", lambda self: 1000)
+    on = DeviceArrays(array_context(X=torch.as_tensor(X)))
+    device = LocalGaussianExpansion(0.01, rng=0).fit(X, Y).to_device(on)
+    assert device._x.device.features is None and device._x.device._padded_budget <= 1000
+    log_v = np.random.default_rng(74).normal(size=400)
+    np.testing.assert_allclose(device.log_matvec(log_v), host.log_matvec(log_v), rtol=1e-11)
+    assert not device._y.device._padded
