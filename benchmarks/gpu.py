@@ -216,9 +216,9 @@ def local_pass_cell(data: str, n: int, relative_reg: float, tau: float, where: s
         kernel.fused_pass("rows", log_w, log_w, log=True).projection  # noqa: B018
         synchronize()
         times.append(time.perf_counter() - start)
-    on = kernel.expansion._on
+    products = "numpy" if where == "numpy" else f"torch {device}"
     return {"seconds": min(times[1:]), "clusters": kernel.info.params["clusters"],
-            "products": "numpy" if on is None else str(on.context.device)}  # fmt: skip
+            "products": products}  # fmt: skip
 
 
 #: ``--passes``: the block-local kernel's cells (data, n, reg, tau: the ``tau`` its
@@ -338,7 +338,8 @@ def report(rows: list[dict[str, Any]], device: str, pass_rows: list[dict[str, An
             r["n_iter"] if r["n_iter"] is not None else "-", f"{r['error']:.2g}", r["detail"],
         ])  # fmt: skip
     header = ["data", "n", "reg", "method", "time s", "vs numpy", "its", "error", "kernel"]
-    lines += md_table(header, table, align="lllllrrrl")
+    if table:  # --local-passes runs no cells
+        lines += md_table(header, table, align="lllllrrrl")
     if pass_rows:
         lines += ["", "One iteration's two passes of the streamed exact kernel (reg 0.1 of the "
                   "mean squared distance), best of 3 (1 at n = 1e6):", ""]  # fmt: skip

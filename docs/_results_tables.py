@@ -28,6 +28,8 @@ INCLUDED = (
     "gpu_cpu_tensors",
     "gpu_cpu_tensors_before",
     "gpu_cpu_tensors_1e6",
+    "gpu_local_cpu",
+    "gpu_local_cpu_before",
     "gpu_quick",
     "float32",
     "gpu_1e5",

@@ -66,7 +66,7 @@ class LowRankKernel(KernelOperator):
     ) -> None:
         super().__init__(geometry, info, dtype)
         self.left, self.right = self._hold(left), self._hold(right)
-        info.rank = self.left.shape[1]
+        info.rank = int(left.shape[1])
         info.capabilities = info.capabilities | {"factors", "out_of_sample"}
         self._maps = (left_map, right_map)
         self._projections = (left_projection, right_projection)
@@ -133,14 +133,53 @@ class LowRankKernel(KernelOperator):
 
 
 class DeviceLowRankKernel(LowRankKernel):
-    """``K ~ A B^T`` with the factors also held on the caller's device, where every product
-    runs (``factors``, ``left`` and ``right`` stay NumPy arrays, for users and POT)."""
+    """``K ~ A B^T`` with the factors held on the caller's device, where every product runs.
+
+    ``left`` and ``right`` may be given on that device (built there by the backend's maps:
+    :attr:`FactorMaps.device_left_factor`) or as NumPy arrays (copied there once). The
+    attributes ``left``, ``right`` and ``factors`` are NumPy copies, fetched when first read
+    (for users, POT and the host-side helpers: rows of the kernel, new points), so the host
+    holds no factor unless asked.
+    """
 
     def __init__(self, geometry: GibbsGeometry, *args: Any, **kwargs: Any) -> None:
-        super().__init__(geometry, *args, **kwargs)
         self._on = DeviceArrays(geometry.context)
-        self._left_d = self._on.put(self.left, self.dtype)
-        self._right_d = self._on.put(self.right, self.dtype)
+        self._device: dict[str, Any] = {}
+        self._host: dict[str, np.ndarray] = {}
+        super().__init__(geometry, *args, **kwargs)
+        self._left_d, self._right_d = self._device["left"], self._device["right"]
+
+    def _hold(self, factor: Any) -> Any:
+        """The factor on the device, in ``dtype`` (a NumPy factor is copied there)."""
+        if isinstance(factor, np.ndarray):
+            return self._on.put(factor, self.dtype)
+        return factor
+
+    def _fetch(self, name: str) -> np.ndarray:
+        if name not in self._host:
+            host = self._on.context.to_host(self._device[name])
+            self._host[name] = np.ascontiguousarray(host, dtype=self.dtype)
+        return self._host[name]
+
+    @property
+    def left(self) -> np.ndarray:
+        """``A`` as a NumPy array (fetched from the device when first read)."""
+        return self._fetch("left")
+
+    @left.setter
+    def left(self, factor: Any) -> None:
+        self._device["left"] = factor
+        self._host.pop("left", None)
+
+    @property
+    def right(self) -> np.ndarray:
+        """``B`` as a NumPy array (fetched from the device when first read)."""
+        return self._fetch("right")
+
+    @right.setter
+    def right(self, factor: Any) -> None:
+        self._device["right"] = factor
+        self._host.pop("right", None)
 
     def _factor_d(self, side: str) -> Any:
         return self._left_d if side == "rows" else self._right_d
@@ -164,9 +203,19 @@ class DeviceLowRankKernel(LowRankKernel):
         return FusedPass(products, ratios, projection, bad)
 
     def project(self, side, values, index=None, *, log=False) -> np.ndarray:
-        if log or index is not None:
-            return super().project(side, values, index, log=log)
-        return self._on.get(self._on.put(values, self.dtype) @ self._factor_d(side))
+        refuse_log(self, log)
+        factor = self._factor_d(side)
+        if index is not None:
+            factor = self._take(factor, index)
+        return self._on.get(self._on.put(values, self.dtype) @ factor)
+
+    def _rows(self, index: np.ndarray) -> np.ndarray:
+        return self._on.get(self._take(self._left_d, index) @ self._right_d.T)
+
+    def _take(self, factor: Any, index: Any) -> Any:
+        """Rows ``index`` (integers, a mask or a slice) of a device factor, on the device."""
+        rows = np.arange(factor.shape[0])[index].ravel()
+        return self._on.xp.take(factor, self._on.put(rows, np.int64), axis=0)
 
 
 @dataclass(frozen=True)
@@ -186,6 +235,11 @@ class FactorMaps:
     dtype : numpy dtype
     attributes : mapping
         Set on the operator once built (e.g. ``sketch``, the fitted sketch).
+    device_left_factor, device_right_factor : callable, optional
+        ``A`` (``B``) of uncentred host points built on the device of a
+        :class:`~sketchot._arrays.DeviceArrays` (its Array API namespace), in ``dtype``, the
+        same numbers as ``left_factor`` (``right_factor``) to rounding; ``None``: built on the
+        host and copied there.
     """
 
     info: KernelInfo
@@ -197,6 +251,8 @@ class FactorMaps:
     left_projection: np.ndarray | None = None
     right_projection: np.ndarray | None = None
     attributes: Mapping[str, Any] = field(default_factory=dict)
+    device_left_factor: Callable[[DeviceArrays, np.ndarray], Any] | None = None
+    device_right_factor: Callable[[DeviceArrays, np.ndarray], Any] | None = None
 
     def operator_arguments(self) -> dict[str, Any]:
         """The keyword arguments of :class:`LowRankKernel` besides the factors."""
@@ -211,16 +267,19 @@ class FactorMaps:
 
 def low_rank_from_maps(geometry: GibbsGeometry, maps: FactorMaps) -> LowRankKernel:
     """The in-memory operator of fitted maps: ``A = left_factor(X)``, ``B = right_factor(Y)``."""
-    operator_class = LowRankKernel
-    if geometry.computes_on_device():  # e.g. CUDA tensors: the products run there
-        operator_class = DeviceLowRankKernel
-    operator = operator_class(
-        geometry,
-        maps.info,
-        maps.left_factor(geometry.X),
-        maps.right_factor(geometry.Y),
-        **maps.operator_arguments(),
-    )
+    if not geometry.computes_on_device():
+        left, right = maps.left_factor(geometry.X), maps.right_factor(geometry.Y)
+        operator = LowRankKernel(geometry, maps.info, left, right, **maps.operator_arguments())
+    else:  # e.g. CUDA tensors: the products run there, the factors are built there if they can
+        on = DeviceArrays(geometry.context)
+        if maps.device_left_factor is not None and maps.device_right_factor is not None:
+            left = maps.device_left_factor(on, geometry.X)
+            right = maps.device_right_factor(on, geometry.Y)
+        else:
+            left, right = maps.left_factor(geometry.X), maps.right_factor(geometry.Y)
+        operator = DeviceLowRankKernel(
+            geometry, maps.info, left, right, **maps.operator_arguments()
+        )
     for name, value in maps.attributes.items():
         setattr(operator, name, value)
     return operator

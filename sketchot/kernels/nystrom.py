@@ -21,10 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from .._arrays import DeviceArrays
 from .._validation import check_choice, check_float, check_int, check_rng
-from ..gibbs import GibbsGeometry, block_rows, gibbs_block, row_slices
+from ..gibbs import GibbsGeometry, block_rows, gibbs_block, neg_cost_on_device, row_slices
 from ..sketch import greedy_k_center
 from .base import KernelInfo
+from .device import device_block_bytes
 from .lowrank import FactorMaps, LowRankKernel, low_rank_from_maps
 from .registry import (
     PAPER_DEGREE,
@@ -105,6 +107,19 @@ def nystrom_maps(
             out[rows] = landmark_kernel(points[rows]) @ whitening
         return out
 
+    def device_factor(on: DeviceArrays, points: np.ndarray) -> Any:
+        """:func:`factor` on the device of ``on``: row blocks of ``K(x, Z) W`` there."""
+        xp = on.xp
+        landmarks_d, whitening_d = on.put(Z), on.put(whitening)
+        z_sq = xp.sum(landmarks_d * landmarks_d, axis=1)
+        rows_per_block = block_rows(Z.shape[0], target_bytes=device_block_bytes(on.context))
+        blocks = []
+        for rows in row_slices(points.shape[0], rows_per_block):
+            P = on.put(points[rows] - center)
+            block = neg_cost_on_device(xp, P, xp.sum(P * P, axis=1), landmarks_d, z_sq, reg, cost)
+            blocks.append(xp.exp(block) @ whitening_d)
+        return xp.astype(xp.concat(blocks), getattr(xp, np.dtype(dtype).name))
+
     info = KernelInfo(
         "nystrom", {"n_landmarks": n_landmarks, "landmarks": landmarks, "rcond": rcond}
     )
@@ -118,6 +133,8 @@ def nystrom_maps(
         left_projection=whitening,
         right_projection=whitening,
         dtype=dtype,
+        device_left_factor=device_factor,
+        device_right_factor=device_factor,
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .._arrays import DeviceArrays
 from .._validation import check_int, check_rng
 from ..gibbs import GibbsGeometry
 from .base import KernelInfo
@@ -37,6 +38,13 @@ def rff_maps(geometry: GibbsGeometry, *, rng: Any, dtype: Any, n_features: int) 
         features *= amplitude
         return features.astype(dtype, copy=False)
 
+    def device_feature_map(on: DeviceArrays, points: np.ndarray) -> Any:
+        """:func:`feature_map` on the device of ``on``."""
+        xp = on.xp
+        features = on.put(points - center) @ on.put(frequencies)
+        features = xp.cos(features + on.put(phases)) * float(amplitude)
+        return xp.astype(features, getattr(xp, np.dtype(dtype).name))
+
     return FactorMaps(
         KernelInfo("rff", {"n_features": n_features}),
         feature_map,
@@ -44,6 +52,8 @@ def rff_maps(geometry: GibbsGeometry, *, rng: Any, dtype: Any, n_features: int) 
         left_map=feature_map,
         right_map=feature_map,
         dtype=dtype,
+        device_left_factor=device_feature_map,
+        device_right_factor=device_feature_map,
     )
 
 

@@ -177,6 +177,10 @@ class LocalGaussianExpansion:
     BLAS held to one thread for the duration through ``threadpoolctl`` when it is installed
     (process-wide); without it they run in the calling thread on a multi-threaded BLAS.
 
+    Devices: after :meth:`to_device` the products' per-point work runs in another Array API
+    library on its device (CUDA tensors, say), one batch at a time, with the same
+    arithmetic; the methods still take and return NumPy arrays.
+
     Examples
     --------
     >>> rng = np.random.default_rng(0)

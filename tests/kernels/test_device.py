@@ -188,6 +188,45 @@ def test_low_rank_factors_run_on_the_device(backend):
     np.testing.assert_allclose(ours.rmatvec(a), reference.rmatvec(a), rtol=RTOL, atol=1e-14)
 
 
+@pytest.mark.parametrize("backend", ["nystrom", "rff"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_low_rank_factors_are_built_on_the_device(monkeypatch, backend, dtype):
+    """Nystrom's and the random features' factors are built where the points live (their
+    host maps patched to fail), equal to the host's to rounding, held there only (the NumPy
+    ``left`` is fetched when read), and rows and indexed projections are taken there."""
+    import dataclasses
+    import importlib
+
+    rng = np.random.default_rng(14)
+    X, Y = rng.random((80, 3)), rng.random((60, 3))
+    params = {**sketchot.get_backend(backend).test_params, "dtype": dtype}
+    reference = sketchot.make_kernel(X, Y, 0.5, backend, rng=5, **params)
+    module = importlib.import_module(f"sketchot.kernels.{backend}")
+    host_maps = getattr(module, f"{backend}_maps")
+
+    def device_only(*args, **kwargs):
+        def refuse(points):
+            raise AssertionError("a factor built on the host")
+
+        maps = host_maps(*args, **kwargs)
+        return dataclasses.replace(maps, left_factor=refuse, right_factor=refuse)
+
+    monkeypatch.setattr(module, f"{backend}_maps", device_only)
+    ours = sketchot.make_kernel(torch.as_tensor(X), torch.as_tensor(Y), 0.5, backend, rng=5,
+                                **params).host  # fmt: skip
+    assert isinstance(ours._left_d, torch.Tensor) and not ours._host
+    assert ours._left_d.dtype == getattr(torch, np.dtype(dtype).name)
+    rtol = 1e-5 if dtype == np.float32 else RTOL  # float32 factors: their own rounding
+    np.testing.assert_allclose(ours.left, reference.left, rtol=rtol, atol=rtol)
+    assert ours.left.dtype == dtype and set(ours._host) == {"left"}
+    index, u = [2, 7, 40], rng.random(3)
+    np.testing.assert_allclose(ours.project("rows", u, index),
+                               reference.project("rows", u, index), rtol=rtol)  # fmt: skip
+    np.testing.assert_allclose(ours._rows(np.array(index)), reference._rows(np.array(index)),
+                               rtol=rtol, atol=rtol)  # fmt: skip
+    assert "right" not in ours._host  # rows and projections read the device's copies
+
+
 def test_the_block_local_kernel_runs_its_products_on_the_device():
     """``polyts_local`` from tensors: the expansion's per-point work runs in torch (the
     sides' arrays kept there), its passes, means and new-point products equal the NumPy
