@@ -75,6 +75,10 @@ EPS = np.finfo(np.float64).eps
 # Bytes for the per-group rank-R moments G (source clusters x R x target clusters): large
 # enough for BLAS efficiency, small enough to keep the memory flat at n = 1e6.
 _MOMENT_BYTES = 1 << 26
+# On a device: the moments take this share of its free memory (at least _MOMENT_BYTES, at
+# most _DEVICE_MOMENT_BYTES): larger groups, fewer and larger batched products.
+_DEVICE_MOMENT_SHARE = 1 / 16
+_DEVICE_MOMENT_BYTES = 1 << 30
 # Rows of an output cluster handled at once (its rows x target clusters temporaries).
 _ROW_BLOCK = 4096
 # Points per sample of the radius-stopped farthest-point pass (the rest is assigned by a tree).
@@ -963,6 +967,10 @@ class _HostArrays:
     def put_index(self, index: np.ndarray) -> np.ndarray:
         return index
 
+    def moment_bytes(self) -> int:
+        """Bytes a group's moments may take (they size the groups)."""
+        return _MOMENT_BYTES
+
     def empty(self, shape: tuple[int, ...]) -> np.ndarray:
         return np.empty(shape)
 
@@ -1027,6 +1035,12 @@ class _DeviceArrays(_HostArrays):
 
     def put_index(self, index: np.ndarray) -> Any:
         return self.on.put(index, np.int64)
+
+    def moment_bytes(self) -> int:
+        free = self.on.free_bytes()
+        if free is None:
+            return _MOMENT_BYTES
+        return int(min(_DEVICE_MOMENT_BYTES, max(_MOMENT_BYTES, _DEVICE_MOMENT_SHARE * free)))
 
     def empty(self, shape: tuple[int, ...]) -> Any:
         return self.xp.empty(shape, dtype=self.xp.float64, device=self.local.device)
@@ -1135,7 +1149,8 @@ def _apply(
     """``sum_j exp(log_w_j) K_ij values_j`` as ``exp(scale_i) Z_i``, in the caller's order.
 
     For each group of expanded output clusters ``A`` (sized so that the moments fit
-    ``_MOMENT_BYTES``) and the expanded input clusters ``B`` it keeps:
+    ``_MOMENT_BYTES``; on a device a share of its free memory) and the expanded input clusters
+    ``B`` it keeps:
 
     1. per batch of input clusters ``B`` of similar sizes (threads): exponents
        ``E_jA = base_j + log_w_j + 2 c_A . q_j / reg`` (``|B| x |group|``), shift
@@ -1193,7 +1208,7 @@ def _apply(
     # pieces of the result: (sorted output rows, scale, Z), in any order (threads append)
     pieces: list[tuple[np.ndarray, Any, Any]] = []
     per_cluster = plan.n_features * max(k_in, 1) * n_values * 8
-    group = max(1, _MOMENT_BYTES // per_cluster)
+    group = max(1, A_in.moment_bytes() // per_cluster)
     if truncated:
         # Neighbours in a group keep few inputs between them, but each group reads the kept
         # inputs' features once: no smaller than the memory allows, and never below
