@@ -586,3 +586,26 @@ def test_features_that_do_not_fit_the_device_are_recomputed_there(monkeypatch):
     log_v = np.random.default_rng(74).normal(size=400)
     np.testing.assert_allclose(device.log_matvec(log_v), host.log_matvec(log_v), rtol=1e-11)
     assert not device._y.device._padded
+
+
+DEVICE_MEMORY_CASES = [
+    (None, local._MOMENT_BYTES),
+    (1 << 20, local._MOMENT_BYTES),
+    (1 << 33, 1 << 29),
+    (1 << 40, local._DEVICE_MOMENT_BYTES),
+]
+
+
+@pytest.mark.parametrize("free, expected", DEVICE_MEMORY_CASES)
+def test_groups_on_a_device_are_sized_from_its_free_memory(monkeypatch, free, expected):
+    """A group's moments on a device take a share of its free memory between the host's
+    budget and a cap (a device whose memory cannot be asked keeps the host's)."""
+    torch = pytest.importorskip("torch")
+    from sketchot._arrays import DeviceArrays, array_context
+
+    X, Y = clouds("uniform", 200, 150, seed=75)
+    monkeypatch.setattr(DeviceArrays, "free_bytes", lambda self: free)
+    on = DeviceArrays(array_context(X=torch.as_tensor(X)))
+    kernel = LocalGaussianExpansion(0.01, rng=0).fit(X, Y).to_device(on)
+    assert kernel._x.arrays(on).moment_bytes() == expected
+    assert kernel._x.arrays(None).moment_bytes() == local._MOMENT_BYTES
