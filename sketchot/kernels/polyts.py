@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .._arrays import DeviceArrays
 from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_choice, check_float, check_int, check_rng
 from ..gibbs import GibbsGeometry
@@ -233,7 +234,15 @@ def _global_maps(
             "variant": variant,
         },
     )
+
+    def device_left(on: DeviceArrays, points: np.ndarray) -> Any:
+        return sketch.transform_x(points, dtype=dtype, device=on)
+
+    def device_right(on: DeviceArrays, points: np.ndarray) -> Any:
+        return sketch.transform_y(points, dtype=dtype, device=on)
+
     return FactorMaps(
         info, left_map, right_map, left_map=left_map, right_map=right_map, dtype=dtype,
-        attributes={"sketch": sketch},
+        attributes={"sketch": sketch}, device_left_factor=device_left,
+        device_right_factor=device_right,
     )  # fmt: skip

@@ -191,15 +191,21 @@ class GaussianPolySketch(PolySketchParameters):
             )
         return head + "; ".join(advice) + "."
 
-    def transform_x(self, X: Any, *, dtype: Any = np.float64) -> np.ndarray:
-        """``phi_X`` of each row (coefficients folded in): shape ``(n, n_features_out_)``."""
-        self._check_fitted()
-        return self._transform(X, "X", self.sketch_.coef_, dtype)
+    def transform_x(self, X: Any, *, dtype: Any = np.float64, device: Any = None) -> Any:
+        """``phi_X`` of each row (coefficients folded in): shape ``(n, n_features_out_)``.
 
-    def transform_y(self, Y: Any, *, dtype: Any = np.float64) -> np.ndarray:
-        """``phi_Y`` of each row: shape ``(n, n_features_out_)``."""
+        ``device``: a :class:`~sketchot._arrays.DeviceArrays`; the features are computed on
+        its device (in its Array API namespace, float64 then cast to ``dtype``) and returned
+        there, the same numbers to rounding. ``None``: NumPy on the host.
+        """
         self._check_fitted()
-        return self._transform(Y, "Y", np.ones_like(self.sketch_.coef_), dtype)
+        return self._transform(X, "X", self.sketch_.coef_, dtype, device)
+
+    def transform_y(self, Y: Any, *, dtype: Any = np.float64, device: Any = None) -> Any:
+        """``phi_Y`` of each row: shape ``(n, n_features_out_)`` (``device`` as in
+        :meth:`transform_x`)."""
+        self._check_fitted()
+        return self._transform(Y, "Y", np.ones_like(self.sketch_.coef_), dtype, device)
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "sketch_"):
@@ -212,7 +218,9 @@ class GaussianPolySketch(PolySketchParameters):
             X if Y is None else Y, dtype=dtype
         )
 
-    def _transform(self, points: Any, name: str, weights: np.ndarray, dtype: Any) -> np.ndarray:
+    def _transform(
+        self, points: Any, name: str, weights: np.ndarray, dtype: Any, device: Any = None
+    ) -> Any:
         dtype = check_dtype(dtype)
         points = check_matrix(
             points, name, n_features=self.center_.shape[0], feature_name="the fitted data"
@@ -225,7 +233,13 @@ class GaussianPolySketch(PolySketchParameters):
                 f"{dtype} features would overflow (log row scale {log_scale.max():.4g} > "
                 f"{limit:.0f}): use dtype=numpy.float64 or a larger reg"
             )
-        return self.sketch_._features(U, name, weights, dtype, row_scale=np.exp(log_scale))
+        if device is None:
+            return self.sketch_._features(U, name, weights, dtype, row_scale=np.exp(log_scale))
+        xp = device.xp
+        features = self.sketch_._features_on_device(
+            device.put(U), device, weights, row_scale=xp.exp(device.put(log_scale))
+        )
+        return xp.astype(features, getattr(xp, dtype.name))
 
     def _resolve_center(self, X: np.ndarray, Y: np.ndarray) -> np.ndarray:
         d = X.shape[1]

@@ -150,6 +150,28 @@ def stacked_monomial_features(
     return out
 
 
+def stacked_monomial_features_on_device(
+    U: Any, max_degree: int, xp: Any, weights: np.ndarray, row_scale: Any = None
+) -> Any:
+    """:func:`stacked_monomial_features` of ``U`` (``n x d``, float64) on the device it is
+    on, in the Array API namespace ``xp``: each degree's block is the previous degree's
+    prefixes times a coordinate times its factor, as there (the same order of products),
+    weighted, then row-scaled; shape ``(n, sum_j C(d + j - 1, j))``."""
+    d = U.shape[1]
+    blocks, previous = [U], U
+    for j in range(2, max_degree + 1):
+        pieces = []
+        for c, factor in enumerate(_extension_factors(d, j)):
+            scale = xp.asarray(factor, device=U.device)
+            pieces.append(previous[:, : factor.shape[0]] * U[:, c : c + 1] * scale)
+        previous = xp.concat(pieces, axis=1)
+        blocks.append(previous)
+    features = xp.concat(
+        [block * float(w) for block, w in zip(blocks, weights, strict=True)], axis=1
+    )
+    return features if row_scale is None else features * row_scale[:, None]
+
+
 def monomial_features(U: Any, degree: int, *, dtype: Any = np.float64) -> np.ndarray:
     """Exact feature map ``phi_j`` of ``(u^T v)^j``.
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from .._arrays import DeviceArrays
 from .._validation import (
     check_choice,
     check_dtype,
@@ -59,8 +60,12 @@ from .coefficients import (
 )
 from .functions import ElementwiseFunction, as_function
 from .improved import MAX_AUTO_DEGREE, plan_improved
-from .monomials import monomial_count, stacked_monomial_features
-from .tensorsketch import TensorSketch
+from .monomials import (
+    monomial_count,
+    stacked_monomial_features,
+    stacked_monomial_features_on_device,
+)
+from .tensorsketch import TensorSketch, sketches_on_device
 
 VARIANTS = ("improved", "paper")
 
@@ -469,6 +474,39 @@ class PolyTensorSketch(PolySketchParameters):
             U, write, dtype=dtype, row_scale=row_scale, degree_weights=weights[1:]
         )
         return out
+
+    def _features_on_device(
+        self, U: Any, on: DeviceArrays, weights: np.ndarray, row_scale: Any = None
+    ) -> Any:
+        """:meth:`_features` of ``U`` (``n x d``, float64, on the device of ``on``) computed
+        there, in its Array API namespace: the constant, the exact degrees
+        (:func:`stacked_monomial_features_on_device`) and the folded TensorSketches
+        (:func:`sketches_on_device`, with the CountSketches' matrix dense there), float64."""
+        xp, n, e = on.xp, U.shape[0], self.exact_degree_
+        scale = xp.ones((n,), dtype=U.dtype, device=U.device) if row_scale is None else row_scale
+        columns = [(scale * float(weights[0]))[:, None]]
+        if e > 0:
+            columns.append(
+                stacked_monomial_features_on_device(U, e, xp, weights[1 : e + 1], row_scale)
+            )
+        if self.tensor_sketch_ is not None:
+            stacked = on.put(self.tensor_sketch_.stacked_matrix().toarray())
+            sketches = sketches_on_device(
+                self.tensor_sketch_, U, xp, stacked, row_scale, weights[1:]
+            )
+            for position, size in enumerate(self.sketch_sizes_):
+                columns.append(fold_buckets_on_device(sketches[:, e + position, :], int(size), xp))
+        return xp.concat(columns, axis=1)
+
+
+def fold_buckets_on_device(sketch: Any, size: int, xp: Any) -> Any:
+    """:func:`fold_buckets` in the Array API namespace ``xp`` (on ``sketch``'s device)."""
+    n, m = sketch.shape
+    if size == m:
+        return sketch
+    groups = -(-m // size)
+    padding = xp.zeros((n, groups * size - m), dtype=sketch.dtype, device=sketch.device)
+    return xp.sum(xp.reshape(xp.concat([sketch, padding], axis=1), (n, groups, size)), axis=1)
 
 
 def fold_buckets(sketch: np.ndarray, size: int) -> np.ndarray:

@@ -73,6 +73,13 @@ class TensorSketch:
         else:
             self._stacked = None
 
+    def stacked_matrix(self) -> sp.csr_array:
+        """The CountSketches' matrices side by side, ``d x k m`` (sparse):
+        ``U @ stacked_matrix()`` holds every CountSketch of ``U``'s rows (degree 0: none)."""
+        if self._stacked is None:
+            return sp.csr_array((self.input_dim, 0))
+        return self._stacked
+
     def transform(self, U: Any) -> np.ndarray:
         """Degree-``k`` sketch of each row: shape ``(n, m)``, or ``(n, 1)`` of ones if ``k = 0``."""
         U = self._check(U)
@@ -153,6 +160,38 @@ class TensorSketch:
             write(rows, convolve_count_sketches(counts, degree_weights, 1 if parallel else -1))
 
         for_each(one_block, starts, parallel)
+
+
+def sketches_on_device(
+    sketch: TensorSketch,
+    U: Any,
+    xp: Any,
+    stacked: Any,
+    row_scale: Any = None,
+    degree_weights: np.ndarray | None = None,
+) -> Any:
+    """:meth:`TensorSketch.write_blocks`' sketches of every degree for all rows at once, in
+    the Array API namespace ``xp`` on the device ``U`` is on (its ``fft`` extension): shape
+    ``(n, k, m)``, ``[:, j - 1] = s_i w_j T^(j)(u_i)``, float64.
+
+    ``stacked`` is the CountSketches' stacked matrix (``d x k m``) as a dense array on that
+    device. The same recursion as :func:`convolve_count_sketches` (the running product of
+    the spectra, each degree's weight on its spectrum), ``O(n k m log m)``.
+    """
+    n, k, m = U.shape[0], sketch.degree, sketch.sketch_dim
+    counts = xp.reshape(U @ stacked, (n, k, m))
+    first = counts[:, 0, :]
+    if row_scale is not None:
+        first = first * row_scale[:, None]
+    weight = (lambda j: 1.0) if degree_weights is None else (lambda j: float(degree_weights[j]))
+    degrees = [first * weight(0)]  # degree 1 is the CountSketch itself: no FFT round trip
+    if k > 1:
+        spectra = xp.fft.rfft(counts[:, 1:, :], axis=-1)
+        running = xp.fft.rfft(first, axis=-1)
+        for degree in range(1, k):
+            running = running * spectra[:, degree - 1, :]
+            degrees.append(xp.fft.irfft(running * weight(degree), n=m, axis=-1))
+    return xp.stack(degrees, axis=1)
 
 
 def convolve_count_sketches(

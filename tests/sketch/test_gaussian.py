@@ -118,3 +118,37 @@ def test_bad_center_and_gamma():
         GaussianPolySketch(center=[0.0, 1.0]).fit(X)
     with pytest.raises(ValueError, match="gamma must be > 0"):
         GaussianPolySketch(gamma=0.0).fit(X)
+
+
+@pytest.mark.parametrize("name", ["torch", "array_api_strict"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"variant": "paper", "degree": 3, "sketch_dim": 8},  # TensorSketches only
+        {"variant": "improved", "degree": 3, "sketch_dim": 8},  # exact 1-3, a folded sketch
+        {"variant": "improved", "degree": 2, "rank": 10},  # exact only: 1 + 3 + 6
+    ],
+    ids=["paper", "improved", "exact"],
+)
+def test_features_on_a_device_equal_the_hosts(name, params):
+    """``device=``: the features computed in another Array API library (its ``fft``
+    extension for the TensorSketches) are the host's, to rounding relative to the features'
+    size (the sketches' FFT sums of signed terms cancel to ~1e-19 in places), in the
+    ``dtype`` asked for."""
+    module = pytest.importorskip(name)
+    from sketchot._arrays import DeviceArrays, array_context
+
+    rng = np.random.default_rng(31)
+    X, Y = rng.random((70, 3)), rng.random((50, 3))
+    sketch = GaussianPolySketch(2.0, rng=3, fit_tolerance=None, **params).fit(X, Y)
+    assert (sketch.sketch_.tensor_sketch_ is None) == ("rank" in params)
+    on = DeviceArrays(array_context(X=module.asarray(X)))
+    for transform in (sketch.transform_x, sketch.transform_y):
+        host = transform(X)
+        ours = transform(X, device=on)
+        assert type(ours).__module__.split(".")[0] == name
+        scale = np.abs(host).max()
+        np.testing.assert_allclose(on.get(ours), host, rtol=1e-10, atol=1e-13 * scale)
+        single = transform(X, dtype=np.float32, device=on)
+        assert single.dtype == module.float32
+        np.testing.assert_allclose(on.get(single), host, rtol=1e-5, atol=1e-6 * scale)
