@@ -7,8 +7,9 @@ inputs, and the exact and low-rank builders return their device operators
 (:class:`~sketchot.kernels.exact.DeviceExactKernel`,
 :class:`~sketchot.kernels.lowrank.DeviceLowRankKernel`; the block-local builder puts its
 expansion's products there, :meth:`~sketchot.sketch.LocalGaussianExpansion.to_device`):
-the clouds (or the factors) are copied once to that device
-(:class:`~sketchot._arrays.DeviceArrays`), and every product, the exact kernel's blocks,
+the clouds are copied once to that device (:class:`~sketchot._arrays.DeviceArrays`; the
+low-rank factors are built there, :attr:`~sketchot.kernels.lowrank.FactorMaps.device_left_factor`),
+and every product, the exact kernel's blocks,
 exponentials and log-sum-exps included (:mod:`sketchot.gibbs`'s device functions), runs
 there through the library's Array API namespace
 (``array-api-compat``). This module says when (:func:`runs_on_device`), with which block
