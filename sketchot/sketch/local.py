@@ -1024,6 +1024,11 @@ class _DeviceArrays(_HostArrays):
             self.features = self._monomials(self.local)
             share -= stored if free is not None else 0
         self._padded_budget = min(side.padded_budget, max(share, 0))
+        # fixed here, so that every product groups the clusters alike
+        self._moment_bytes = _MOMENT_BYTES
+        if free is not None:
+            moments = max(_MOMENT_BYTES, _DEVICE_MOMENT_SHARE * free)
+            self._moment_bytes = int(min(_DEVICE_MOMENT_BYTES, moments))
         self._index: dict[bytes, tuple[Any, Any]] = {}
         self._padded: dict[bytes, Any] = {}
         self._padded_bytes = 0
@@ -1038,10 +1043,7 @@ class _DeviceArrays(_HostArrays):
         return self.on.put(index, np.int64)
 
     def moment_bytes(self) -> int:
-        free = self.on.free_bytes()
-        if free is None:
-            return _MOMENT_BYTES
-        return int(min(_DEVICE_MOMENT_BYTES, max(_MOMENT_BYTES, _DEVICE_MOMENT_SHARE * free)))
+        return self._moment_bytes
 
     def empty(self, shape: tuple[int, ...]) -> Any:
         return self.xp.empty(shape, dtype=self.xp.float64, device=self.local.device)

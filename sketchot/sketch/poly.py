@@ -69,6 +69,10 @@ from .tensorsketch import TensorSketch, sketches_on_device
 
 VARIANTS = ("improved", "paper")
 
+#: Features built on a device take row blocks of at most this many bytes of temporaries
+#: (an eighth of its free memory where it can be asked).
+DEVICE_FEATURE_BYTES = 1 << 30
+
 #: The paper's Sinkhorn setting (Section 4.3), the default size: ``r = 3``, ``m = 20``.
 DEFAULT_DEGREE = 3
 DEFAULT_SKETCH_DIM = 20
@@ -479,24 +483,39 @@ class PolyTensorSketch(PolySketchParameters):
         self, U: Any, on: DeviceArrays, weights: np.ndarray, row_scale: Any = None
     ) -> Any:
         """:meth:`_features` of ``U`` (``n x d``, float64, on the device of ``on``) computed
-        there, in its Array API namespace: the constant, the exact degrees
+        there, in its Array API namespace, in row blocks whose temporaries take at most
+        :data:`DEVICE_FEATURE_BYTES`: the constant, the exact degrees
         (:func:`stacked_monomial_features_on_device`) and the folded TensorSketches
         (:func:`sketches_on_device`, with the CountSketches' matrix dense there), float64."""
         xp, n, e = on.xp, U.shape[0], self.exact_degree_
-        scale = xp.ones((n,), dtype=U.dtype, device=U.device) if row_scale is None else row_scale
-        columns = [(scale * float(weights[0]))[:, None]]
-        if e > 0:
-            columns.append(
-                stacked_monomial_features_on_device(U, e, xp, weights[1 : e + 1], row_scale)
-            )
-        if self.tensor_sketch_ is not None:
-            stacked = on.put(self.tensor_sketch_.stacked_matrix().toarray())
-            sketches = sketches_on_device(
-                self.tensor_sketch_, U, xp, stacked, row_scale, weights[1:]
-            )
-            for position, size in enumerate(self.sketch_sizes_):
-                columns.append(fold_buckets_on_device(sketches[:, e + position, :], int(size), xp))
-        return xp.concat(columns, axis=1)
+        if row_scale is None:
+            row_scale = xp.ones((n,), dtype=U.dtype, device=U.device)
+        sketch = self.tensor_sketch_
+        stacked = None if sketch is None else on.put(sketch.stacked_matrix().toarray())
+        # rows a block: its sketches' spectra (complex, several degrees) within the budget
+        spectra = 0 if sketch is None else 4 * sketch.degree * sketch.sketch_dim
+        row_bytes = 8 * (self.n_features_out_ + spectra)
+        free = on.free_bytes()
+        budget = DEVICE_FEATURE_BYTES if free is None else min(DEVICE_FEATURE_BYTES, free // 8)
+        step = max(1, int(budget // row_bytes))
+        blocks = []
+        for start in range(0, n, step):
+            rows = slice(start, min(start + step, n))
+            scale = row_scale[rows]
+            columns = [(scale * float(weights[0]))[:, None]]
+            if e > 0:
+                columns.append(
+                    stacked_monomial_features_on_device(
+                        U[rows, :], e, xp, weights[1 : e + 1], scale
+                    )
+                )
+            if sketch is not None:
+                sketches = sketches_on_device(sketch, U[rows, :], xp, stacked, scale, weights[1:])
+                for position, size in enumerate(self.sketch_sizes_):
+                    folded = fold_buckets_on_device(sketches[:, e + position, :], int(size), xp)
+                    columns.append(folded)
+            blocks.append(xp.concat(columns, axis=1))
+        return xp.concat(blocks, axis=0)
 
 
 def fold_buckets_on_device(sketch: Any, size: int, xp: Any) -> Any:

@@ -130,12 +130,16 @@ def test_bad_center_and_gamma():
     ],
     ids=["paper", "improved", "exact"],
 )
-def test_features_on_a_device_equal_the_hosts(name, params):
+@pytest.mark.parametrize("block_bytes", [1 << 30, 4000], ids=["one block", "blocks"])
+def test_features_on_a_device_equal_the_hosts(monkeypatch, name, params, block_bytes):
     """``device=``: the features computed in another Array API library (its ``fft``
-    extension for the TensorSketches) are the host's, to rounding relative to the features'
-    size (the sketches' FFT sums of signed terms cancel to ~1e-19 in places), in the
-    ``dtype`` asked for."""
+    extension for the TensorSketches), in one row block or several, are the host's, to
+    rounding relative to the features' size (the sketches' FFT sums of signed terms cancel
+    to ~1e-19 in places), in the ``dtype`` asked for."""
+    from sketchot.sketch import poly
+
     module = pytest.importorskip(name)
+    monkeypatch.setattr(poly, "DEVICE_FEATURE_BYTES", block_bytes)
     from sketchot._arrays import DeviceArrays, array_context
 
     rng = np.random.default_rng(31)
