@@ -28,6 +28,7 @@ INCLUDED = (
     "gpu_cpu_tensors",
     "gpu_cpu_tensors_before",
     "gpu_cpu_tensors_1e6",
+    "gpu_cpu_tensors_reg0.01_recheck",
     "gpu_local_cpu",
     "gpu_local_cpu_before",
     "gpu_quick",

@@ -50,6 +50,7 @@ low-rank matrix. ICML 2020 (polynomial expansion of element-wise functions such 
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -856,6 +857,11 @@ class _Side:
             self.device = _DeviceArrays(self, on)
         return self.device
 
+    @functools.cached_property
+    def inverse_order(self) -> np.ndarray:
+        """The sorted position of each point in the caller's order."""
+        return np.argsort(self.order)
+
     @property
     def n_points(self) -> int:
         return self.local.shape[0]
@@ -1389,7 +1395,8 @@ def _apply(
         expanded = rows_of(pieces)
         small_out, small_in = out.small_rows, inn.small_rows
         all_rows = np.arange(small_out, out.n_points, stride)
-        if stride == 1 or not k_in:  # every row the sample covers, its empty ones included
+        if (stride == 1 or not k_in) and expanded[0].size < all_rows.size:
+            # every row the sample covers, the empty ones (zero weights) included
             unseen = np.setdiff1d(all_rows, expanded[0], assume_unique=True)
             expanded = rows_of([expanded, empty_rows(unseen)])
         if small_in and expanded[0].size:
@@ -1419,7 +1426,7 @@ def _apply(
     # one gather from the pieces' order to the caller's
     position = np.empty(out.n_points, dtype=np.int64)
     position[rows[0]] = np.arange(out.n_points)
-    caller = A_out.put_index(position[np.argsort(out.order)])
+    caller = A_out.put_index(position[out.inverse_order])
     return (
         A_out.get(xp.take(rows[1], caller, axis=0)),
         A_out.get(xp.take(rows[2], caller, axis=0)),
