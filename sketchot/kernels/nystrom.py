@@ -113,12 +113,13 @@ def nystrom_maps(
         landmarks_d, whitening_d = on.put(Z), on.put(whitening)
         z_sq = xp.sum(landmarks_d * landmarks_d, axis=1)
         rows_per_block = block_rows(Z.shape[0], target_bytes=device_block_bytes(on.context))
+        stored = getattr(xp, np.dtype(dtype).name)  # each block cast as it is made
         blocks = []
         for rows in row_slices(points.shape[0], rows_per_block):
             P = on.put(points[rows] - center)
             block = neg_cost_on_device(xp, P, xp.sum(P * P, axis=1), landmarks_d, z_sq, reg, cost)
-            blocks.append(xp.exp(block) @ whitening_d)
-        return xp.astype(xp.concat(blocks), getattr(xp, np.dtype(dtype).name))
+            blocks.append(xp.astype(xp.exp(block) @ whitening_d, stored))
+        return xp.concat(blocks)
 
     info = KernelInfo(
         "nystrom", {"n_landmarks": n_landmarks, "landmarks": landmarks, "rcond": rcond}
