@@ -144,10 +144,8 @@ class DeviceLowRankKernel(LowRankKernel):
 
     def __init__(self, geometry: GibbsGeometry, *args: Any, **kwargs: Any) -> None:
         self._on = DeviceArrays(geometry.context)
-        self._device: dict[str, Any] = {}
-        self._host: dict[str, np.ndarray] = {}
-        super().__init__(geometry, *args, **kwargs)
-        self._left_d, self._right_d = self._device["left"], self._device["right"]
+        self._host: dict[str, np.ndarray] = {}  # the NumPy copies fetched so far
+        super().__init__(geometry, *args, **kwargs)  # sets left and right: kept on the device
 
     def _hold(self, factor: Any) -> Any:
         """The factor on the device, in ``dtype`` (a NumPy factor is copied there)."""
@@ -157,29 +155,24 @@ class DeviceLowRankKernel(LowRankKernel):
 
     def _fetch(self, name: str) -> np.ndarray:
         if name not in self._host:
-            host = self._on.context.to_host(self._device[name])
+            host = self._on.context.to_host(getattr(self, f"_{name}_d"))
             self._host[name] = np.ascontiguousarray(host, dtype=self.dtype)
         return self._host[name]
 
-    @property
-    def left(self) -> np.ndarray:
-        """``A`` as a NumPy array (fetched from the device when first read)."""
-        return self._fetch("left")
+    def _store(self, name: str, factor: Any) -> None:
+        setattr(self, f"_{name}_d", factor)
+        self._host.pop(name, None)
 
-    @left.setter
-    def left(self, factor: Any) -> None:
-        self._device["left"] = factor
-        self._host.pop("left", None)
-
-    @property
-    def right(self) -> np.ndarray:
-        """``B`` as a NumPy array (fetched from the device when first read)."""
-        return self._fetch("right")
-
-    @right.setter
-    def right(self, factor: Any) -> None:
-        self._device["right"] = factor
-        self._host.pop("right", None)
+    left = property(
+        lambda self: self._fetch("left"),
+        lambda self, factor: self._store("left", factor),
+        doc="``A`` as a NumPy array (fetched from the device when first read).",
+    )
+    right = property(
+        lambda self: self._fetch("right"),
+        lambda self, factor: self._store("right", factor),
+        doc="``B`` as a NumPy array (fetched from the device when first read).",
+    )
 
     def _factor_d(self, side: str) -> Any:
         return self._left_d if side == "rows" else self._right_d

@@ -512,23 +512,13 @@ class PolyTensorSketch(PolySketchParameters):
             if sketch is not None:
                 sketches = sketches_on_device(sketch, U[rows, :], xp, stacked, scale, weights[1:])
                 for position, size in enumerate(self.sketch_sizes_):
-                    folded = fold_buckets_on_device(sketches[:, e + position, :], int(size), xp)
+                    folded = fold_buckets(sketches[:, e + position, :], int(size), xp)
                     columns.append(folded)
             blocks.append(xp.concat(columns, axis=1))
         return xp.concat(blocks, axis=0)
 
 
-def fold_buckets_on_device(sketch: Any, size: int, xp: Any) -> Any:
-    """:func:`fold_buckets` in the Array API namespace ``xp`` (on ``sketch``'s device)."""
-    n, m = sketch.shape
-    if size == m:
-        return sketch
-    groups = -(-m // size)
-    padding = xp.zeros((n, groups * size - m), dtype=sketch.dtype, device=sketch.device)
-    return xp.sum(xp.reshape(xp.concat([sketch, padding], axis=1), (n, groups, size)), axis=1)
-
-
-def fold_buckets(sketch: np.ndarray, size: int) -> np.ndarray:
+def fold_buckets(sketch: Any, size: int, xp: Any = np) -> Any:
     """Fold a sketch of ``M`` buckets into ``size``: bucket ``b`` sums the ``i = b mod size``.
 
     A TensorSketch with hash ``H`` uniform on ``0..M-1`` becomes one with hash ``H mod size``:
@@ -540,19 +530,21 @@ def fold_buckets(sketch: np.ndarray, size: int) -> np.ndarray:
 
     Parameters
     ----------
-    sketch : ndarray, shape (n, M)
+    sketch : array, shape (n, M)
     size : int
         ``1 <= size <= M``.
+    xp : module, default=numpy
+        The Array API namespace of ``sketch`` (another library's on its device: the
+        features :meth:`PolyTensorSketch._features_on_device` builds there).
 
     Returns
     -------
-    ndarray, shape (n, size)
+    array, shape (n, size)
         ``O(n M)`` time.
     """
     n, m = sketch.shape
     if size == m:
         return sketch
     groups = -(-m // size)
-    padded = np.zeros((n, groups * size), dtype=sketch.dtype)
-    padded[:, :m] = sketch
-    return padded.reshape(n, groups, size).sum(axis=1)
+    padding = xp.zeros((n, groups * size - m), dtype=sketch.dtype, device=sketch.device)
+    return xp.sum(xp.reshape(xp.concat([sketch, padding], axis=1), (n, groups, size)), axis=1)
