@@ -286,12 +286,15 @@ def solving_in(context: ArrayContext) -> Iterator[None]:
         _CURRENT.reset(token)
 
 
-def in_user_arrays(*names: str, scalar: bool = False) -> Callable:
+def in_user_arrays(*names: str, scalar: bool = False, refuse_gradients: bool = False
+) -> Callable:
     """Decorator of a public function: the arguments ``names`` (arrays, or lists of arrays)
     decide the :class:`ArrayContext`; the function runs on host views of every argument, with
     the context current (:func:`current_context`), and its answer comes back in the caller's
     library (:meth:`ArrayContext.wrap`; with ``scalar=True`` a number comes back as a 0-d
-    array, as POT's backends return values)."""
+    array, as POT's backends return values). ``refuse_gradients``: a tensor that requires grad
+    is refused by name (the answer would carry no gradient: autograd would fail far from the
+    cause, or a loss built on it would silently miss a term)."""
 
     def decorate(func: Callable) -> Callable:
         signature = inspect.signature(func)
@@ -302,7 +305,7 @@ def in_user_arrays(*names: str, scalar: bool = False) -> Callable:
             context = array_context(**{n: bound.arguments.get(n) for n in names})
             if context.is_numpy:
                 return func(*args, **kwargs)
-            if scalar:
+            if scalar or refuse_gradients:
                 _refuse_gradients(func.__name__, {n: bound.arguments.get(n) for n in names})
             for name in names:
                 value = bound.arguments.get(name)
@@ -324,9 +327,11 @@ def in_user_arrays(*names: str, scalar: bool = False) -> Callable:
 def _refuse_gradients(function: str, arrays: dict[str, Any]) -> None:
     """A number returned without its gradient would break ``backward()`` far from the cause."""
     for name, value in arrays.items():
-        if getattr(value, "requires_grad", False):
+        items = value if isinstance(value, (tuple, list)) else [value]
+        if any(getattr(item, "requires_grad", False) for item in items):
             raise TypeError(
-                f"{name} requires grad, and sketchot.{function} returns its value without a "
+                f"{name} requires grad, and sketchot.{function} returns its values without a "
                 "gradient: for OT(a, b) with autograd use sketchot.nn.sinkhorn_divergence(X, Y, "
-                "a, b, reg=..., debias=False) (or debias=True for the divergence)"
+                "a, b, reg=..., debias=False) (or debias=True for the divergence), or pass "
+                f"{name}.detach() to solve without gradients"
             )

@@ -15,7 +15,9 @@ at once; it then sets the run's cancel flag, drops the groups not started, waits
 :data:`CANCEL_GRACE_SECONDS` for the running ones and re-raises. A worker sees the flag
 between two items: iterating the :class:`Part` it was given raises
 :class:`RunCancelledError` once the run is cancelled, so ``for rows in part: ...`` stops after
-the current block.
+the current block. A worker whose items are long (``sinkhorn_batch``'s chunks, each solved over
+many iterations) also calls :meth:`Part.check` between its own steps. A worker that ran on
+would hold the process after the interrupt: the interpreter joins the pool's threads at exit.
 """
 
 from __future__ import annotations
@@ -148,13 +150,19 @@ class Part(Sequence[T]):
 
     def __iter__(self) -> Iterator[T]:
         for item in self.items:
-            if self.cancelled():
-                raise RunCancelledError(f"group {self.index} stopped: the run was cancelled")
+            self.check()
             yield item
 
     def cancelled(self) -> bool:
         """Whether the run was cancelled (for workers that check between their own steps)."""
         return self._cancel is not None and self._cancel.is_set()
+
+    def check(self) -> None:
+        """Raise :class:`RunCancelledError` if the run was cancelled: for a worker whose one
+        item is long (a chunk of problems solved over many iterations), to call between its
+        own steps, so that Ctrl-C stops it as promptly as a row block would."""
+        if self.cancelled():
+            raise RunCancelledError(f"group {self.index} stopped: the run was cancelled")
 
 
 def groups(items: Sequence[T], size: int | None = None) -> list[Sequence[T]]:

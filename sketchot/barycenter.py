@@ -53,6 +53,7 @@ from ._arrays import in_user_arrays
 from ._defaults import DEFAULT_ACCURACY
 from ._validation import (
     check_bool,
+    check_dtype,
     check_float,
     check_int,
     check_matrix,
@@ -159,7 +160,17 @@ class BarycenterResult:
         )
 
 
-@in_user_arrays("clouds", "weights", "X_init")
+#: Arguments of :func:`sketchot.sinkhorn` that :func:`barycenter` does not take, and why.
+NOT_IN_BARYCENTER = {
+    "metric": "the support update (each point moved to its barycentric map) is the minimiser "
+    "of the squared Euclidean cost only",
+    "p": "the support update is the minimiser of the squared Euclidean cost only",
+    "reg_m": "the barycenter is of balanced measures (each cloud's weights are normalised)",
+    "warmstart": "each solve is warm-started from the previous outer step (warm_start=True)",
+}
+
+
+@in_user_arrays("clouds", "weights", "X_init", refuse_gradients=True)
 def barycenter(
     clouds: Any,
     weights: Any = None,
@@ -248,9 +259,20 @@ def barycenter(
     reg = check_float(reg, "reg", positive=True)
     max_iter = check_int(max_iter, "max_iter", minimum=1)
     tol = check_float(tol, "tol", minimum=0.0)
+    # named as the caller passed them (SolverOptions would call them max_iter and tol)
+    inner_max_iter = check_int(inner_max_iter, "inner_max_iter", minimum=1)
+    if inner_tol is not None:
+        inner_tol = check_float(inner_tol, "inner_tol", positive=True)
     warm_start = check_bool(warm_start, "warm_start")
     verbose = check_bool(verbose, "verbose")
     generator = check_rng(rng)
+    for name in sorted(set(kwargs) & set(NOT_IN_BARYCENTER)):
+        raise TypeError(
+            f"barycenter() does not take {name} (got {name}={describe(kwargs[name])}): "
+            f"{NOT_IN_BARYCENTER[name]}"
+        )
+    if kwargs.get("dtype") is not None:
+        check_dtype(kwargs["dtype"])  # named here, not by NumPy inside the kernel's choice
     options, backend_params = SolverOptions.split(
         {**kwargs, "max_iter": inner_max_iter, "tol": inner_tol}
     )

@@ -14,11 +14,19 @@ import numpy as np
 from ._arrays import in_user_arrays
 from ._validation import user_stacklevel
 from .solver import AccuracyWarning
-from .solver.batch import BatchResult, check_clouds, check_stacked_weights, sinkhorn_batch
+from .solver.batch import (
+    BatchResult,
+    check_batch_keywords,
+    check_clouds,
+    check_stacked_weights,
+    sinkhorn_batch,
+    solve_batch,
+)
 from .solver.plans import value_error_estimate
 from .solver.problem import MASS_RTOL
 
 
+@in_user_arrays("X_a", "X_b", "a", "b", refuse_gradients=True)
 def solve_sample_batch(
     X_a: Any,
     X_b: Any,
@@ -67,7 +75,9 @@ def solve_sample_batch(
         kwargs["max_iter"] = max_iter
     if tol is not None:
         kwargs["tol"] = tol
-    return sinkhorn_batch(X_a, X_b, a, b, reg, **kwargs)
+    return solve_batch(
+        X_a, X_b, a, b, reg, caller="solve_sample_batch", names=("X_a", "X_b", "a", "b"), **kwargs
+    )
 
 
 #: Pairs of clouds handed to one :func:`sinkhorn_batch` call by :func:`pairwise_divergences`:
@@ -130,7 +140,7 @@ class PairwiseDivergences:
         )
 
 
-@in_user_arrays("clouds", "weights")
+@in_user_arrays("clouds", "weights", refuse_gradients=True)
 def pairwise_divergences(
     clouds: Any, weights: Any = None, reg: float = 1.0, **kwargs: Any
 ) -> PairwiseDivergences:
@@ -179,7 +189,8 @@ def pairwise_divergences(
     >>> res.matrix.shape, bool(np.all(res.matrix == res.matrix.T)), bool(res.accuracy_met.all())
     ((5, 5), True, True)
     """
-    X = check_clouds(clouds, "clouds")
+    check_batch_keywords("pairwise_divergences", kwargs)
+    X = check_clouds(clouds, "clouds", "weights")
     K, n = X.shape[:2]
     w = check_stacked_weights(weights, "weights", (K, n), "clouds")
     mass = w.sum(axis=1)

@@ -34,7 +34,9 @@ def test_tensor_results_are_tensors_in_the_points_dtype():
     assert isinstance(result, sketchot.SinkhornResult) and isinstance(result, UserArrays)
     for value in (*result.potentials, *result.marginals, result.u, result.plan):
         assert isinstance(value, torch.Tensor) and value.dtype == torch.float32
-    assert isinstance(result.value, float) and isinstance(result.host.plan, np.ndarray)
+    # values are 0-d tensors in the points' dtype, as POT's OTResult (issue 42)
+    assert isinstance(result.value, torch.Tensor) and result.value.dtype == torch.float32
+    assert result.value.ndim == 0 and isinstance(result.host.plan, np.ndarray)
     # the same solve as NumPy's, to float32 rounding of the returned arrays
     reference = sketchot.sinkhorn(None, None, X.numpy(), Y.numpy(), reg=0.1, backend="exact")
     np.testing.assert_allclose(result.plan.numpy(), reference.plan, rtol=1e-5, atol=1e-12)
@@ -73,7 +75,7 @@ def test_sinkhorn2_is_a_0d_tensor_and_refuses_gradients_by_name():
     X, Y = clouds()
     value = sketchot.sinkhorn2(None, None, X, Y, reg=0.2, backend="exact")
     assert isinstance(value, torch.Tensor) and value.ndim == 0 and value.dtype == torch.float64
-    with pytest.raises(TypeError, match=r"X requires grad.*sketchot\.nn\.sinkhorn_divergence"):
+    with pytest.raises(TypeError, match=r"X requires grad.*solve_sample\(.*\)\.value"):
         sketchot.sinkhorn2(None, None, X.requires_grad_(), Y, reg=0.2)
 
 
@@ -133,3 +135,24 @@ def test_cuda_tensors_come_back_on_their_device():
     result = sketchot.sinkhorn(None, None, X, Y, reg=0.1)
     assert result.potentials[0].device == X.device and result.plan.device == X.device
     assert sketchot.sinkhorn2(None, None, X, Y, reg=0.1).device == X.device
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda X: sketchot.sinkhorn_batch(X[None], X[None].detach(), reg=0.5),
+        lambda X: sketchot.solve_sample_batch(X[None], X[None].detach(), reg=0.5),
+        lambda X: sketchot.pairwise_divergences([X, X.detach() + 1.0], reg=0.5),
+        lambda X: sketchot.barycenter([X, X.detach() + 1.0], n_support=5, reg=0.5, rng=0),
+    ],
+    ids=["sinkhorn_batch", "solve_sample_batch", "pairwise_divergences", "barycenter"],
+)
+def test_entries_without_gradients_refuse_tensors_that_require_grad(call):
+    """Their answers carry no gradient: a tensor that requires grad is refused by name (before,
+    the values came back without a graph and ``backward()`` failed far from the cause, or a
+    loss built on them silently missed the term)."""
+    torch = pytest.importorskip("torch")
+    X = torch.rand(20, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    X.requires_grad_(True)
+    with pytest.raises(TypeError, match=r"requires grad.*detach"):
+        call(X)

@@ -101,3 +101,49 @@ def test_masked_images_are_refused_by_the_colour_functions(seed, data):
             TypeError, match=r"^source is a numpy masked array .* fully transparent instead"
         ):
             call()
+
+
+# the batches: (entry, its names for the masked input, in (X, Y, a, b) order)
+BATCH_ENTRIES = {
+    "sinkhorn_batch": (
+        lambda X, Y, a, b: sketchot.sinkhorn_batch(X, Y, a, b, reg=1.0),
+        ("X", "Y", "a", "b"),
+    ),
+    "solve_sample_batch": (
+        lambda X, Y, a, b: sketchot.solve_sample_batch(X, Y, 1.0, a, b),
+        ("X_a", "X_b", "a", "b"),
+    ),
+    "pairwise_divergences": (
+        lambda X, Y, a, b: sketchot.pairwise_divergences(X, a, reg=1.0),
+        ("clouds", None, "weights", None),
+    ),
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    entry=st.sampled_from(sorted(BATCH_ENTRIES)),
+    position=st.integers(0, 3),
+    B=st.integers(1, 3),
+    n=st.integers(2, 6),
+    d=st.integers(1, 3),
+    seed=st.integers(0, 2**32 - 1),
+    data=st.data(),
+)
+def test_masked_entries_are_refused_by_the_batches(entry, position, B, n, d, seed, data):
+    """Issue 42: sinkhorn_batch, solve_sample_batch and pairwise_divergences read the values
+    under the mask (numpy.asarray drops it)."""
+    call, names = BATCH_ENTRIES[entry]
+    if names[position] is None:  # pairwise_divergences has one stack of clouds
+        position -= 1
+    rng = np.random.default_rng(seed)
+    inputs = [rng.random((B, n, d)), rng.random((B, n, d)), np.full((B, n), 1 / n)]
+    inputs.append(inputs[2].copy())
+    target = inputs[position]
+    flat = data.draw(
+        st.lists(st.booleans(), min_size=target.size, max_size=target.size).filter(any)
+    )
+    inputs[position] = np.ma.masked_array(target, mask=np.reshape(flat, target.shape))
+    name = names[position]
+    with pytest.raises(TypeError, match=f"^{name} is a numpy masked array with {sum(flat)} "):
+        call(*inputs)

@@ -210,3 +210,77 @@ def test_ctrl_c_stops_a_long_streamed_exact_solve_within_a_few_seconds(tmp_path)
     stderr = child.stderr.read()
     assert "KeyboardInterrupt" in stderr, stderr
     assert elapsed < 3.0, f"the process took {elapsed:.1f} s to exit after SIGINT"
+
+
+BATCH_CHILD = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import sketchot
+
+    sketchot.set_num_threads(2)
+    rng = np.random.default_rng(0)
+    # 5 chunks of 46 pairs of 150 x 150 points, each chunk about 9 s at reg 5e-4 (20000
+    # iterations): the pool's workers are inside a chunk's iterations when the signal comes
+    X, Y = rng.random((200, 150, 2)), rng.random((200, 150, 2)) + 0.3
+    options = dict(reg=5e-4, tol=1e-9, max_iter=20_000)
+    print("started", flush=True)
+    if sys.argv[1] == "sinkhorn_batch":
+        sketchot.sinkhorn_batch(X, Y, **options)
+    else:
+        sketchot.pairwise_divergences(X, **options)
+    """
+)
+
+
+@pytest.mark.parametrize("entry", ["sinkhorn_batch", "pairwise_divergences"])
+def test_ctrl_c_stops_the_batch_workers_inside_their_chunk(tmp_path, entry):
+    """Issue 42: Ctrl-C in sinkhorn_batch printed the interrupt, then the process ran on for
+    25-60 s: each worker finished its chunk (up to max_iter iterations) before the interpreter
+    could join it. The workers now check the run's cancel flag at every engine check."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    child = subprocess.Popen(
+        [sys.executable, "-c", BATCH_CHILD, entry], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        assert child.stdout.readline().strip() == "started"
+        time.sleep(1.0)  # both workers inside their first chunk
+        assert child.poll() is None
+        tick = time.perf_counter()
+        child.send_signal(signal.SIGINT)
+        child.wait(timeout=60)
+        elapsed = time.perf_counter() - tick
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    stderr = child.stderr.read()
+    assert "KeyboardInterrupt" in stderr, stderr
+    # every other entry stops within 0.3 s; 3 s leaves room for a loaded machine
+    assert elapsed < 3.0, f"the process took {elapsed:.1f} s to exit after SIGINT"
+
+
+def test_a_worker_with_one_long_item_checks_the_flag_itself():
+    """Part.check: for workers whose single item is long (a batch's chunk)."""
+    steps = []
+
+    def part(items):
+        for _ in items:
+            for step in range(400):  # one long item: 400 steps of 5 ms
+                items.check()
+                time.sleep(0.005)
+                steps.append(step)
+
+    timer = threading.Timer(0.2, _thread.interrupt_main)
+    tick = time.perf_counter()
+    with sketchot.thread_limit(2), pytest.raises(KeyboardInterrupt):
+        timer.start()
+        run_parts(part, list(range(4)), parallel=True, group=1)
+    assert time.perf_counter() - tick < 1.0
+    count = len(steps)
+    time.sleep(0.1)
+    assert len(steps) == count  # the workers stopped inside their item

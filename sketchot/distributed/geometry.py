@@ -16,7 +16,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from .._validation import describe
+from .._validation import check_matrix, describe
 from ..gibbs import SQEUCLIDEAN, sq_norms
 
 #: Rows per side the polynomial sketch is fitted on. Up to this size the fit uses every row
@@ -30,12 +30,15 @@ SPLIT_EVERY = 8
 def as_dask_cloud(value: Any, name: str, row_chunks: Any = None) -> da.Array:
     """A 2-D real Dask array in float64, chunked by rows only (one chunk across columns).
 
-    A NumPy array is wrapped (``row_chunks`` rows per chunk, or Dask's default).
+    A NumPy array (the other operand of a call where one is Dask) is validated as in memory
+    (:func:`~sketchot._validation.check_matrix`) and wrapped with chunks of the other cloud's
+    row-chunk size ``row_chunks`` (its chunks, or an int; Dask's default when ``None``).
     """
     if not hasattr(value, "chunks"):
-        array = np.asarray(value)
-        if array.ndim != 2:
-            raise ValueError(f"{name} must be a 2-D array (n, d); got shape {array.shape}")
+        array = check_matrix(value, name)
+        if isinstance(row_chunks, tuple):
+            # the other cloud's largest row chunk: its chunk tuple sums to ITS length, not ours
+            row_chunks = max(row_chunks) if row_chunks else None
         value = da.from_array(array, chunks=(row_chunks or "auto", -1))
     if value.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array (n, d); got shape {value.shape}")

@@ -168,10 +168,14 @@ def build_polyts(
     chosen = "improved" if variant == "auto" else variant
 
     def build_global() -> KernelOperator:
-        return low_rank_from_maps(geometry, _global_maps(
-            geometry, rng, dtype, sketch_dim, degree, coreset_size, coefficients, regularizer,
-            nonnegative, taylor_center, center, chosen, rank,
-        ))  # fmt: skip
+        try:
+            maps = _global_maps(
+                geometry, rng, dtype, sketch_dim, degree, coreset_size, coefficients,
+                regularizer, nonnegative, taylor_center, center, chosen, rank,
+            )  # fmt: skip
+        except VanishingFunctionError as error:
+            raise vanishing_kernel(geometry, chosen) from error
+        return low_rank_from_maps(geometry, maps)
 
     if variant != "auto":
         return build_global()
@@ -184,6 +188,24 @@ def build_polyts(
     choice = escalate(candidates, kernel_judge(accuracy, rng), skip=(VanishingFunctionError,))
     choice.kernel.info.reason = choice.reason
     return choice.kernel
+
+
+def vanishing_kernel(geometry: GibbsGeometry, variant: str) -> VanishingFunctionError:
+    """The sketch's :class:`~sketchot.sketch.VanishingFunctionError` (its ``f`` and ``U V^T``)
+    in the terms of the call: the Gibbs kernel of the caller's points at their ``reg``."""
+    reg, n, m = geometry.reg, *geometry.shape
+    spread = geometry.max_cost() / reg
+    local = get_backend(LOCAL_BACKEND).applies_to(geometry.X.shape[1])
+    return VanishingFunctionError(
+        f"backend='polyts' (variant={variant!r}) cannot fit its global polynomial to these "
+        f"{n} x {m} points at reg={reg:g}: the sketch expands the Gibbs kernel "
+        "exp(-||x - y||^2 / reg) around the clouds' centre, and with the points this far apart "
+        f"for this reg (largest cost / reg up to {spread:.3g}: far outliers, or a small reg) "
+        "the expansion underflows to 0 in float64 on every pair of points it samples. Pass a "
+        "larger reg, "
+        + ("backend='polyts_local', " if local else "")
+        + "backend='exact' or backend='auto' (which checks the kernel against the true one)"
+    )
 
 
 def _global_maps(

@@ -204,6 +204,12 @@ def plan_improved(
     reduced = triangular_factor(augmented)
     triangle, projection = reduced[: r_max + 1, : r_max + 1], reduced[: r_max + 1, -1]
     energy = float(augmented[:, -1] @ augmented[:, -1])
+    if energy == 0.0:  # every entry where f is not 0 has a weight that underflowed
+        raise VanishingFunctionError(
+            f"f is 0 in float64, or weighs nothing, on all {values.size} sampled entries of "
+            f"U V^T (entries in [{t.min():.3g}, {t.max():.3g}]); a global polynomial of f "
+            "cannot be fitted here"
+        )
     outside = float(reduced[r_max + 1, -1] ** 2)  # beyond degree r_max
     variances = _variance_sums(entries.centers, others, t, weights, r_max)
     # T_j(t / a) has monomials of degree <= j only: every degree's map is a leading block.

@@ -48,7 +48,7 @@ from .._arrays import in_user_arrays
 from .._defaults import DEFAULT_MAX_DENSE_BYTES
 from .._memory import USABLE_FRACTION, available_bytes
 from .._parallel import Part, get_num_threads, run_parts
-from .._validation import check_float, check_int, describe
+from .._validation import check_float, check_int, describe, refuse_masked, unknown_names
 from ..kernels.stacked import StackedExactKernel, stacked_log_kernel
 from .engine import ABSORB_THRESHOLD, choose_strategy, iterate
 from .options import SolverOptions
@@ -163,7 +163,7 @@ class BatchResult:
         )
 
 
-@in_user_arrays("X", "Y", "a", "b")
+@in_user_arrays("X", "Y", "a", "b", refuse_gradients=True)
 def sinkhorn_batch(
     X: Any,
     Y: Any,
@@ -220,16 +220,34 @@ def sinkhorn_batch(
     >>> res.value.shape, bool(res.converged.all()), bool(res.accuracy_met.all())
     ((50,), True, True)
     """
+    return solve_batch(
+        X, Y, a, b, reg, caller="sinkhorn_batch", names=("X", "Y", "a", "b"),
+        max_bytes=max_bytes, round_iter=round_iter, **kwargs,
+    )  # fmt: skip
+
+
+def solve_batch(
+    X: Any,
+    Y: Any,
+    a: Any,
+    b: Any,
+    reg: Any,
+    *,
+    caller: str,
+    names: tuple[str, str, str, str],
+    max_bytes: int = DEFAULT_MAX_DENSE_BYTES,
+    round_iter: int = ROUND_ITER,
+    **kwargs: Any,
+) -> BatchResult:
+    """:func:`sinkhorn_batch` on host arrays, its errors in the terms of the public function
+    ``caller`` whose arguments ``names`` (``X``, ``Y``, ``a``, ``b`` in that order) the
+    clouds and weights were."""
     start = time.perf_counter()
-    options, rest = SolverOptions.split({"check_every": CHECK_EVERY, **kwargs})
-    if rest:
-        raise TypeError(
-            f"sinkhorn_batch() got unexpected keyword argument(s) {sorted(rest)}; it takes the "
-            f"solver options {', '.join(SolverOptions.names())}, max_bytes and round_iter"
-        )
+    check_batch_keywords(caller, kwargs)
+    options, _ = SolverOptions.split({"check_every": CHECK_EVERY, **kwargs})
     max_bytes = check_int(max_bytes, "max_bytes", minimum=1)
     round_iter = check_int(round_iter, "round_iter", minimum=1)
-    X, Y, a, b, reg, notes = check_batch(X, Y, a, b, reg)
+    X, Y, a, b, reg, notes = check_batch(X, Y, a, b, reg, names)
     tol, norm = options.stopping()
     B, n, m = X.shape[0], X.shape[1], Y.shape[1]
     chunk = chunk_size(B, n, m, max_bytes)
@@ -252,7 +270,7 @@ def sinkhorn_batch(
             except queue.Empty:
                 buffer = np.empty(chunk * n * m)
             _solve_chunk(log_kernel, a[pairs], b[pairs], reg, options, tol, norm, round_iter,
-                         out, pairs, buffer)  # fmt: skip
+                         out, pairs, buffer, part)  # fmt: skip
             buffers.put(buffer)
             if options.verbose:
                 with lock:
@@ -320,11 +338,14 @@ def by_spread(X: np.ndarray, Y: np.ndarray, chunk: int) -> np.ndarray:
 
 
 def _solve_chunk(
-    log_kernel, a, b, reg, options, tol, norm, round_iter, out, pairs, buffer=None
+    log_kernel, a, b, reg, options, tol, norm, round_iter, out, pairs, buffer=None, part=None
 ) -> None:
     """Rounds of the engine on the stack of the pairs not converged yet (module notes); each
     pair's results are summarised when it leaves. ``buffer``: memory for the absorbed
-    kernels, reused from chunk to chunk."""
+    kernels, reused from chunk to chunk. ``part``: the worker's :class:`~sketchot._parallel.Part`,
+    whose cancel flag is checked at every check of the engine and between rounds (a chunk
+    runs for up to ``max_iter`` iterations: Ctrl-C must not wait for it)."""
+    watch = None if part is None else _CancelCheck(part)
     count, n, m = log_kernel.shape
     spreads = -log_kernel.min(axis=(1, 2))  # each pair's largest cost over reg
     log_u, log_v = _start(log_kernel, a, b, spreads)
@@ -332,6 +353,8 @@ def _solve_chunk(
     active = np.arange(count)
     masses = a.sum(axis=1)
     while active.size:
+        if part is not None:
+            part.check()
         whole = active.size == count
         stack = log_kernel if whole else log_kernel[active]
         kernel = StackedExactKernel(
@@ -344,7 +367,7 @@ def _solve_chunk(
             kernel, problem, tol=tol, norm=norm, check_every=every,
             max_iter=min(round_iter, options.max_iter - int(n_iter[active[0]])),
             strategy=choose_strategy(kernel, options.log_domain),
-            anderson=options.anderson_memory(True),
+            anderson=options.anderson_memory(True), progress=watch,
         )  # fmt: skip
         log_u[active] = state.log_u.reshape(-1, n)
         log_v[active] = state.log_v.reshape(-1, m)
@@ -358,6 +381,20 @@ def _solve_chunk(
         active = active[~leaving]
     out.n_iter[pairs], out.errors[pairs] = n_iter, errors
     out.converged[pairs] = errors <= tol
+
+
+class _CancelCheck:
+    """The engine's ``progress``, used to check a worker's cancel flag at every check (every
+    iteration by default, :data:`CHECK_EVERY`; at most ``round_iter`` iterations apart)."""
+
+    def __init__(self, part: Part) -> None:
+        self.part = part
+
+    def update(self, iteration: int, error: float | None = None, target: float | None = None):
+        self.part.check()
+
+    def log(self, text: str) -> None:
+        """Nothing to show (the batch prints its own progress lines)."""
 
 
 def _start(log_kernel, a, b, spreads) -> tuple[np.ndarray, np.ndarray]:
@@ -434,50 +471,137 @@ class _PlanSums:
         out.log_u[k], out.log_v[k] = log_u, log_v
 
 
-def check_batch(X: Any, Y: Any, a: Any, b: Any, reg: Any):
+#: Arguments of sketchot's other solves that the batches do not take, and why.
+NOT_IN_BATCHES = {
+    "metric": "the batches solve the squared Euclidean cost only; solve other costs pair by "
+    "pair with sketchot.sinkhorn",
+    "p": "the batches solve the squared Euclidean cost only",
+    "reg_m": "the batches solve balanced transport only; solve unbalanced pairs one by one "
+    "with sketchot.sinkhorn_unbalanced",
+    "unbalanced": "the batches solve balanced transport only",
+    "backend": "the batches solve on exact kernels (the pairs are small)",
+    "rank": "the batches solve on exact kernels (no rank)",
+    "dtype": "the batches compute in float64",
+    "rng": "the batches draw nothing (exact kernels, deterministic)",
+    "warmstart": "the batches start cold",
+    "potentials_init": "the batches start cold",
+}
+
+#: The batches' own keywords besides the solver options.
+BATCH_KEYWORDS = ("max_bytes", "round_iter")
+
+
+def check_batch_keywords(caller: str, kwargs: dict[str, Any]) -> None:
+    """Refuse keywords that are neither solver options nor :data:`BATCH_KEYWORDS`, in the
+    terms of the public function ``caller`` that received them: an argument of the other
+    solves with the reason the batches do not take it, any other with a did-you-mean.
+    ``metric='sqeuclidean'``, the batches' own cost, is accepted (removed from ``kwargs``)."""
+    accepted = (*SolverOptions.names(), *BATCH_KEYWORDS)
+    if kwargs.get("metric", None) == "sqeuclidean":  # the batches' own cost, named (POT's way)
+        del kwargs["metric"]
+    unknown = sorted(set(kwargs) - set(accepted))
+    if not unknown:
+        return
+    elsewhere = [name for name in unknown if name in NOT_IN_BATCHES]
+    if elsewhere:
+        name = elsewhere[0]
+        raise TypeError(
+            f"{caller}() does not take {name} (got {name}={describe(kwargs[name])}): "
+            f"{NOT_IN_BATCHES[name]}"
+        )
+    raise TypeError(
+        f"{caller}() got unexpected keyword argument(s) {unknown_names(unknown, accepted)}; "
+        f"it takes the solver options {', '.join(SolverOptions.names())}, max_bytes and "
+        "round_iter"
+    )
+
+
+def check_batch(
+    X: Any,
+    Y: Any,
+    a: Any,
+    b: Any,
+    reg: Any,
+    names: tuple[str, str, str, str] = ("X", "Y", "a", "b"),
+):
     """``(X, Y, a, b, reg, notes)`` validated: float64 stacks of one batch size and
     dimension, weights per pair of equal masses (``b_k`` rescaled to ``a_k``'s within
-    :data:`~sketchot.solver.problem.MASS_RTOL`)."""
-    X = check_clouds(X, "X")
-    Y = check_clouds(Y, "Y")
+    :data:`~sketchot.solver.problem.MASS_RTOL`). Errors call them ``names``."""
+    nx, ny, na, nb = names
+    X = check_clouds(X, nx, na)
+    Y = check_clouds(Y, ny, nb)
     if Y.shape[0] != X.shape[0] or Y.shape[2] != X.shape[2]:
         raise ValueError(
-            f"X and Y must hold the same number of pairs B and dimension d, (B, n, d) and "
-            f"(B, m, d); got X of shape {X.shape} and Y of shape {Y.shape}"
+            f"{nx} and {ny} must hold the same number of pairs B and dimension d, (B, n, d) "
+            f"and (B, m, d); got {nx} of shape {X.shape} and {ny} of shape {Y.shape}"
         )
     reg = check_float(reg, "reg", positive=True)
-    a = check_stacked_weights(a, "a", X.shape[:2], "X")
-    b = check_stacked_weights(b, "b", Y.shape[:2], "Y")
+    a = check_stacked_weights(a, na, X.shape[:2], nx)
+    b = check_stacked_weights(b, nb, Y.shape[:2], ny)
     notes = []
     mass_a, mass_b = a.sum(axis=1), b.sum(axis=1)
     off = ~np.isclose(mass_a, mass_b, rtol=MASS_RTOL, atol=0.0)
     if off.any():
         k = int(np.flatnonzero(off)[0])
         raise ValueError(
-            f"a and b must have the same mass pair by pair (balanced transport); pair {k} has "
-            f"sum(a[{k}]) = {mass_a[k]:.8g} and sum(b[{k}]) = {mass_b[k]:.8g} "
+            f"{na} and {nb} must have the same mass pair by pair (balanced transport); pair "
+            f"{k} has sum({na}[{k}]) = {mass_a[k]:.8g} and sum({nb}[{k}]) = {mass_b[k]:.8g} "
             f"({int(off.sum())} such pairs)"
         )
     if np.any(mass_a != mass_b):
         b = b * (mass_a / mass_b)[:, None]
-        notes.append("b was rescaled pair by pair to the mass of a")
+        notes.append(f"{nb} was rescaled pair by pair to the mass of {na}")
     return X, Y, a, b, reg, notes
 
 
-def check_clouds(value: Any, name: str) -> np.ndarray:
-    """``value`` as a float64 ``(B, n, d)`` stack of finite clouds (errors name ``name``)."""
-    array = np.asarray(value)
+def check_clouds(value: Any, name: str, weights: str = "a") -> np.ndarray:
+    """``value`` as a float64 ``(B, n, d)`` stack of finite clouds (errors name ``name``;
+    ``weights`` is the argument that weighs its points, for the remedies)."""
+    refuse_masked(
+        value,
+        name,
+        f"give the masked points zero weight in {weights} and fill them ({name}.filled(0))",
+    )
+    try:
+        array = np.asarray(value)
+    except ValueError:  # NumPy's "inhomogeneous shape": clouds of different sizes
+        array = None
+    if array is None or (array.dtype == object and _ragged(value)):
+        raise ValueError(
+            f"{name} must be a stack of clouds of one shape (B, n, d); got {_shapes(value)}. "
+            "Pad the smaller clouds to the largest size with points of zero weight "
+            f"({weights}), or solve pairs of different sizes one by one with sketchot.sinkhorn"
+        )
     if array.dtype.kind not in "biuf":
         raise TypeError(f"{name} must be a real array of shape (B, n, d); got {describe(value)}")
     if array.ndim != 3 or 0 in array.shape:
         raise ValueError(
-            f"{name} must be a non-empty stack of clouds of shape (B, n, d); got shape "
-            f"{array.shape}"
+            f"{name} must be a non-empty stack of clouds of shape (B, n, d) (at least one "
+            f"cloud of at least one point); got shape {array.shape}"
         )
     array = np.ascontiguousarray(array, dtype=np.float64)
     if not np.all(np.isfinite(array)):
-        raise ValueError(f"{name} must contain only finite values; got NaN or inf")
+        bad = int(array.size - np.count_nonzero(np.isfinite(array)))
+        raise ValueError(f"{name} must contain only finite values; got {bad} NaN or inf entries")
     return array
+
+
+def _ragged(value: Any) -> bool:
+    """Whether ``value`` is a sequence of arrays of different shapes."""
+    try:
+        return len({np.shape(item) for item in value}) > 1
+    except (TypeError, ValueError):
+        return False
+
+
+def _shapes(value: Any) -> str:
+    """The shapes of the clouds of a ragged stack, for an error message."""
+    try:
+        shapes = [np.shape(item) for item in value]
+    except (TypeError, ValueError):
+        return describe(value)
+    listed = ", ".join(str(shape) for shape in shapes[:6]) + (", ..." if len(shapes) > 6 else "")
+    return f"{len(shapes)} clouds of shapes {listed}"
 
 
 def check_stacked_weights(value: Any, name: str, shape: tuple[int, int], points: str) -> np.ndarray:
@@ -485,15 +609,26 @@ def check_stacked_weights(value: Any, name: str, shape: tuple[int, int], points:
     positive mass (errors name ``name`` and the clouds ``points``)."""
     if value is None:
         return np.full(shape, 1.0 / shape[1])
-    array = np.asarray(value)
-    if array.dtype.kind not in "biuf" or array.shape != shape:
+    refuse_masked(value, name, f"pass zero weights where it is masked ({name}.filled(0))")
+    try:
+        array = np.asarray(value)
+    except ValueError:
+        array = np.asarray(None)
+    if array.dtype.kind not in "biuf":
+        raise TypeError(
+            f"{name} must be real weights of shape {shape} (one row per cloud of {points}); "
+            f"got {describe(value)}"
+        )
+    if array.shape != shape:
         raise ValueError(
             f"{name} must be weights of shape {shape} (one row per cloud of {points}); got "
-            f"{describe(value)}"
+            f"shape {array.shape}"
         )
     array = array.astype(np.float64)
-    if not np.all(np.isfinite(array)) or np.any(array < 0):
-        raise ValueError(f"{name} must be finite and non-negative")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} must contain only finite weights; got NaN or inf")
+    if np.any(array < 0):
+        raise ValueError(f"{name} must be non-negative; got minimum {array.min():.3g}")
     if np.any(array.sum(axis=1) <= 0):
         k = int(np.flatnonzero(array.sum(axis=1) <= 0)[0])
         raise ValueError(f"{name} must have a positive mass in every row; row {k} has none")

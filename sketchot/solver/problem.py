@@ -22,7 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import check_float, check_weights, describe
+from .._validation import (
+    RenamableTypeError,
+    RenamableValueError,
+    check_float,
+    check_weights,
+    describe,
+)
 
 #: Masses that differ by less than this (relative) are treated as equal in balanced
 #: transport; ``b`` is then rescaled to ``a``'s mass so that ``tol`` stays reachable.
@@ -73,31 +79,85 @@ class Problem:
         return replace(self, reg=reg, log_u0=f / reg, log_v0=g / reg)
 
 
+def _check_start(value: Any, index: int, weights: np.ndarray, points: str) -> np.ndarray:
+    """One side of a warm start (``log u`` or ``log v``) as float64, errors naming
+    ``{warmstart}[index]``."""
+    name = f"{{warmstart}}[{index}]"
+    side = "log u" if index == 0 else "log v"
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError):
+        array = np.asarray(None)
+    if array.dtype.kind not in "biuf":
+        raise RenamableTypeError(
+            f"{name} ({side}) must be a 1-D real array of shape {weights.shape} (one entry per "
+            f"row of {points}); got {describe(value)}",
+            warmstart="warmstart",
+        )
+    if array.shape != weights.shape:
+        raise RenamableValueError(
+            f"{name} ({side}) must have shape {weights.shape} (one entry per row of "
+            f"{points}); got shape {array.shape}",
+            warmstart="warmstart",
+        )
+    array = array.astype(np.float64)
+    bad = ~np.isfinite(array) & (weights > 0)
+    if bad.any():
+        raise RenamableValueError(
+            f"{name} ({side}) must be finite where the weight is positive; got "
+            f"{int(bad.sum())} NaN or inf entries (first at index {int(np.flatnonzero(bad)[0])})",
+            warmstart="warmstart",
+        )
+    return array
+
+
+def _as_number(value: Any) -> float | None:
+    """``float(value)`` for a real number (a Python or NumPy scalar, a one-entry array or
+    tensor); ``None`` for anything else, strings and bools included (``float("1")`` and
+    ``float(True)`` would accept them)."""
+    if isinstance(value, (bool, np.bool_, str, bytes)):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def check_reg_m(reg_m: Any, reg: float) -> tuple[float, float]:
-    """``reg_m`` as ``(reg_m_a, reg_m_b)``: ``None`` is balanced ``(inf, inf)``, a scalar both
-    sides, a pair each side; every entry ``> 0`` (``inf`` allowed)."""
+    """``reg_m`` as ``(reg_m_a, reg_m_b)``: ``None`` is balanced ``(inf, inf)``, a number both
+    sides, a pair each side; every entry a real number ``> 0`` (``inf`` allowed). Errors are
+    :class:`~sketchot._validation.RenamableError`s naming ``{reg_m}``."""
     del reg
     if reg_m is None:
         return (math.inf, math.inf)
-    values = reg_m if isinstance(reg_m, (tuple, list, np.ndarray)) else (reg_m, reg_m)
-    values = tuple(np.ravel(np.asarray(values, dtype=object)))
-    if len(values) != 2:
-        raise ValueError(
-            f"reg_m must be None, a number or a pair (reg_m_a, reg_m_b); got {describe(reg_m)}"
-        )
+    if isinstance(reg_m, (tuple, list)) or (isinstance(reg_m, np.ndarray) and reg_m.ndim > 0):
+        values = tuple(reg_m) if isinstance(reg_m, (tuple, list)) else tuple(reg_m.ravel())
+        if len(values) == 1:  # POT's convention: one entry is both sides
+            values = (values[0], values[0])
+        if len(values) != 2:
+            raise RenamableValueError(
+                "{reg_m} must be None, a number, a pair (reg_m_a, reg_m_b) or one entry for "
+                f"both sides; got {len(values)} entries: "
+                f"{describe(reg_m)}",
+                reg_m="reg_m",
+            )
+    else:
+        values = (reg_m, reg_m)
     out = []
-    for side, value in zip(("reg_m_a", "reg_m_b"), values, strict=True):
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise TypeError(
-                f"reg_m must be None, a number or a pair of numbers; got {describe(reg_m)} "
-                f"({side} = {describe(value)})"
-            ) from None
+    for side, value in zip(("a", "b"), values, strict=True):
+        where = "" if values[0] is values[1] else f" (the {side} side: {describe(value)})"
+        number = _as_number(value)
+        if number is None:
+            raise RenamableTypeError(
+                "{reg_m} must be None, a real number or a pair of real numbers (a string or "
+                f"a bool is not read as one); got {describe(reg_m)}{where}",
+                reg_m="reg_m",
+            )
         if not number > 0:
-            raise ValueError(
-                f"reg_m must be > 0 on each side (float('inf') for a hard constraint); got "
-                f"{side} = {number!r}"
+            raise RenamableValueError(
+                "{reg_m} must be > 0 on each side (float('inf') for a hard constraint); got "
+                f"{describe(reg_m)}{where}",
+                reg_m="reg_m",
             )
         out.append(number)
     return (out[0], out[1])
@@ -116,7 +176,10 @@ def make_problem(
     """Validate weights against the clouds' sizes ``shape = (n, m)``, ``reg`` and ``reg_m``.
 
     Balanced transport needs equal masses (up to :data:`MASS_RTOL`, then ``b`` is rescaled);
-    unequal masses are allowed only with a finite ``reg_m`` on some side.
+    unequal masses are allowed only with a finite ``reg_m`` on some side. The warm start's
+    errors name the public ``{warmstart}`` (``warmstart[0]`` for ``log_u0``) and those of the
+    penalties ``{reg_m}`` (:class:`~sketchot._validation.RenamableError`: an entry that takes
+    them under other names re-raises them in its caller's terms).
     """
     n, m = shape
     reg = check_float(reg, "reg", positive=True)
@@ -127,25 +190,36 @@ def make_problem(
     if math.isinf(pair[0]) and math.isinf(pair[1]):
         mass_a, mass_b = a.sum(), b.sum()
         if not np.isclose(mass_a, mass_b, rtol=MASS_RTOL, atol=0.0):
-            raise ValueError(
-                f"a and b must have the same total mass for balanced transport; got sum(a) = "
-                f"{mass_a:.8g} and sum(b) = {mass_b:.8g}. Pass reg_m (a KL penalty on the "
-                "marginals) for unbalanced transport."
+            masses = f"sum(a) = {mass_a:.8g} and sum(b) = {mass_b:.8g}"
+            if reg_m is None:
+                raise RenamableValueError(
+                    "a and b must have the same total mass for balanced transport (the "
+                    f"default, {{reg_m}}=None); got {masses}. Pass a finite {{reg_m}} (a KL "
+                    "penalty on the marginals, in units of the cost) for unbalanced transport.",
+                    reg_m="reg_m",
+                )
+            raise RenamableValueError(
+                f"{{reg_m}}={describe(reg_m)} makes both marginals hard constraints, which "
+                f"needs a and b of the same total mass; got {masses}. Make {{reg_m}} finite "
+                "on at least one side (a KL penalty, in units of the cost) to let the masses "
+                "differ, or rescale a or b.",
+                reg_m="reg_m",
             )
         if mass_a != mass_b:
             b = b * (mass_a / mass_b)
             notes.append(f"b was rescaled by {mass_a / mass_b:.12g} to the mass of a")
     if (log_u0 is None) != (log_v0 is None):
-        raise ValueError("pass both log_u0 and log_v0 for a warm start, or neither")
+        given, missing = ("[0]", "[1]") if log_v0 is None else ("[1]", "[0]")
+        raise RenamableValueError(
+            f"{{warmstart}} must be None or a pair (log_u, log_v) of arrays; got "
+            f"{{warmstart}}{given} and None as {{warmstart}}{missing}: pass both (a result's "
+            "potentials) or neither",
+            warmstart="warmstart",
+        )
     starts = []
-    for name, value, weights in (("log_u0", log_u0, a), ("log_v0", log_v0, b)):
+    for index, value, weights, points in ((0, log_u0, a, "X"), (1, log_v0, b, "Y")):
         if value is None:
             starts.append(None)
             continue
-        value = np.asarray(value, dtype=np.float64)
-        if value.shape != weights.shape:
-            raise ValueError(f"{name} must have shape {weights.shape}; got {value.shape}")
-        if not np.all(np.isfinite(value[weights > 0])):
-            raise ValueError(f"{name} must be finite where the weight is positive")
-        starts.append(value)
+        starts.append(_check_start(value, index, weights, points))
     return Problem(a, b, reg, pair, starts[0], starts[1], tuple(notes))

@@ -19,6 +19,8 @@ import numpy as np
 
 from .._defaults import DEFAULT_ACCURACY
 from .._validation import (
+    RenamableTypeError,
+    check_dtype,
     check_float,
     check_int,
     check_matrix,
@@ -162,25 +164,30 @@ def check_backend_params(caller: str, backend: str, params: dict[str, Any]) -> N
     """Reject keyword arguments that are neither solver options nor the backend's parameters,
     naming everything the caller accepts."""
     known = [*SolverOptions.names(), *PROBLEM_NAMES]
+    if params.get("dtype") is not None:
+        check_dtype(params["dtype"])  # named here, not by NumPy inside the kernel's choice
     if backend == "auto":
         unknown = sorted(set(params) - {"dtype"})
         if unknown:
-            raise TypeError(
-                f"{caller}() got unexpected keyword argument(s) "
+            # {caller}: the public function the caller called (RenamableError)
+            raise RenamableTypeError(
+                "{caller}() got unexpected keyword argument(s) "
                 f"{unknown_names(unknown, known)}"
                 f"; backend='auto' chooses its own parameters (it accepts dtype); solver "
-                f"options: {', '.join(SolverOptions.names())}"
+                f"options: {', '.join(SolverOptions.names())}",
+                caller=caller,
             )
         return
     record = get_backend(backend)
     accepted = set(record.defaults) | {"dtype"} | ({"rank"} if record.params_for_rank else set())
     unknown = sorted(set(params) - accepted)
     if unknown:
-        raise TypeError(
-            f"{caller}() got unexpected keyword argument(s) "
+        raise RenamableTypeError(
+            "{caller}() got unexpected keyword argument(s) "
             f"{unknown_names(unknown, [*known, *accepted])}; solver options: "
             f"{', '.join(SolverOptions.names())}; backend {backend!r} "
-            f"parameters: {', '.join(sorted(accepted))}"
+            f"parameters: {', '.join(sorted(accepted))}",
+            caller=caller,
         )
 
 
@@ -494,7 +501,9 @@ def _lower_bound(result: SinkhornResult) -> float | None:
     if not np.all(np.isfinite(f[result.a > 0])):
         return None
     g = result.kernel.geometry
-    bound = dual_lower_bound(g.Xc, g.Yc, f, result.a, result.b, g.cost)
+    # at most EXHAUSTIVE_CHECK_ENTRIES entries: chunked (Dask) clouds come to the host whole
+    Xc, Yc, f, a, b = (np.asarray(v) for v in (g.Xc, g.Yc, f, result.a, result.b))
+    bound = dual_lower_bound(Xc, Yc, f, a, b, g.cost)
     return bound - LOWER_BOUND_RTOL * (abs(bound) + g.max_cost() * float(result.a.sum()))
 
 

@@ -255,7 +255,7 @@ def test_dask_array_without_dask_installed_says_how_to_install():
         "    print(exc)\n"
     )
     assert done.returncode == 0, done.stderr
-    assert 'pip install "sketchot[dask]"' in done.stdout
+    assert 'pip install "dask[array]>=2024.1" "distributed>=2024.1"' in done.stdout
 
 
 @pytest.mark.filterwarnings("ignore:Sinkhorn did not converge")
@@ -336,3 +336,15 @@ def test_default_backend_on_dask_is_a_real_choice(problem):
         # rank='auto' for a named low-rank backend: the same ladder
         kernel = sketchot.make_kernel(Xd, Yd, 1.0, "nystrom", rank="auto", rng=0)
         assert isinstance(kernel, DaskLowRankKernel) and kernel.info.rank == 64
+
+
+def test_a_low_rank_miss_on_dask_is_warned_not_a_type_error(client):
+    """A Nystrom kernel too small for its reg misses the accuracy: the weak-duality test of
+    the result (an exact pass, small n x m) brings the chunked clouds to the host instead of
+    slicing them by a mask (before: 'float' object cannot be interpreted as an integer)."""
+    rng = np.random.default_rng(0)
+    X = da.from_array(rng.random((600, 3)), chunks=200)
+    Y = da.from_array(rng.random((500, 3)), chunks=200)
+    with pytest.warns(sketchot.AccuracyWarning):
+        res = sketchot.sinkhorn(None, None, X, Y, reg=0.05, backend="nystrom", rank=5, rng=0)
+    assert res.accuracy_met is False

@@ -94,3 +94,38 @@ def test_warnings_name_the_users_line(call):
         warnings.simplefilter("always")
         call(X)
     assert caught and {w.filename for w in caught} == {__file__}
+
+
+@pytest.mark.parametrize(
+    ("d", "outliers", "reg", "n"),
+    [(1, 1, 0.005, 60), (1, 10, 0.005, 60), (3, 10, 0.02, 400)],
+)
+def test_polyts_at_small_reg_with_outliers_speaks_of_the_callers_points(d, outliers, reg, n):
+    """Issue 42: a raw ZeroDivisionError (rows 1 and 3 before the fix: the fit's weighted
+    energy underflowed to 0), or a VanishingFunctionError about an ``f`` and a ``U V^T`` the
+    caller never passed. Both are now one ValueError in terms of the points, reg and what to
+    pass instead (the cases are those a sweep of 288 configurations found)."""
+    rng = np.random.default_rng(d)
+    X, Y = rng.random((n, d)), rng.random((n - 10, d))
+    X[:outliers] += 1.5
+    Y[:1] -= 1.5
+    with pytest.raises(ValueError) as caught:
+        sketchot.sinkhorn(None, None, X, Y, reg, backend="polyts", variant="improved", rng=0)
+    message = str(caught.value)
+    start = (
+        f"backend='polyts' (variant='improved') cannot fit its global polynomial to these "
+        f"{n} x {n - 10} points at reg={reg:g}"
+    )
+    assert message.startswith(start)
+    assert "largest cost / reg" in message and "Pass a larger reg" in message
+    assert "U V^T" not in message and " f " not in message
+
+
+def test_polyts_advice_works_when_followed():
+    """What the message proposes solves the same clouds (backend='auto' certifies it)."""
+    rng = np.random.default_rng(1)
+    X, Y = rng.random((60, 1)), rng.random((50, 1))
+    X[:1] += 1.5
+    Y[:1] -= 1.5
+    result = sketchot.sinkhorn(None, None, X, Y, 0.005, backend="auto", rng=0)
+    assert result.converged and result.accuracy_met

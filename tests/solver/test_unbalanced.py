@@ -370,10 +370,11 @@ def test_unequal_masses_need_reg_m():
         sketchot.sinkhorn(*p.args, reg=p.reg)
     with pytest.raises(ValueError, match="reg_m"):
         sketchot.sinkhorn(*p.args, reg=p.reg, reg_m=None, backend="exact")
-    with pytest.raises(ValueError, match="reg_m"):
+    # solve_sample's own name for reg_m
+    with pytest.raises(ValueError, match="Pass a finite unbalanced"):
         sketchot.solve_sample(p.X, p.Y, p.a, p.b, reg=p.reg)
-    # two hard constraints cannot hold with unequal masses
-    with pytest.raises(ValueError):
+    # two hard constraints cannot hold with unequal masses: said so, not "pass reg_m"
+    with pytest.raises(ValueError, match=r"reg_m=\(inf, inf\).*both marginals hard"):
         sketchot.sinkhorn(*p.args, reg=p.reg, reg_m=(INF, INF))
     res = sketchot.sinkhorn(*p.args, reg=p.reg, reg_m=p.reg_m)
     assert res.converged and np.isfinite(res.value_linear)

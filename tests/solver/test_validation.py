@@ -33,6 +33,10 @@ Y = RNG.random((8, 3))
         ({"reg": -1.0}, ValueError, "reg must be > 0"),
         ({"reg": np.nan}, ValueError, "reg must be finite"),
         ({"reg": "1"}, TypeError, "reg must be a real number"),
+        # issue 42: Python reads "1" and True as 1.0; NumPy's own message for "float8"
+        ({"reg_m": "1"}, TypeError, r"reg_m must be None, a real number .* got '1' \(str\)"),
+        ({"reg_m": (1.0, False)}, TypeError, r"reg_m must be .*\(the b side: False \(bool\)\)"),
+        ({"dtype": "float8"}, TypeError, "dtype must be numpy.float64 or numpy.float32"),
         ({"backend": "greenkhorn"}, ValueError, "backend must be .auto. or one of"),
         ({"max_iter": 0}, ValueError, "max_iter must be >= 1"),
         ({"tol": 0.0}, ValueError, "tol must be > 0"),

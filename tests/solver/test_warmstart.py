@@ -58,8 +58,16 @@ def test_solve_sample_and_sinkhorn_kernel_take_it(clouds):
     ("warmstart", "error", "match"),
     [
         (np.zeros(150), TypeError, "warmstart must be None or a pair"),
-        ((np.zeros(150), np.zeros(5)), ValueError, r"log_v0 must have shape \(120,\)"),
-        ((np.full(150, np.nan), np.zeros(120)), ValueError, "log_u0 must be finite"),
+        (
+            (np.zeros(150), np.zeros(5)),
+            ValueError,
+            r"warmstart\[1\] \(log v\) must have shape \(120,\)",
+        ),
+        (
+            (np.full(150, np.nan), np.zeros(120)),
+            ValueError,
+            r"warmstart\[0\] \(log u\) must be finite",
+        ),
     ],
 )
 def test_bad_starts_are_refused_by_name(clouds, warmstart, error, match):
