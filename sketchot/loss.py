@@ -34,6 +34,16 @@ iterations): with ``P = diag(u) K diag(v)`` the solved plan of each problem, ``r
   continuous extension of their potential (a log-sum-exp over the true kernel, ``O(k m d)``
   for ``k`` zero weights).
 
+Another cost (``metric=``, :func:`sketchot.sinkhorn`'s): the value and the weight gradients
+hold as they are; the position gradients of a named metric are the envelope theorem's
+``grad_X_i = sum_j P_ab,ij grad_x c(x_i, y_j) - 1/2 sum_j (P_aa,ij + P_aa,ji) grad_x c(x_i,
+x_j)``, summed over row blocks of each plan's entries (``O(n m d)`` time, no ``n x m``
+array), and a callable metric has none (reading ``grad_X`` raises, naming ``metric``).
+
+Every call works on private read-only copies of ``X``, ``Y``, ``a`` and ``b``
+(``O((n + m) d)``): the solves, the lazily read gradients and a loss object's test that
+nothing moved never see the caller's memory, which an optimiser moves in place.
+
 The symmetric problems ``(a, a)`` and ``(b, b)`` are solved by the engine's symmetric
 iteration (the averaged update of Feydy et al., one kernel product per iteration and a
 contraction of at least 1/2 per iteration at any ``reg``:
@@ -51,12 +61,22 @@ from typing import Any
 
 import numpy as np
 
-from ._validation import check_bool, check_float, check_matrix, check_rng, check_weights
+from ._validation import (
+    RenamableError,
+    check_bool,
+    check_float,
+    check_matrix,
+    check_rng,
+    check_weights,
+    user_stacklevel,
+)
 from .api import make_kernel, sinkhorn
+from .gibbs import Cost, make_cost
 from .kernels.registry import rebuild_parameters
 from .solver import (
     AccuracyWarning,
     InvalidResultError,
+    LazyPlan,
     NonPositiveKernelError,
     SinkhornResult,
     SolverOptions,
@@ -144,10 +164,20 @@ class DivergenceResult:
         return self._position_gradient("Y")
 
     def _position_gradient(self, side: str) -> np.ndarray:
+        cost = self._positions.get("cost")
+        if cost is not None and not cost.translation_invariant:
+            raise ValueError(
+                f"grad_{side} needs the gradient of the cost, and metric=<callable> gives none: "
+                "pass a named metric ('sqeuclidean', 'euclidean', 'cityblock' or 'minkowski') "
+                "for position gradients; grad_a and grad_b (from the potentials) hold for any "
+                "cost"
+            )
         if side not in self._positions:
             start = time.perf_counter()
             X, Y, debias = self._positions["clouds"]
-            self._positions[side] = _position_gradient(self.results, X, Y, debias, side)
+            self._positions[side] = _position_gradient(
+                self.results, X, Y, debias, side, cost, self._positions
+            )
             self.timings[f"grad_{side}"] = time.perf_counter() - start
         return self._positions[side]
 
@@ -218,7 +248,10 @@ def sinkhorn_divergence(
         for you.
     **kwargs
         Solver options and backend parameters of :func:`sketchot.sinkhorn` (``accuracy``,
-        ``tol``, ``max_iter``, ``rank``, ``dtype``, ...), by keyword. ``certify_first``
+        ``tol``, ``max_iter``, ``rank``, ``dtype``, ``metric``, ...), by keyword. With a
+        ``metric`` other than ``'sqeuclidean'`` each position gradient costs a pass over the
+        plans' entries (``O(n m d)``, see :mod:`sketchot.loss`); a callable metric has
+        ``grad_a`` and ``grad_b`` but no position gradients (reading them raises). ``certify_first``
         defaults to ``False`` here: the gradients come from the potentials, whose error
         follows the iteration's residual (measured at n = 1e4, reg 0.01: gradient error
         1.1e-3 against 3.4e-3 with the first stop at half the accuracy).
@@ -230,7 +263,10 @@ def sinkhorn_divergence(
         ``accuracy`` and the three solves. For ``X == Y`` and ``a == b`` (same values) the
         value and gradients are exactly 0, without a solve. A negative value within
         ``value_error`` is clipped to 0; a larger negative one is kept, with an
-        :class:`~sketchot.AccuracyWarning`.
+        :class:`~sketchot.AccuracyWarning`. PyTorch tensors given to
+        ``sketchot.sinkhorn_divergence`` go to :func:`sketchot.nn.sinkhorn_divergence`,
+        which returns a differentiable 0-d tensor instead (its solve's result is the
+        ``last`` of a ``loss=`` object passed along).
 
     Notes
     -----
@@ -263,6 +299,10 @@ def sinkhorn_divergence(
     reg = check_float(reg, "reg", positive=True)
     a = check_weights(a, "a", X.shape[0], "X")
     b = check_weights(b, "b", Y.shape[0], "Y")
+    # the solves, their kernels, the lazily read gradients and a loss object's "nothing
+    # moved" test keep these: never a view of the caller's memory, which an optimiser moves
+    X, Y, a, b = (_private(value) for value in (X, Y, a, b))
+    cost = make_cost(kwargs.get("metric", "sqeuclidean"), kwargs.get("p", 2.0))
     rho = _check_reg_m(reg_m, reg)
     if warm_start is not None and not isinstance(warm_start, DivergenceResult):
         raise TypeError(
@@ -274,7 +314,7 @@ def sinkhorn_divergence(
         return DivergenceResult(
             0.0, zeros(a.shape), zeros(b.shape),
             notes=["identical inputs: S = 0 exactly, no solve"],
-            _positions={"X": zeros(X.shape), "Y": zeros(Y.shape)},
+            _positions={"X": zeros(X.shape), "Y": zeros(Y.shape), "cost": cost},
         )  # fmt: skip
     seed = int(check_rng(rng).integers(2**63))
     # the gradients come from the potentials: the full stopping fraction unless asked
@@ -286,9 +326,12 @@ def sinkhorn_divergence(
     for name, _ in terms:
         previous = warm_start.results.get(name) if warm_start is not None else None
         trend = warm_start.drift.get(name) if warm_start is not None else None
-        results[name], warm[name], note = _solve(
-            *clouds[name], reg, reg_m, backend, seed, previous, trend, kwargs
-        )
+        try:
+            results[name], warm[name], note = _solve(
+                *clouds[name], reg, reg_m, backend, seed, previous, trend, cost, kwargs
+            )
+        except RenamableError as error:  # sinkhorn's checks, in this entry's terms
+            raise error.renamed(caller="sinkhorn_divergence") from None
         if note:
             notes.append(f"{name}: {note}")
         if warm[name] and results[name] is not previous:
@@ -298,12 +341,12 @@ def sinkhorn_divergence(
     if debias and rho is not None:
         value += 0.5 * reg * (a.sum() - b.sum()) ** 2
     value_error = sum(abs(weight) * _value_error(results[name]) for name, weight in terms)
-    grad_a, grad_b = _weight_gradients(results, clouds, reg, rho, debias)
+    grad_a, grad_b = _weight_gradients(results, clouds, reg, rho, debias, cost)
     out = DivergenceResult(
         float(value), grad_a, grad_b, value_error=float(value_error),
         accuracy=max(_accuracy(results[name]) for name, _ in terms), results=results,
         warm=warm, timings={"solve": solved - start, "gradient": time.perf_counter() - solved},
-        drift=drift, notes=notes, _positions={"clouds": (X, Y, debias)},
+        drift=drift, notes=notes, _positions={"clouds": (X, Y, debias), "cost": cost},
     )  # fmt: skip
     if out.value < 0:
         if -out.value <= out.value_error:
@@ -319,7 +362,7 @@ def sinkhorn_divergence(
             warnings.warn(
                 f"sinkhorn_divergence: S = {out.value:.3e} < 0 with {why}; lower accuracy= or tol=",
                 AccuracyWarning,
-                stacklevel=2,
+                stacklevel=user_stacklevel(),
             )
     return out
 
@@ -419,26 +462,36 @@ def _refuse_tensors(**values: Any) -> None:
     for name, value in values.items():
         if type(value).__module__.split(".")[0] == "torch":
             raise TypeError(
-                f"{name} is a torch tensor: use sketchot.nn.sinkhorn_divergence(X, Y, a, b, "
-                "reg=...) (same parameters, a differentiable 0-d tensor out) or "
-                "sketchot.SamplesLoss; sketchot.sinkhorn_divergence takes NumPy arrays"
+                f"{name} is a torch tensor: use sketchot.sinkhorn_divergence or "
+                "sketchot.nn.sinkhorn_divergence(X, Y, a, b, reg=...) (same parameters, a "
+                "differentiable 0-d tensor out) or sketchot.SamplesLoss; "
+                "sketchot.loss.sinkhorn_divergence takes NumPy arrays"
             )
+
+
+def _private(values: np.ndarray) -> np.ndarray:
+    """A read-only float64 copy: ``O(size)``, negligible next to a solve."""
+    out = np.array(values, dtype=np.float64, order="C")
+    out.flags.writeable = False
+    return out
 
 
 def _identical(X: np.ndarray, Y: np.ndarray, a: np.ndarray, b: np.ndarray) -> bool:
     return X.shape == Y.shape and np.array_equal(X, Y) and np.array_equal(a, b)
 
 
-def _solve(P, Q, wp, wq, reg, reg_m, backend, seed, previous, trend, kwargs):
+def _solve(P, Q, wp, wq, reg, reg_m, backend, seed, previous, trend, cost, kwargs):
     """One problem: warm from ``previous`` (its backend, parameters, potentials moved on by
     ``trend``) when that meets the accuracy, else cold. Returns ``(result, warm_used,
     note)``."""
     note = ""
+    if previous is not None and previous.kernel.geometry.cost != cost:
+        previous = None  # potentials of another cost: no start for this one
     if previous is not None and _same_problem(previous, P, Q, wp, wq, reg, reg_m, kwargs):
         return previous, True, ""  # nothing moved (a fixed target's 'bb'): the same solve
     if previous is not None and previous.kernel.shape == (P.shape[0], Q.shape[0]):
         try:
-            result = _solve_warm(P, Q, wp, wq, reg, reg_m, seed, previous, trend, kwargs)
+            result = _solve_warm(P, Q, wp, wq, reg, reg_m, seed, previous, trend, cost, kwargs)
         except (InvalidResultError, NonPositiveKernelError) as error:  # a start far off
             note = (
                 f"warm start on {previous.backend!r} failed ({type(error).__name__}): solved cold"
@@ -456,7 +509,8 @@ def _solve(P, Q, wp, wq, reg, reg_m, backend, seed, previous, trend, kwargs):
 
 def _same_problem(previous, P, Q, wp, wq, reg, reg_m, kwargs) -> bool:
     """Whether ``previous`` solved this very problem (clouds, weights, ``reg``, ``reg_m``) to
-    the accuracy asked now."""
+    the accuracy asked now. Both sides are private copies (:func:`_private`): a caller who
+    moves its arrays in place cannot make an old solve look current."""
     g = previous.kernel.geometry
     target = _options(kwargs).accuracy
     held = previous.options.get("accuracy")
@@ -502,13 +556,14 @@ def _drift(result: SinkhornResult, previous: SinkhornResult) -> tuple[np.ndarray
     return out[0], out[1]
 
 
-def _solve_warm(P, Q, wp, wq, reg, reg_m, seed, previous, trend, kwargs):
+def _solve_warm(P, Q, wp, wq, reg, reg_m, seed, previous, trend, cost, kwargs):
     # checks cost nothing (the residual comes from the pass) and a warm start is often
     # converged after a few iterations: check every one unless told otherwise
     options = _options({"check_every": 1, **kwargs})
     params = rebuild_parameters(previous.backend, previous.kernel.info.params)
     if "dtype" in kwargs:
         params["dtype"] = kwargs["dtype"]
+    params.update(metric=cost.metric, p=cost.p)  # the cold solve's cost, not the default
     kernel = make_kernel(P, Q, reg, previous.backend, rng=seed, **params)
     # potentials in cost units carry over to new weights: log u = log a + f / reg
     if trend is None:  # no drift (a cold or kept previous solve): the plain warm start
@@ -556,10 +611,10 @@ def _potentials(result: SinkhornResult) -> tuple[np.ndarray, np.ndarray]:
     return np.where(result.a > 0, f, np.nan), np.where(result.b > 0, g, np.nan)
 
 
-def _fill_zero_weights(f, points, others, log_other, reg, rho):
+def _fill_zero_weights(f, points, others, log_other, reg, rho, cost):
     """The potential at zero weights: its continuous extension ``-reg rho' log sum_j
-    exp(log v_j - ||x - y_j||^2 / reg)`` with ``rho' = rho / (rho + reg)`` (1 balanced),
-    on the true kernel."""
+    exp(log v_j - c(x, y_j) / reg)`` with ``rho' = rho / (rho + reg)`` (1 balanced), on the
+    true kernel of ``cost`` (``c(x, y)`` with ``x`` from ``points``)."""
     missing = np.flatnonzero(np.isnan(f))
     if not missing.size:
         return f
@@ -568,24 +623,27 @@ def _fill_zero_weights(f, points, others, log_other, reg, rho):
     f = f.copy()
     for start in range(0, missing.size, 256):
         rows = missing[start : start + 256]
-        d2 = ((points[rows, None, :] - others[None, keep, :]) ** 2).sum(-1)
-        z = log_other[keep][None, :] - d2 / reg
+        if cost.sqeuclidean:
+            block = ((points[rows, None, :] - others[None, keep, :]) ** 2).sum(-1)
+        else:
+            block = cost.block(points[rows], others[keep])
+        z = log_other[keep][None, :] - block / reg
         top = z.max(axis=1)
         f[rows] = -reg * exponent * (top + np.log(np.exp(z - top[:, None]).sum(axis=1)))
     return f
 
 
-def _full_potentials(result, P, Q, rho):
+def _full_potentials(result, P, Q, rho, cost):
     f, g = _potentials(result)
     log_u, log_v = result.potentials
-    f = _fill_zero_weights(f, P, Q, log_v, result.reg, rho)
-    g = _fill_zero_weights(g, Q, P, log_u, result.reg, rho)
+    f = _fill_zero_weights(f, P, Q, log_v, result.reg, rho, cost)
+    g = _fill_zero_weights(g, Q, P, log_u, result.reg, rho, cost.transposed())
     return f, g
 
 
-def _weight_gradients(results, clouds, reg, rho, debias):
+def _weight_gradients(results, clouds, reg, rho, debias, cost):
     X, Y, a, b = clouds["ab"]
-    f_ab, g_ab = _full_potentials(results["ab"], X, Y, rho)
+    f_ab, g_ab = _full_potentials(results["ab"], X, Y, rho, cost)
     if not debias:
         grad_a, grad_b = f_ab, g_ab
         if rho is not None:
@@ -596,7 +654,7 @@ def _weight_gradients(results, clouds, reg, rho, debias):
         return _balance_shift(grad_a, grad_b, a, b)
     sym = {}
     for name, (P, _, _, _) in (("aa", clouds["aa"]), ("bb", clouds["bb"])):
-        f, g = _full_potentials(results[name], P, P, rho)
+        f, g = _full_potentials(results[name], P, P, rho, cost)
         sym[name] = 0.5 * (f + g)
     if rho is None:
         return _balance_shift(f_ab - sym["aa"], g_ab - sym["bb"], a, b)
@@ -621,9 +679,13 @@ def _plan_product(result: SinkhornResult, center: np.ndarray, side: int):
     return marginal, result.moment(side) + marginal[:, None] * shift
 
 
-def _position_gradient(results, X, Y, debias, side):
+def _position_gradient(results, X, Y, debias, side, cost=None, cache=None):
     """``dS / dX`` (``side`` 'X') or ``dS / dY`` ('Y'): the cross plan's rows (columns) and
-    the symmetric problem of that cloud."""
+    the symmetric problem of that cloud. ``cost`` None or squared Euclidean: from the plan's
+    moments; another named metric: :func:`_metric_gradient` (``cache`` keeps the cross
+    plan's pass for the other side)."""
+    if cost is not None and not cost.sqeuclidean:
+        return _metric_gradient(results, X, Y, debias, side, cost, {} if cache is None else cache)
     center = 0.5 * (X.mean(axis=0) + Y.mean(axis=0))
     index, points, symmetric = (0, X, "aa") if side == "X" else (1, Y, "bb")
     shifted = points - center
@@ -634,4 +696,53 @@ def _position_gradient(results, X, Y, debias, side):
         c, Ptp = _plan_product(results[symmetric], center, 1)
         # d/dx_i of OT(a, a) / 2: (r_i + c_i) x_i - (P x)_i - (P^T x)_i
         grad -= (r + c)[:, None] * shifted - Pp - Ptp
+    return grad
+
+
+#: Entries of ``grad_x c`` held at once by :func:`_plan_cost_gradients` (32 MiB of float64).
+GRADIENT_BLOCK_ENTRIES = 2**22
+
+
+def _cost_derivative(cost: Cost, z: np.ndarray) -> np.ndarray:
+    """``grad_x c(x, y)`` at ``z = x - y`` (last axis) for a named metric other than the
+    squared Euclidean one; 0 at ``z = 0`` (a subgradient: ``c(x, x) = 0`` for every ``x``)."""
+    if cost.metric == "cityblock" or (cost.metric == "minkowski" and cost.p == 1.0):
+        return np.sign(z)
+    order = 2.0 if cost.metric == "euclidean" else cost.p
+    norm = np.linalg.norm(z, ord=order, axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # sign(z) (|z| / ||z||_p)^(p - 1): the ratio is at most 1, no overflow for large p
+        out = np.sign(z) * (np.abs(z) / norm) ** (order - 1.0)
+    return np.where(norm > 0, out, 0.0)
+
+
+def _plan_cost_gradients(result: SinkhornResult, P: np.ndarray, Q: np.ndarray, cost: Cost):
+    """``(sum_j P_ij grad_x c(p_i, q_j), sum_i P_ij grad_y c(p_i, q_j))`` of the solved plan,
+    over its row blocks (:meth:`LazyPlan.rows`: the operator's own entries, in log form for
+    the exact kernel): ``O(n m d)`` time, ``O(block m d)`` memory, no ``n x m`` array."""
+    plan = LazyPlan(result.kernel, *result.potentials)
+    (n, d), m = P.shape, Q.shape[0]
+    rows_term, cols_term = np.zeros((n, d)), np.zeros((m, d))
+    step = max(1, GRADIENT_BLOCK_ENTRIES // (m * d))
+    for start in range(0, n, step):
+        index = np.arange(start, min(n, start + step))
+        weights = plan.rows(index)
+        slope = _cost_derivative(cost, P[index, None, :] - Q[None, :, :])
+        rows_term[index] = np.einsum("km,kmd->kd", weights, slope)
+        # a named metric is a function of x - y alone: grad_y c = -grad_x c
+        cols_term -= np.einsum("km,kmd->md", weights, slope)
+    return rows_term, cols_term
+
+
+def _metric_gradient(results, X, Y, debias, side, cost, cache):
+    """``dS / dX`` or ``dS / dY`` for a named metric other than the squared Euclidean one,
+    by the envelope theorem on each solved plan: ``d OT(a, b) / dx_i = sum_j P_ij grad_x
+    c(x_i, y_j)`` and ``d OT(a, a) / dx_i = sum_j (P_ij + P_ji) grad_x c(x_i, x_j)``."""
+    if "ab_terms" not in cache:  # one pass gives both sides of the cross problem
+        cache["ab_terms"] = _plan_cost_gradients(results["ab"], X, Y, cost)
+    index, points, symmetric = (0, X, "aa") if side == "X" else (1, Y, "bb")
+    grad = cache["ab_terms"][index].copy()
+    if debias:
+        rows_term, cols_term = _plan_cost_gradients(results[symmetric], points, points, cost)
+        grad -= 0.5 * (rows_term + cols_term)
     return grad

@@ -1,15 +1,17 @@
 """PyTorch front of :mod:`sketchot.loss`: the Sinkhorn divergence as an autograd function and a
 ``torch.nn.Module`` in the manner of GeomLoss's ``SamplesLoss``.
 
-Needs PyTorch (``pip install "sketchot[torch]"``); ``import sketchot`` never imports it, this
+Needs PyTorch (``pip install ".[torch]"`` in a clone); ``import sketchot`` never imports it, this
 module is loaded on first use of ``sketchot.SamplesLoss`` or ``sketchot.nn``.
 
 The iteration runs in NumPy float64 on the host, the kernels' products where the tensors live
 (:mod:`sketchot.kernels.device`); the value and gradients come back on that device (float32
 tensors get float32 results). The backward
 pass is the envelope-theorem gradient of :func:`sketchot.sinkhorn_divergence` (no unrolled
-iterations, memory ``O((n + m) (r + d))``), multiplied by the incoming gradient; it is not
-differentiable again (no second derivatives).
+iterations, memory ``O((n + m) (r + d))``), multiplied by the incoming gradient. There are no
+second derivatives: a gradient taken with ``create_graph=True`` is returned (its value is
+right) and differentiating it again raises a ``RuntimeError`` (a gradient penalty or a Hessian
+would otherwise miss this term without a word).
 """
 
 from __future__ import annotations
@@ -45,10 +47,12 @@ class SinkhornDivergenceFunction(torch.autograd.Function):
             for name, needed in zip(names, ctx.needs_input_grad[:4], strict=True)
         ]
         ctx.meta = [None if t is None else (t.dtype, t.device) for t in inputs]
+        # kept for create_graph=True only; not saved_tensors: moving X in place between
+        # forward and backward (the gradient of the value returned) stays allowed
+        ctx.inputs = inputs
         return torch.tensor(result.value, dtype=X.dtype, device=X.device)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
         grads = []
         for needed, grad, meta in zip(ctx.needs_input_grad[:4], ctx.grads, ctx.meta, strict=True):
@@ -57,7 +61,31 @@ class SinkhornDivergenceFunction(torch.autograd.Function):
                 continue
             dtype, device = meta
             grads.append(grad_output.to(dtype) * torch.as_tensor(grad, dtype=dtype, device=device))
+        if torch.is_grad_enabled():  # create_graph=True: a graph whose next backward refuses
+            grads = [None if g is None else _FirstOrderOnly.apply(g, *ctx.inputs) for g in grads]
         return (*grads, None)
+
+
+class _FirstOrderOnly(torch.autograd.Function):
+    """The identity on a first derivative of :class:`SinkhornDivergenceFunction`, linked to the
+    inputs it depends on, whose backward toward them raises: a second derivative is refused,
+    never silently zero."""
+
+    @staticmethod
+    def forward(ctx, grad, *inputs):
+        return grad.clone()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        if any(ctx.needs_input_grad[1:]):
+            raise RuntimeError(
+                "sketchot's Sinkhorn divergence has no second derivatives: its gradient (taken "
+                "with create_graph=True) was differentiated again, e.g. by a gradient penalty "
+                "or a Hessian. Its first derivatives come from the solved potentials (envelope "
+                "theorem), without a graph of the iterations to differentiate; keep the loss "
+                "out of second-order terms or detach its gradient there"
+            )
+        return (grad_output, *(None for _ in ctx.needs_input_grad[1:]))
 
 
 def sinkhorn_divergence(
@@ -82,7 +110,10 @@ def sinkhorn_divergence(
     a, b : Tensor of shape (n,), (m,) or None
         Weights (``None``: uniform).
     reg, reg_m, backend, **kwargs
-        As in :func:`sketchot.sinkhorn_divergence` (the cost is ``||x - y||^2``).
+        As in :func:`sketchot.sinkhorn_divergence` (the cost ``||x - y||^2`` unless
+        ``metric=``; a callable metric has no position gradients: a tensor ``X`` or ``Y``
+        that requires grad is refused at the forward). ``warm_start`` is refused: pass
+        ``loss=``.
     loss : SinkhornDivergence, optional
         A loss object to solve with (warm starts across calls); it then fixes ``reg``,
         ``reg_m``, ``backend`` and the options, and the others must be left out.
@@ -103,6 +134,11 @@ def sinkhorn_divergence(
     >>> value.ndim, X.grad.shape
     (0, torch.Size([200, 2]))
     """
+    if "warm_start" in kwargs:
+        raise TypeError(
+            "warm_start is for NumPy clouds (a DivergenceResult); with tensors pass "
+            "loss=sketchot.SinkhornDivergence(reg, ...), which warm-starts each call from the last"
+        )
     if loss is None:
         loss = SinkhornDivergence(reg, reg_m, backend, **kwargs)
     elif kwargs or reg_m is not None or backend != "auto" or reg != 1.0:
@@ -147,7 +183,7 @@ class SamplesLoss(torch.nn.Module):
     rng : None, int, Generator
         Randomness of the approximate kernels.
     **kwargs
-        Solver options of :func:`sketchot.sinkhorn` (``accuracy``, ``tol``, ...).
+        Solver options of :func:`sketchot.sinkhorn` (``accuracy``, ``tol``, ``metric``, ...).
 
     Attributes
     ----------
@@ -158,7 +194,10 @@ class SamplesLoss(torch.nn.Module):
     -----
     ``forward(x, y)`` or ``forward(a, x, b, y)`` (GeomLoss's order) with ``x`` of shape
     ``(n, d)`` or ``(B, n, d)`` and weights ``(n,)`` or ``(B, n)``; a batch is solved item
-    by item and returns shape ``(B,)``.
+    by item and returns shape ``(B,)``. Each call solves the data as they are at the call,
+    also when an optimiser moved them in place since the last one (the solves hold copies).
+    No second derivatives: a gradient taken with ``create_graph=True`` raises when it is
+    differentiated again.
 
     Examples
     --------
@@ -236,6 +275,11 @@ class SamplesLoss(torch.nn.Module):
             raise ValueError(
                 "batched clouds must have shapes (B, n, d) and (B, m, d) with the same B; got "
                 f"x {tuple(x.shape)} and y {tuple(y.shape)}"
+            )
+        if x.shape[0] == 0:
+            raise ValueError(
+                "x and y must hold at least one cloud each (B >= 1 in (B, n, d) and (B, m, d)); "
+                f"got x {tuple(x.shape)} and y {tuple(y.shape)}"
             )
         values = []
         for k in range(x.shape[0]):

@@ -340,3 +340,112 @@ def test_the_solves_go_to_the_full_stopping_fraction_unless_asked():
         assert default.results[name].tol == STOP_FRACTION * 1e-3
         assert first.results[name].tol == CERTIFY_FRACTION * 1e-3
         assert default.results[name].n_iter >= first.results[name].n_iter
+
+
+# ----------------------------------------------------------------- issue 42: other costs
+METRICS = [
+    {"metric": "euclidean"},
+    {"metric": "cityblock"},
+    {"metric": "minkowski", "p": 3.0},
+]
+
+
+def _value(X, Y, a, b, **kwargs):
+    return sketchot.sinkhorn_divergence(X, Y, a, b, **kwargs).value
+
+
+@pytest.mark.parametrize("metric", METRICS, ids=lambda m: m["metric"])
+@pytest.mark.parametrize(("reg_m", "debias"), [(None, True), (0.7, True), (None, False)])
+def test_position_gradients_of_other_metrics_match_finite_differences(metric, reg_m, debias):
+    """Issue 42: ``metric='euclidean'`` returned the squared-Euclidean gradient formula
+    (0.7-1.08 relative error against finite differences). The envelope theorem on each plan,
+    checked against central differences of the value returned."""
+    X, Y, a, b = clouds(20, mass_b=1.0 if reg_m is None else 1.3)
+    kwargs = {"reg": 0.2, "reg_m": reg_m, "debias": debias, **TIGHT, **metric}
+    res = sketchot.sinkhorn_divergence(X, Y, a, b, **kwargs)
+    rng = np.random.default_rng(21)
+    dX, dY = rng.standard_normal(X.shape), rng.standard_normal(Y.shape)
+    fd_X = _central(lambda Z: _value(Z, Y, a, b, **kwargs), X, dX)
+    fd_Y = _central(lambda Z: _value(X, Z, a, b, **kwargs), Y, dY)
+    # h = 1e-5 on costs with bounded second derivatives away from x = y (no pair coincides):
+    # truncation ~1e-9, plus the solves' 1e-13 potentials over 2h
+    assert np.sum(res.grad_X * dX) == pytest.approx(fd_X, rel=1e-6, abs=1e-7)
+    assert np.sum(res.grad_Y * dY) == pytest.approx(fd_Y, rel=1e-6, abs=1e-7)
+
+
+def test_weight_gradients_of_another_metric_with_a_zero_weight():
+    """Zero weights' potentials extended with the metric's own cost (they used
+    ``||x - y||^2``)."""
+    X, Y, a, b = clouds(22)
+    a[3] = 0.0
+    a /= a.sum()
+    kwargs = {"reg": 0.2, **TIGHT, "metric": "euclidean"}
+    res = sketchot.sinkhorn_divergence(X, Y, a, b, **kwargs)
+    d = np.zeros_like(a)
+    d[3], d[0] = 1.0, -1.0
+    h = 1e-6  # one-sided (a_3 >= 0): truncation ~h |S''| ~ 1e-6
+    fd = (_value(X, Y, a + h * d, b, **kwargs) - _value(X, Y, a, b, **kwargs)) / h
+    assert res.grad_a @ d == pytest.approx(fd, abs=1e-5)
+
+
+def test_a_callable_metric_has_weight_gradients_and_refuses_position_gradients():
+    X, Y, a, b = clouds(23)
+
+    def metric(A, B):  # the Euclidean cost, as a user's callable
+        return np.sqrt(((A[:, None, :] - B[None, :, :]) ** 2).sum(-1))
+
+    kwargs = {"reg": 0.2, **TIGHT, "metric": metric}
+    res = sketchot.sinkhorn_divergence(X, Y, a, b, **kwargs)
+    named = sketchot.sinkhorn_divergence(X, Y, a, b, **{**kwargs, "metric": "euclidean"})
+    assert res.value == pytest.approx(named.value, rel=1e-10)  # the same cost
+    for side in ("grad_X", "grad_Y"):
+        with pytest.raises(ValueError, match="metric=<callable>"):
+            getattr(res, side)
+    rng = np.random.default_rng(24)
+    da, db = rng.standard_normal(a.shape), rng.standard_normal(b.shape)
+    da, db = da - da.mean(), db - db.mean()
+    fd = _central(lambda t: _value(X, Y, a + t * da, b + t * db, **kwargs), 0.0, 1.0)
+    assert res.grad_a @ da + res.grad_b @ db == pytest.approx(fd, abs=1e-7)  # h = 1e-5
+    same = sketchot.sinkhorn_divergence(X, X, a, a, **kwargs)  # identical inputs: no solve
+    with pytest.raises(ValueError, match="metric=<callable>"):
+        _ = same.grad_X
+
+
+def test_a_loss_object_keeps_its_metric_on_warm_starts():
+    """The warm start rebuilt its kernel with the default cost: the second call of
+    ``SinkhornDivergence(metric='euclidean')`` solved the squared-Euclidean problem."""
+    X, Y, a, b = clouds(25)
+    loss = sketchot.SinkhornDivergence(0.2, metric="euclidean", **TIGHT)
+    loss(X, Y, a, b)
+    moved = X + 0.05
+    res = loss(moved, Y, a, b)
+    assert res.warm["ab"]
+    ref = sketchot.sinkhorn_divergence(moved, Y, a, b, reg=0.2, metric="euclidean", **TIGHT)
+    assert res.value == pytest.approx(ref.value, rel=1e-9)  # both to tol 1e-13
+    np.testing.assert_allclose(res.grad_X, ref.grad_X, rtol=1e-7, atol=1e-10)
+    # a warm start from a solve of another cost is not used
+    other = sketchot.sinkhorn_divergence(moved, Y, a, b, reg=0.2, warm_start=res, **TIGHT)
+    assert not any(other.warm.values())
+
+
+def test_an_approximate_backend_with_another_metric():
+    """Nystrom (any metric): the position gradients from its plan's entries, within a few
+    times the solve's true-kernel marginal error of the exact kernel's."""
+    X, Y, a, b = clouds(26, n=120, m=100)
+    kwargs = {"reg": 0.5, "metric": "euclidean"}
+    approx = sketchot.sinkhorn_divergence(X, Y, a, b, backend="nystrom", rank=100, rng=0, **kwargs)
+    exact = sketchot.sinkhorn_divergence(X, Y, a, b, **kwargs, **TIGHT)
+    assert approx.backend == "nystrom" and approx.accuracy < 1e-3
+    for side in ("grad_X", "grad_Y"):
+        ours, ref = getattr(approx, side), getattr(exact, side)
+        # measured 6.6e-4 (X) and 4.2e-4 (Y) at a marginal error of 4.3e-4
+        assert np.abs(ours - ref).sum() / np.abs(ref).sum() < 10 * approx.accuracy
+
+
+def test_an_unknown_option_is_named_in_the_losss_terms():
+    """The solves' keyword checks speak of the entry the caller used, not of sinkhorn()."""
+    X = np.random.default_rng(0).random((20, 2))
+    with pytest.raises(TypeError, match=r"^sinkhorn_divergence\(\) got unexpected.*'tol'"):
+        sketchot.sinkhorn_divergence(X, X + 1.0, reg=0.1, tol_x=1e-3)
+    with pytest.raises(TypeError, match=r"^sinkhorn_divergence\(\) got unexpected"):
+        sketchot.SinkhornDivergence(0.1, tol_x=1e-3)(X, X + 1.0)

@@ -101,7 +101,9 @@ def test_errors():
     with pytest.raises(TypeError, match=r"\(x, y\) or \(a, x, b, y\)"):
         sketchot.SamplesLoss()(X, Y, X)
     with pytest.raises(TypeError, match=r"sketchot\.nn\.sinkhorn_divergence"):
-        sketchot.sinkhorn_divergence(X, Y, reg=0.1)
+        sketchot.loss.sinkhorn_divergence(X, Y, reg=0.1)  # the NumPy layer itself
+    with pytest.raises(TypeError, match="warm_start is for NumPy clouds"):
+        sketchot.sinkhorn_divergence(X, Y, reg=0.1, warm_start=None)
     with pytest.raises(TypeError, match=r"y must be a torch\.Tensor"):
         sketchot.SamplesLoss()(X, Y.detach().numpy())
 
@@ -128,3 +130,77 @@ def test_same_number_as_geomloss_when_installed():
     # GeomLoss's accuracy is its annealing's: measured agreement 7e-9 at scaling=0.99 (7e-11
     # at 0.999, 4x slower)
     assert ours(X, Y).item() == pytest.approx(theirs(X, Y).item(), abs=1e-7)
+
+
+# ------------------------------------------------------------------------- issue 42
+def test_sketchot_nn_is_reachable_without_importing_it():
+    """``sketchot.nn.sinkhorn_divergence`` raised AttributeError unless ``sketchot.nn`` had
+    been imported; ``import sketchot`` still imports no torch."""
+    code = (
+        "import sys, sketchot; before = 'torch' in sys.modules; "
+        "print(before, callable(sketchot.nn.sinkhorn_divergence), 'nn' in dir(sketchot))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True", "True"]
+
+
+def test_sinkhorn_divergence_dispatches_tensors_to_the_autograd_front():
+    """Tensors in: the differentiable 0-d tensor of ``sketchot.nn.sinkhorn_divergence``
+    (POT returns its input's type); its ``loss=`` object keeps the full result."""
+    X, Y, a, b = tensors(9)
+    value = sketchot.sinkhorn_divergence(X, Y, a, b, reg=0.1, **TIGHT)
+    value.backward()
+    ref = sketchot.sinkhorn_divergence(*(t.detach().numpy() for t in (X, Y, a, b)), 0.1, **TIGHT)
+    assert isinstance(value, torch.Tensor) and value.ndim == 0
+    assert value.item() == pytest.approx(ref.value, rel=1e-12)  # the same solve
+    np.testing.assert_allclose(X.grad.numpy(), ref.grad_X, rtol=1e-10, atol=1e-14)
+    loss = sketchot.SinkhornDivergence(0.1, **TIGHT)
+    sketchot.sinkhorn_divergence(X, Y, loss=loss)
+    assert loss.last.value == pytest.approx(
+        sketchot.sinkhorn_divergence(
+            X.detach().numpy(), Y.detach().numpy(), reg=0.1, **TIGHT
+        ).value,
+        rel=1e-12,
+    )
+
+
+def test_create_graph_gives_the_gradient_and_refuses_a_second_derivative():
+    """Issue 42: under ``create_graph=True`` the gradient came back without a graph, so a
+    gradient penalty contributed nothing without a word."""
+    X, Y, a, b = tensors(10)
+    loss = sketchot.SamplesLoss(blur=0.3, **TIGHT)
+    (first,) = torch.autograd.grad(loss(a, X, b, Y), X)
+    grad_X, grad_a = torch.autograd.grad(loss(a, X, b, Y), (X, a), create_graph=True)
+    assert torch.equal(grad_X.detach(), first) and grad_X.requires_grad
+    for penalty in ((grad_X**2).sum(), grad_a.sum()):
+        with pytest.raises(RuntimeError, match="no second derivatives"):
+            torch.autograd.grad(penalty, (X, a))
+    with pytest.raises(RuntimeError, match="no second derivatives"):
+        torch.autograd.functional.hessian(
+            lambda Z: sketchot.nn.sinkhorn_divergence(Z, Y.detach(), reg=0.1, **TIGHT), X.detach()
+        )
+
+
+def test_metric_gradients_through_autograd():
+    """``SamplesLoss(metric='euclidean')``: its gradient is the value's (central differences);
+    a callable metric refuses a position gradient at the forward, naming ``metric``."""
+    X, Y, _, _ = tensors(11)
+    loss = sketchot.SamplesLoss(blur=0.3, metric="euclidean", warm_start=False, **TIGHT)
+    (grad,) = torch.autograd.grad(loss(X, Y), X)
+    direction = torch.tensor(np.random.default_rng(12).standard_normal(X.shape))
+    h = 1e-5
+    with torch.no_grad():
+        fd = (loss(X + h * direction, Y) - loss(X - h * direction, Y)).item() / (2 * h)
+    # central differences at h = 1e-5 on a cost smooth away from x = y: truncation ~1e-9
+    assert (grad * direction).sum().item() == pytest.approx(fd, rel=1e-6, abs=1e-8)
+
+    def metric(A, B):
+        return np.sqrt(((A[:, None, :] - B[None, :, :]) ** 2).sum(-1))
+
+    with pytest.raises(ValueError, match="metric=<callable>"):
+        sketchot.SamplesLoss(blur=0.3, metric=metric, **TIGHT)(X, Y)
+    # weights only: a callable's weight gradients hold
+    a = torch.full((len(X),), 1 / len(X), dtype=X.dtype, requires_grad=True)
+    b = torch.full((len(Y),), 1 / len(Y), dtype=X.dtype)
+    sketchot.SamplesLoss(blur=0.3, metric=metric, **TIGHT)(a, X.detach(), b, Y.detach()).backward()
+    assert a.grad is not None and torch.isfinite(a.grad).all()
