@@ -13,17 +13,22 @@ imports it but ``sketchot/__init__.py`` and the jobs built on the public solves.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+from collections.abc import Iterator
 from typing import Any
 
-from ._arrays import in_user_arrays
+import numpy as np
+
+from ._arrays import array_context, in_user_arrays
 from ._dask import any_dask, require_dask
-from ._validation import unknown_names
+from ._validation import RenamableError, check_dtype, unknown_names
 from .kernels import make_kernel as make_kernel_in_memory
 from .solver import SolverOptions
 from .solver import sinkhorn as sinkhorn_in_memory
 from .solver import sinkhorn_kernel as sinkhorn_kernel_in_memory
+from .solver.result import ResultView, in_points_dtype
 
 #: The options' defaults, read from their one definition.
 _DEFAULT = SolverOptions()
@@ -79,6 +84,18 @@ def _named_only(hint: str):
     return decorate
 
 
+@contextlib.contextmanager
+def _in_terms_of(caller: str, **names: str) -> Iterator[None]:
+    """Re-raise the :class:`~sketchot._validation.RenamableError`s of a call to
+    :func:`sinkhorn` in the terms of the public function ``caller`` that made it, whose
+    arguments ``names`` maps from :func:`sinkhorn`'s (``reg_m`` is ``solve_sample``'s
+    ``unbalanced``)."""
+    try:
+        yield
+    except RenamableError as error:
+        raise error.renamed(caller=caller, **names) from None
+
+
 def _distributed():
     """:mod:`sketchot.distributed`, with a clear error when Dask is not installed."""
     require_dask()
@@ -115,6 +132,8 @@ def _on_dask(kernel: Any, *weights: Any) -> bool:
 
 def _build(rank: Any, dtype: Any) -> dict[str, Any]:
     """``rank`` and ``dtype`` as the builders take them (``rank=None``: not given)."""
+    if dtype is not None:
+        check_dtype(dtype)  # named here, not by NumPy inside the kernel's choice
     return {"dtype": dtype} if rank is None else {"dtype": dtype, "rank": rank}
 
 
@@ -125,7 +144,7 @@ def sinkhorn(
     b: Any,
     X: Any,
     Y: Any = None,
-    reg: float = 1.0,
+    reg: float | None = None,
     backend: str = "auto",
     *,
     reg_m: Any = None,
@@ -166,19 +185,23 @@ def sinkhorn(
     a : array-like of shape (n,) or None
         Source weights (non-negative; ``None`` for uniform ``1/n``). Zero weights are allowed.
         If any of ``a``, ``b``, ``X``, ``Y`` is a Dask array, the solve runs with Dask
-        (:mod:`sketchot.distributed`; ``pip install "sketchot[dask]"``). PyTorch tensors (or
+        (:mod:`sketchot.distributed`; ``pip install ".[dask]"`` in a clone). PyTorch tensors (or
         another Array API library's arrays) give a result in that library, on their device,
         in the points' dtype, the kernel's products run there (``pip install
-        "sketchot[torch]"``; the user guide's page on arrays).
+        ".[torch]"`` in a clone; the user guide's page on arrays).
     b : array-like of shape (m,) or None
-        Target weights; the same total mass as ``a`` for balanced transport.
+        Target weights; the same total mass as ``a`` for balanced transport. POT's ``b`` of
+        shape ``(m, k)`` (``k`` targets in one call) is not supported yet: a ``ValueError``
+        names it.
     X : array-like, shape (n, d)
-        Source points (integer arrays such as pixels are converted to float).
+        Source points (integer arrays such as pixels are converted to float). NumPy float32
+        points give float32 arrays and values (POT's convention; the solve runs in float64).
     Y : array-like, shape (m, d)
         Target points. sketchot takes point clouds; for a precomputed cost matrix use POT's
         ``ot.sinkhorn(a, b, M, reg)``.
-    reg : float, default=1.0
-        Entropic regularisation (> 0). The paper's ``gamma`` is ``1 / reg``.
+    reg : float
+        Entropic regularisation (> 0), required as in POT's ``ot.sinkhorn(a, b, M, reg)``
+        (a ``TypeError`` names it when missing). The paper's ``gamma`` is ``1 / reg``.
     backend : str, default='auto'
         ``'auto'`` (the cheapest kernel that meets ``accuracy``, escalating when the check
         fails: :mod:`sketchot.solver.auto`) or a registered backend
@@ -227,7 +250,14 @@ def sinkhorn(
         iterations, the stop reason, and ``true_kernel``: the check of the scalings against
         the exact kernel (for unbalanced transport, the L1 residual of the fixed point
         ``u = (a / K v)^rho_a``, ``v = (b / K^T u)^rho_b``, relative to ``sum(a)``), with
-        ``accuracy_met``.
+        ``accuracy_met``. For tensors, or NumPy float32 points, a
+        ``sketchot.solver.result.ResultView`` of it: arrays in the caller's library and
+        the points' dtype, ``value`` and ``value_linear`` scalars of that dtype (0-d tensors).
+        Tensors that require grad make ``value`` differentiable with respect to ``X``, ``Y``
+        (squared Euclidean cost), ``a`` and ``b`` (the envelope theorem,
+        :mod:`sketchot._autograd`); ``backend='auto'`` then solves with the exact kernel, the
+        only one whose value has that gradient, and other backends, costs or an unconverged
+        iteration are refused. ``value_linear`` carries no gradient.
 
     Raises
     ------
@@ -275,6 +305,138 @@ def sinkhorn(
     )  # fmt: skip
 
 
+def _require_reg(reg: Any, function: str) -> None:
+    """POT's Sinkhorn entries take ``reg`` as required; a silent default would solve another
+    problem than the caller meant."""
+    if reg is None:
+        raise TypeError(
+            f"{function}() needs reg, the entropic regularisation (> 0), as POT's "
+            "ot.sinkhorn(a, b, M, reg) does; got none. For exact (unregularised) transport "
+            "call sketchot.solve_sample(X_a, X_b) without reg (POT's exact solver)"
+        )
+
+
+def _one_target(b: Any) -> None:
+    """POT solves ``k`` targets when ``b`` has shape ``(m, k)``; sketchot does not yet."""
+    shape = getattr(b, "shape", None)
+    if shape is None and isinstance(b, (list, tuple)):
+        shape = np.shape(b)
+    if shape is not None and len(shape) == 2 and shape[1] > 1:  # (m, 1): one target's shape
+        raise ValueError(
+            f"b must have shape (m,) = ({shape[0]},), one target's weights; got shape "
+            f"{tuple(shape)}: several targets in one call (POT's b of shape (m, k)) are not "
+            "supported yet; solve each column of b separately"
+        )
+
+
+def _refuse_unproven_gradient(result: Any, wanted: list[str], metric: Any) -> None:
+    """Gradients only where the value's gradient is the envelope formula's."""
+    positions = [name for name in wanted if name in ("X", "Y")]
+    if positions and not (isinstance(metric, str) and metric == "sqeuclidean"):
+        name = metric if isinstance(metric, str) else "a callable"
+        raise TypeError(
+            f"{positions[0]} requires grad, and the gradient of value with respect to the "
+            f"points is implemented for metric='sqeuclidean' only; got metric={name!r}. "
+            "Detach the points (gradients with respect to a and b hold for every cost)"
+        )
+    if "exact" not in result.kernel.info.capabilities:
+        raise TypeError(
+            f"{wanted[0]} requires grad, and backend={result.backend!r} approximates the "
+            "kernel, whose value's gradient is not the plan's envelope formula; pass "
+            "backend='exact' (backend='auto' picks it when a tensor requires grad)"
+        )
+    if not result.converged:
+        raise RuntimeError(
+            f"{wanted[0]} requires grad, and the iteration stopped with status "
+            f"{result.status!r}: the gradient of value (the envelope theorem) holds at "
+            "convergence only; raise max_iter or loosen tol"
+        )
+    for name in ("a", "b"):
+        weights = result.a if name == "a" else result.b
+        if name in wanted and not np.all(weights > 0):
+            raise ValueError(
+                f"{name} requires grad and has zero entries, where the value's gradient "
+                f"(log {name}) is not defined; detach {name} or make its entries positive"
+            )
+
+
+def _with_gradient(
+    view: ResultView, context: Any, tensors: dict[str, Any], wanted: list[str], metric: Any
+) -> ResultView:
+    """``view`` whose ``value`` is a 0-d tensor attached to the tensors that require grad."""
+    # imports torch when called: the caller passed tensors
+    from ._autograd import differentiable_value, position_gradients, weight_gradient
+
+    host = view.host
+    _refuse_unproven_gradient(host, wanted, metric)
+    points = {}
+    if "X" in wanted or "Y" in wanted:  # copies: an in-place update before backward is theirs
+        points = {
+            name: None if tensors[name] is None
+            else np.array(context.to_host(tensors[name]), dtype=np.float64)
+            for name in ("X", "Y")
+        }  # fmt: skip
+
+    def gradients(names: list[str]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if "X" in names or "Y" in names:
+            out.update(position_gradients(host, points["X"], points["Y"]))
+        for side, name in enumerate(("a", "b")):
+            if name in names:
+                out[name] = weight_gradient(host, side)
+        return out
+
+    value = differentiable_value(host.value, context.dtype, tensors, gradients)
+    return ResultView(host, context, {"value": value})
+
+
+#: The arguments of a solve whose library decides the answer's (``in_user_arrays``'s).
+_ARRAYS = ("a", "b", "X", "Y", "warmstart")
+
+
+def _public_solve(core):
+    """The public face of a solve: ``reg`` required, one target, the answer in the caller's
+    dtype, and ``value`` differentiable on tensors that require grad."""
+    signature = inspect.signature(core)
+
+    @functools.wraps(core)
+    def solve(*args: Any, **kwargs: Any):
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return core(*args, **kwargs)  # Python's own message about the call
+        arguments = bound.arguments
+        _require_reg(arguments.get("reg"), core.__name__)
+        _one_target(arguments.get("b"))
+        tensors = {name: arguments.get(name) for name in ("X", "Y", "a", "b")}
+        wanted = [name for name, value in tensors.items() if _requires_grad(value)]
+        forced = bool(wanted) and arguments.get("backend", "auto") == "auto"
+        if forced:
+            arguments["backend"] = "exact"  # the only kernel whose value has this gradient
+        context = array_context(**{name: arguments.get(name) for name in _ARRAYS})
+        result = core(*bound.args, **bound.kwargs)
+        view = in_points_dtype(result, context, arguments.get("X"), arguments.get("Y"))
+        if wanted and isinstance(view, ResultView):
+            metric = arguments.get("metric", "sqeuclidean")
+            view = _with_gradient(view, context, tensors, wanted, metric)
+            if forced:
+                view.host.notes.append(
+                    f"backend='auto' solved with the exact kernel: {wanted[0]} requires grad, "
+                    "and only the exact kernel's value has the envelope gradient"
+                )
+        return view
+
+    return solve
+
+
+def _requires_grad(value: Any) -> bool:
+    """Whether ``value`` is a tensor that requires grad (no import of torch)."""
+    return bool(getattr(value, "requires_grad", False))
+
+
+sinkhorn = _public_solve(sinkhorn)
+
+
 #: sinkhorn's keyword-only parameters: the rest of every convenience's signature.
 _KEYWORDS = [
     param
@@ -295,9 +457,8 @@ def _signature(func, leading: dict[str, Any], skip: tuple[str, ...] = ()):
     return func
 
 
-@in_user_arrays("a", "b", "X", "Y", scalar=True)
-def sinkhorn2(a: Any, b: Any, X: Any, Y: Any = None, reg: float = 1.0, backend: str = "auto",
-              **kwargs: Any) -> float:  # fmt: skip
+def sinkhorn2(a: Any, b: Any, X: Any, Y: Any = None, reg: float | None = None,
+              backend: str = "auto", **kwargs: Any) -> Any:  # fmt: skip
     """``<P, M>`` of :func:`sinkhorn`'s plan (POT's ``sinkhorn2``: the linear cost, without
     the entropic term).
 
@@ -311,25 +472,45 @@ def sinkhorn2(a: Any, b: Any, X: Any, Y: Any = None, reg: float = 1.0, backend: 
 
     Returns
     -------
-    float
-        ``value_linear`` of the result: ``sum_ij P_ij M_ij`` (the problem's cost). The full
-        result (accuracy check, potentials) is :func:`sinkhorn`'s.
+    numpy.float64, numpy.float32 or 0-d tensor
+        ``value_linear`` of the result: ``sum_ij P_ij M_ij`` (the problem's cost), a scalar
+        of the points' dtype as POT's ``sinkhorn2`` (``numpy.float64`` is a ``float``); a 0-d
+        tensor for tensors. The full result (accuracy check, potentials) is
+        :func:`sinkhorn`'s.
+
+    Raises
+    ------
+    TypeError
+        When ``reg`` is missing, or an input requires grad: ``<P, M>`` at the optimal plan is
+        not the value whose gradient the envelope theorem gives; ``solve_sample(...).value``
+        (the entropic value) is differentiable.
 
     Examples
     --------
     >>> import numpy as np, sketchot
     >>> rng = np.random.default_rng(0)
     >>> X, Y = rng.random((300, 2)), rng.random((200, 2)) + 1.0
-    >>> round(sketchot.sinkhorn2(None, None, X, Y, reg=0.5, rng=0), 3)
+    >>> print(round(sketchot.sinkhorn2(None, None, X, Y, reg=0.5, rng=0), 3))
     2.141
     """
-    return sinkhorn(a, b, X, Y, reg, backend, **kwargs).value_linear
+    for name, value in (("a", a), ("b", b), ("X", X), ("Y", Y)):
+        if _requires_grad(value):
+            raise TypeError(
+                f"{name} requires grad, and sinkhorn2 returns <P, M>, whose gradient is not the "
+                "optimal plan's (envelope) formula; use sketchot.solve_sample(X, Y, a, b, "
+                "reg=...).value, the entropic value <P, M> + reg KL(P | a b^T), which is "
+                "differentiable, or detach the inputs"
+            )
+    _require_reg(reg, "sinkhorn2")
+    with _in_terms_of("sinkhorn2"):
+        value = sinkhorn(a, b, X, Y, reg, backend, **kwargs).value_linear
+    return np.float64(value) if type(value) is float else value
 
 
 _signature(
     sinkhorn2,
     {"a": inspect.Parameter.empty, "b": inspect.Parameter.empty, "X": inspect.Parameter.empty,
-     "Y": None, "reg": 1.0, "backend": "auto"},
+     "Y": None, "reg": None, "backend": "auto"},
 )  # fmt: skip
 
 
@@ -362,7 +543,9 @@ def sinkhorn_unbalanced(a: Any, b: Any, X: Any, Y: Any, reg: float, reg_m: Any,
     >>> bool(1.0 < res.mass < 2.0)
     True
     """
-    return sinkhorn(a, b, X, Y, reg, backend, reg_m=reg_m, **kwargs)
+    _require_reg(reg, "sinkhorn_unbalanced")
+    with _in_terms_of("sinkhorn_unbalanced"):
+        return sinkhorn(a, b, X, Y, reg, backend, reg_m=reg_m, **kwargs)
 
 
 _signature(
@@ -373,10 +556,11 @@ _signature(
 )  # fmt: skip
 
 
-def solve_sample(X_a: Any, X_b: Any, a: Any = None, b: Any = None, reg: float = 1.0,
+def solve_sample(X_a: Any, X_b: Any, a: Any = None, b: Any = None, reg: float | None = None,
                  unbalanced: Any = None, backend: str = "auto", potentials_init: Any = None,
                  **kwargs: Any):  # fmt: skip
-    """Entropic transport between samples with the names of POT's ``ot.solve_sample``.
+    """Transport between samples with the names and defaults of POT's ``ot.solve_sample``:
+    entropic with ``reg``, exact (POT's own solver) without.
 
     Parameters
     ----------
@@ -384,8 +568,12 @@ def solve_sample(X_a: Any, X_b: Any, a: Any = None, b: Any = None, reg: float = 
         The samples (:func:`sinkhorn`'s ``X``, ``Y``).
     a, b : array-like or None
         Their weights (``None``: uniform).
-    reg : float, default=1.0
-        Entropic regularisation (> 0).
+    reg : float or None, default=None
+        Entropic regularisation (> 0). ``None``, as in POT, solves EXACT transport: the call
+        goes to POT's ``ot.solve_sample(X_a, X_b, a, b, metric=..., reg=None,
+        unbalanced=..., max_iter=...)`` (network simplex, a dense ``n x m`` cost: for
+        problems that fit in memory) and returns POT's result (see Returns); sketchot's
+        solver options are refused there.
     unbalanced : None, float or pair, default=None
         KL penalties of the marginals (:func:`sinkhorn`'s ``reg_m``).
     backend : str, default='auto'
@@ -398,9 +586,14 @@ def solve_sample(X_a: Any, X_b: Any, a: Any = None, b: Any = None, reg: float = 
 
     Returns
     -------
-    SinkhornResult
-        With ``ot.solve_sample``'s fields: ``value``, ``value_linear``, ``potentials``,
-        ``plan``, ``lazy_plan``, ``marginals``, ``status``.
+    SinkhornResult or ot.utils.OTResult
+        With ``reg``: :func:`sinkhorn`'s result (a view in the caller's arrays and dtype for
+        tensors and float32 points), with ``ot.solve_sample``'s fields: ``value``,
+        ``value_linear``, ``potentials``, ``plan``, ``lazy_plan``, ``marginals``,
+        ``status``; ``value`` is differentiable on tensors that require grad (see
+        :func:`sinkhorn`). Without ``reg``: POT's own ``OTResult`` of the exact problem
+        (``value``, ``value_linear``, ``plan``, ``potentials``, ``status``; on tensors
+        POT's gradients), with ``notes`` saying that POT solved it.
 
     Examples
     --------
@@ -409,16 +602,76 @@ def solve_sample(X_a: Any, X_b: Any, a: Any = None, b: Any = None, reg: float = 
     >>> res = sketchot.solve_sample(rng.random((200, 2)), rng.random((150, 2)), reg=0.1, rng=0)
     >>> res.status, res.plan.shape
     ('converged', (200, 150))
+    >>> exact = sketchot.solve_sample(rng.random((20, 2)), rng.random((20, 2)))   # reg=None
+    >>> exact.notes
+    ['reg=None: exact transport solved by POT (ot.solve_sample)']
     """
-    return sinkhorn(
-        a, b, X_a, X_b, reg, backend, reg_m=unbalanced, warmstart=potentials_init, **kwargs
-    )
+    for theirs, ours in (("reg_m", "unbalanced"), ("warmstart", "potentials_init")):
+        if theirs in kwargs:
+            raise TypeError(
+                f"solve_sample() takes sinkhorn's {theirs} as {ours} (POT's name); got "
+                f"{theirs}={kwargs[theirs]!r:.60}"
+            )
+    if potentials_init is not None and not (
+        isinstance(potentials_init, (tuple, list)) and len(potentials_init) == 2
+    ):
+        raise TypeError(
+            "potentials_init must be None or a pair (log_u, log_v) of arrays of shapes (n,) "
+            f"and (m,) (a result's potentials); got {type(potentials_init).__name__}"
+        )
+    if reg is None:
+        return _exact_by_pot(X_a, X_b, a, b, unbalanced, backend, potentials_init, kwargs)
+    names = {"X": "X_a", "Y": "X_b", "reg_m": "unbalanced", "warmstart": "potentials_init"}
+    with _in_terms_of("solve_sample", **names):
+        return sinkhorn(
+            a, b, X_a, X_b, reg, backend, reg_m=unbalanced, warmstart=potentials_init, **kwargs
+        )
+
+
+#: What an exact solve by POT takes besides the samples, weights and ``unbalanced``.
+_EXACT_KEYWORDS = ("metric", "p", "max_iter")
+
+
+def _exact_by_pot(X_a, X_b, a, b, unbalanced, backend, potentials_init, kwargs):
+    """``solve_sample`` without ``reg``: POT's exact solve (POT is a dependency)."""
+    import ot
+
+    refused = sorted(name for name in kwargs if name not in _EXACT_KEYWORDS)
+    refused += ["backend"] if backend != "auto" else []
+    refused += ["potentials_init"] if potentials_init is not None else []
+    if refused:
+        raise TypeError(
+            "solve_sample() without reg solves exact transport with POT's ot.solve_sample, "
+            f"which takes none of sketchot's {', '.join(refused)}; pass reg > 0 for an "
+            "entropic solve with them"
+        )
+    if any_dask(X_a, X_b, a, b):
+        raise NotImplementedError(
+            "solve_sample() without reg (exact transport, POT's solver) is not implemented on "
+            "Dask arrays; pass reg > 0 or compute the arrays"
+        )
+    _one_target(b)
+    metric, p = kwargs.get("metric", "sqeuclidean"), kwargs.get("p", 2.0)
+    if not isinstance(metric, str):
+        raise TypeError(
+            "solve_sample() without reg takes POT's metric names only (exact transport by "
+            "ot.solve_sample); got a callable metric: pass reg > 0, or compute the cost "
+            "matrix and call ot.solve(M, a, b)"
+        )
+    extra = {"max_iter": kwargs["max_iter"]} if "max_iter" in kwargs else {}
+    if metric == "minkowski":
+        result = ot.solve(ot.dist(X_a, X_b, metric=metric, p=p), a, b, unbalanced=unbalanced,
+                          **extra)  # fmt: skip
+    else:
+        result = ot.solve_sample(X_a, X_b, a, b, metric=metric, unbalanced=unbalanced, **extra)
+    result.notes = ["reg=None: exact transport solved by POT (ot.solve_sample)"]
+    return result
 
 
 _signature(
     solve_sample,
     {"X_a": inspect.Parameter.empty, "X_b": inspect.Parameter.empty, "a": None, "b": None,
-     "reg": 1.0, "unbalanced": None, "backend": "auto", "potentials_init": None},
+     "reg": None, "unbalanced": None, "backend": "auto", "potentials_init": None},
     skip=("reg_m", "warmstart"),
 )  # fmt: skip
 
@@ -527,7 +780,7 @@ def make_kernel(
     X : array-like, shape (n, d)
         Source points (integer arrays, e.g. pixels, are converted to float). A Dask array
         (chunked by rows) builds the operator on the cluster
-        (:mod:`sketchot.distributed`; needs ``pip install "sketchot[dask]"``).
+        (:mod:`sketchot.distributed`; needs ``pip install ".[dask]"`` in a clone).
     Y : array-like, shape (m, d)
         Target points (a Dask array likewise).
     reg : float

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .._arrays import ArrayContext, UserArrays
 from .._validation import check_bool, check_int, check_matrix, check_rng, user_stacklevel
 from ..kernels import KernelOperator
 from ..kernels.base import MIN_DENOMINATOR_RATIO
@@ -82,6 +83,11 @@ class SinkhornResult:
         Why this kernel was used (``backend='auto'``).
     attempts : list
         The rungs ``backend='auto'`` tried, each with what was measured.
+    replay : dict
+        ``backend='auto'``: the keyword arguments of the explicit call that gives the same
+        result, ``{'backend': name, 'dtype': ..., **parameters}`` (plus the solver options a
+        candidate ran with, e.g. ``anderson``): ``sinkhorn(a, b, X, Y, reg, rng=seed,
+        **res.replay)`` with the same seed returns the same bits. Empty otherwise.
     notes : list of str
         What the solver changed on the way (e.g. ``b`` rescaled to ``a``'s mass).
     options : dict
@@ -124,6 +130,7 @@ class SinkhornResult:
     notes: list[str] = field(default_factory=list)
     attempts: list[Any] = field(default_factory=list)
     iteration_info: dict[str, Any] = field(default_factory=dict)
+    replay: dict[str, Any] = field(default_factory=dict)
     plan_moments: tuple[np.ndarray | None, np.ndarray | None] = (None, None)
 
     a = property(lambda self: self.problem.a, doc="Source weights, shape (n,).")
@@ -358,3 +365,84 @@ def _points(points: Any, geometry: Any, name: str) -> np.ndarray | None:
     return check_matrix(
         points, name, n_features=geometry.X.shape[1], feature_name="the fitted points"
     )
+
+
+# ------------------------------------------------------------- the caller's dtype
+@dataclass(frozen=True)
+class NumpyInDtype(ArrayContext):
+    """NumPy results in the points' floating dtype (POT's convention: float32 clouds give
+    float32 plans, potentials and values); the solve itself ran in float64."""
+
+    def to_user(self, value: np.ndarray) -> np.ndarray:
+        if value.dtype.kind == "f" and value.dtype != self.dtype:
+            return value.astype(self.dtype)
+        return value
+
+    def wrap(self, value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            return self.to_user(value)
+        if isinstance(value, np.floating):
+            return self.dtype.type(value)
+        if isinstance(value, (tuple, list)):
+            items = [self.wrap(item) for item in value]
+            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+        if type(value).__module__.split(".")[0] == "sketchot" and not isinstance(value, UserArrays):
+            return UserArrays(value, self)
+        return value
+
+
+class ResultView(UserArrays):
+    """A :class:`SinkhornResult` seen in the caller's arrays and dtype.
+
+    Arrays (``plan``, ``potentials``, ``marginals``, maps, ...) come back in the caller's
+    library and the points' floating dtype; ``value`` and ``value_linear`` are scalars of that
+    dtype (NumPy scalars for NumPy float32 points, 0-d tensors for tensors, as POT's
+    ``OTResult``). ``values`` overrides them (a ``value`` tensor attached to autograd:
+    :mod:`sketchot._autograd`). ``isinstance(view, SinkhornResult)`` holds; ``view.host`` is
+    the float64 result itself.
+    """
+
+    __slots__ = ("_values",)
+
+    def __init__(
+        self, host: Any, context: ArrayContext, values: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(host, context)
+        object.__setattr__(self, "_values", dict(values or {}))
+
+    def _scalar(self, name: str) -> Any:
+        if name in self._values:
+            return self._values[name]
+        number = getattr(self._host, name)
+        if self._context.library == "numpy":
+            return self._context.dtype.type(number)
+        return self._context.to_user(np.asarray(number, dtype=np.float64))
+
+    @property
+    def value(self) -> Any:
+        """:attr:`SinkhornResult.value` in the caller's dtype (with its gradient on tensors
+        that require one)."""
+        return self._scalar("value")
+
+    @property
+    def value_linear(self) -> Any:
+        """:attr:`SinkhornResult.value_linear` in the caller's dtype (no gradient: the
+        envelope theorem gives the gradient of ``value``, not of ``<P, M>``)."""
+        return self._scalar("value_linear")
+
+
+def in_points_dtype(result: Any, context: ArrayContext, X: Any, Y: Any = None) -> Any:
+    """``result`` as the caller sees it: a :class:`ResultView` for tensors (``context``, the
+    inputs' :class:`~sketchot._arrays.ArrayContext`) and for NumPy float32 points (the first
+    of ``X``, ``Y`` that is a float32 or float64 matrix decides); ``result`` unchanged for
+    float64 NumPy points and other libraries' arrays (whose values stay Python floats)."""
+    if isinstance(result, UserArrays):
+        return ResultView(result.host, context) if context.library == "torch" else result
+    dtype = next(
+        (p.dtype for p in (X, Y) if isinstance(p, np.ndarray) and p.ndim == 2
+         and p.dtype in (np.float32, np.float64)),
+        np.dtype(np.float64),
+    )  # fmt: skip
+    if dtype == np.float64 or not isinstance(result, SinkhornResult):
+        return result
+    return ResultView(result, NumpyInDtype("numpy", np, "cpu", np.dtype(dtype)))

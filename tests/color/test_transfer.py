@@ -227,7 +227,7 @@ def test_bad_input_is_rejected_with_the_argument_name(tmp_path):
 def test_map_image_rejects_non_colour_results():
     rng = np.random.default_rng(0)
     result = sketchot.sinkhorn(
-        None, None, rng.random((10, 2)), rng.random((10, 2)), backend="exact"
+        None, None, rng.random((10, 2)), rng.random((10, 2)), reg=1.0, backend="exact"
     )
     with pytest.raises(ValueError, match="3 columns"):
         map_image(result, warm_image())
