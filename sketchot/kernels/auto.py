@@ -17,18 +17,27 @@ dimension within ``min_dimension``/``max_dimension``):
    (:func:`worth_doubling`); on a large problem each rank is first built on a sample of the
    clouds (:data:`SAMPLE_ABOVE`) and at full size only when the sample's error is not
    hopeless;
-3. the ``'local'`` kinds, when one of their iterations (the record's ``iteration_seconds``)
-   is cheaper than one of the exact kernel (timed on a few rows);
+3. the ``'local'`` kinds, when one of their iterations (the record's ``iteration_cost``)
+   is predicted cheaper than one of the exact kernel (:func:`exact_iteration_seconds`);
 4. the ``'exact'`` kind, stored when ``n x m`` fits the dense budget, streamed (its record's
    ``streamed_params``) otherwise.
 
 A candidate is judged by the caller: the sampled kernel error for a kernel
 (:func:`kernel_judge`), the true-kernel check of the solve for a solve. The outcome carries
-what was chosen, why (``reason``) and every rung tried (``attempts``).
+what was chosen, why (``reason``), every rung tried (``attempts``) and the backend and
+parameters that build the chosen kernel again (``replay``).
+
+Reproducible: every comparison of costs reads the cost model (:mod:`.cost`: counted work
+times committed constants) and declared facts (the problem's sizes, the machine's total
+memory, whether the fused device passes are installed), never a clock, the load or the
+number of threads, and every draw comes from ``rng``; each candidate is built and judged with
+the caller's ``rng`` as given (a seed: each candidate draws afresh from it, as an explicit
+``backend=`` call would), so ``replay`` rebuilds the chosen kernel bit for bit.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,12 +46,12 @@ from typing import Any
 import numpy as np
 
 from .._defaults import DEFAULT_ACCURACY, DEFAULT_MAX_DENSE_BYTES
-from .._memory import USABLE_FRACTION, available_bytes
-from .._parallel import get_num_threads
+from .._memory import USABLE_FRACTION
 from .._validation import check_rng
-from ..gibbs import GibbsGeometry, block_rows, row_slices
-from .base import THREADED_PASS_MIN_ENTRIES, KernelOperator
-from .device import block_seconds, runs_on_device
+from ..gibbs import GibbsGeometry
+from .base import KernelOperator
+from .cost import exact_iteration_cost
+from .device import device_exact_iteration_cost, runs_on_device
 from .registry import (
     EXACT_KIND,
     LOCAL_KIND,
@@ -51,6 +60,7 @@ from .registry import (
     auto_backends,
     build_backend,
     get_backend,
+    rebuild_parameters,
 )
 
 #: The first rank of the low-rank rungs (doubled at each rung).
@@ -77,18 +87,12 @@ SAMPLE_POINTS = 20_000
 DIRECT_DENSE_ENTRIES = 25_000_000
 
 #: On the caller's device (e.g. CUDA tensors), the exact kernel is used directly when this
-#: many of its iterations take at most ``DIRECT_EXACT_SECONDS`` there (timed): on a GPU its
-#: fused passes take milliseconds where fitting a low-rank kernel on the host takes seconds.
+#: many of its iterations are predicted to take at most ``DIRECT_EXACT_SECONDS`` there
+#: (:func:`~.device.device_exact_iteration_cost`: the declared rates of the device's passes):
+#: on a GPU its fused passes take milliseconds where fitting a low-rank kernel on the host
+#: takes seconds.
 DIRECT_EXACT_ITERATIONS = 100
 DIRECT_EXACT_SECONDS = 2.0
-
-#: Rows timed to estimate one iteration of the exact kernel ...
-TIMED_ROWS = 256
-#: ... and at most this many entries (32 MiB in float64).
-TIMED_ENTRIES = 1 << 22
-
-#: Iterations over which the build of a stored exact kernel is counted in the comparison.
-BUILD_AMORTISED = 100
 
 #: A low-rank kernel whose sampled error exceeds the target by more than this factor is not
 #: judged (not solved): its scalings could not meet the target.
@@ -130,12 +134,35 @@ class Verdict:
 @dataclass(frozen=True)
 class Choice:
     """What :func:`choose` chose: the outcome of the accepted (or final) candidate, its
-    kernel, why, and every rung tried."""
+    kernel, why, every rung tried, and ``replay``: ``{'backend': name, **parameters}``, the
+    explicit call that builds the same kernel (with the same ``rng``)."""
 
     outcome: Any
     kernel: KernelOperator
     reason: str
     attempts: tuple[Attempt, ...] = field(default_factory=tuple)
+    replay: dict[str, Any] = field(default_factory=dict)
+
+
+def replay_parameters(kernel: KernelOperator) -> dict[str, Any]:
+    """``{'backend': name, 'dtype': ..., **parameters}``: what builds ``kernel`` again by an
+    explicit ``backend=`` call with the same ``rng`` (its builder's parameters among
+    ``info.params``: a rank that ``'auto'`` chose, ``tau``, a tolerance)."""
+    name = kernel.info.backend
+    return {
+        "backend": name,
+        "dtype": np.dtype(kernel.dtype).name,
+        **rebuild_parameters(name, kernel.info.params),
+    }
+
+
+def candidate_rng(rng: Any, generator: np.random.Generator) -> Any:
+    """The ``rng`` each candidate is built and judged with: the caller's seed as given (each
+    candidate draws afresh from it, as an explicit ``backend=`` call would, so that the
+    chosen one replays bit for bit), or the caller's own Generator (its draws go on)."""
+    if isinstance(rng, (np.random.Generator, np.random.BitGenerator)):
+        return generator
+    return rng
 
 
 #: ``judge(kernel, kind, error) -> Verdict``: ``kind`` is the record's kind, ``error`` the
@@ -144,9 +171,20 @@ class Choice:
 Judge = Callable[[KernelOperator, "str | None", float], Verdict]
 
 
+def total_memory_bytes() -> int:
+    """The machine's physical memory (a declared fact, not the load: ``'auto'`` reads this,
+    never the memory available now)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
 def dense_budget_bytes() -> float:
-    """Bytes the exact kernel may take when stored: 1 GiB, or less when memory is short."""
-    return min(DEFAULT_MAX_DENSE_BYTES, USABLE_FRACTION * available_bytes())
+    """Bytes the exact kernel may take when stored: 1 GiB, or less on a machine with little
+    memory (:data:`~sketchot._memory.USABLE_FRACTION` of its total: a function of the
+    machine, not of its load, so that ``'auto'`` chooses the same on a busy machine)."""
+    return min(DEFAULT_MAX_DENSE_BYTES, USABLE_FRACTION * total_memory_bytes())
 
 
 def max_useful_rank(n: int, m: int) -> int:
@@ -197,43 +235,14 @@ def worth_doubling(previous: float, error: float, target: float, rank: int, cap:
 
 
 def exact_iteration_seconds(geometry: GibbsGeometry, *, stored: bool) -> float:
-    """Seconds of one exact iteration, extrapolated from ``TIMED_ROWS`` rows: computing the
-    block's exponentials (streamed) or one product with it (stored), both sides."""
+    """Predicted seconds of one exact iteration (the cost model, :mod:`.cost`): on the
+    caller's device from its declared rates (:func:`~.device.device_exact_iteration_cost`),
+    on the host from the counted entries (:func:`~.cost.exact_iteration_cost`). A function of
+    the sizes only: no block is timed."""
     n, m = geometry.shape
-    # at most TIMED_ENTRIES entries: 256 rows of a million columns would take 2 GB
-    rows = slice(0, min(n, TIMED_ROWS, max(1, TIMED_ENTRIES // max(m, 1))))
-    on_device = runs_on_device(geometry)
-    if on_device:  # the caller's arrays are e.g. CUDA tensors: the device's own speed
-        computed, product = block_seconds(geometry, rows)
-    else:
-        # entries in the blocks the kernel computes (block_rows); streamed, each block is
-        # used at once; stored, the products read the whole from memory
-        computed = product = 0.0
-        blocks = []
-        for piece in row_slices(rows.stop, block_rows(m, dim=geometry.Xc.shape[1])):
-            start = time.perf_counter()
-            blocks.append(np.exp(geometry.log_block(piece)))
-            computed += time.perf_counter() - start
-            if not stored:
-                product += _two_products_seconds(blocks.pop())
-        if stored:
-            product = _two_products_seconds(np.vstack(blocks))
-    # stored: one product per iteration plus the build, amortised over BUILD_AMORTISED
-    per_row = product + computed / BUILD_AMORTISED if stored else computed + product
-    seconds = per_row / (rows.stop - rows.start) * n
-    if not stored and not on_device and n * m >= THREADED_PASS_MIN_ENTRIES:
-        # the streamed passes share their row blocks among the pool's threads (timed above
-        # on one): the block-local kernel's estimate times its real, threaded passes
-        seconds /= get_num_threads()
-    return seconds
-
-
-def _two_products_seconds(block: np.ndarray) -> float:
-    """Seconds of ``block @ 1`` and ``block.T @ 1`` (an iteration's two products)."""
-    start = time.perf_counter()
-    block @ np.ones(block.shape[1])
-    block.T @ np.ones(block.shape[0])
-    return time.perf_counter() - start
+    if runs_on_device(geometry):
+        return device_exact_iteration_cost(geometry)
+    return exact_iteration_cost(n, m, geometry.Xc.shape[1], stored=stored)
 
 
 def kernel_judge(accuracy: float, rng: Any = None, measure: Callable = kernel_error) -> Judge:
@@ -277,6 +286,7 @@ def adaptive_rank(
     kernel, verdict, _ = _low_rank(
         geometry, [(backend, params)], kernel_judge(accuracy, generator, measure), accuracy,
         generator, dtype, build, measure, hopeless=np.inf, say=None,
+        seed=candidate_rng(rng, generator),
     )  # fmt: skip
     if kernel is None:  # not even the first rank fits
         raise MemoryError(f"backend {backend!r}: {verdict.note}")
@@ -294,12 +304,14 @@ def adaptive_rank(
 
 def _low_rank(
     geometry, candidates, judge, target, generator, dtype, build, measure, *, hopeless, say,
-    attempts=None,
+    attempts=None, seed=None,
 ):  # fmt: skip
     """The low-rank rungs: ``(kernel, verdict, rank)`` of the accepted rung, or of the last
-    one built (``verdict.accepted`` False). A rank whose build the memory check refuses
-    (``MemoryError``) ends the ladder as a rung that does not pay: ``auto`` goes on to the
-    next kind of kernel; ``kernel`` is ``None`` when not even the first rank fits."""
+    one built (``verdict.accepted`` False). Each full-size rung is built with ``seed``
+    (:func:`candidate_rng`); the samples and the kernel checks draw from ``generator``. A
+    rank whose build the memory check refuses (``MemoryError``) ends the ladder as a rung
+    that does not pay: ``auto`` goes on to the next kind of kernel; ``kernel`` is ``None``
+    when not even the first rank fits."""
     n, m = geometry.shape
     ladder = low_rank_ladder(n, m)
     previous = np.inf
@@ -328,8 +340,8 @@ def _low_rank(
         for name, params in candidates:
             try:
                 built = build(
-                    geometry, name, rng=generator, dtype=dtype, rank=rank, accuracy=target,
-                    **params,
+                    geometry, name, rng=generator if seed is None else seed, dtype=dtype,
+                    rank=rank, accuracy=target, **params,
                 )  # fmt: skip
             except MemoryError as exc:  # the memory left does not hold this rank
                 refused = (name, exc)
@@ -479,6 +491,7 @@ def choose(
     d = geometry.X.shape[1]
     itemsize = np.dtype(dtype).itemsize
     generator = check_rng(rng)
+    seed = candidate_rng(rng, generator)
     attempts: list[Attempt] = []
 
     def say(text: str) -> None:
@@ -489,7 +502,7 @@ def choose(
         kernel.info.reason = reason  # the solve knows auto chose it
         say(f"chose {record.name}: {reason}")
         outcome = judge(kernel, None, np.nan).outcome
-        return Choice(outcome, kernel, reason, tuple(attempts))
+        return Choice(outcome, kernel, reason, tuple(attempts), replay_parameters(kernel))
 
     exact = auto_backends(EXACT_KIND, d, among, geometry.cost)[0]
     size = f"n x m = {n} x {m} ({n * m * itemsize / 2**20:.0f} MiB)"
@@ -505,9 +518,9 @@ def choose(
             streamed = {} if dense_fits else exact.streamed_params
             kernel = build(geometry, exact.name, dtype=dtype, accuracy=accuracy, **streamed)
             reason = (
-                f"{DIRECT_EXACT_ITERATIONS} exact iterations take about "
+                f"{DIRECT_EXACT_ITERATIONS} exact iterations are predicted to take "
                 f"{exact_seconds * DIRECT_EXACT_ITERATIONS:.2g} s on the caller's device "
-                f"(timed): the exact kernel, {'stored' if dense_fits else 'streamed'}"
+                f"(cost model): the exact kernel, {'stored' if dense_fits else 'streamed'}"
             )
             return final(exact, kernel, reason)
 
@@ -517,7 +530,7 @@ def choose(
     if candidates:
         kernel, verdict, rank = _low_rank(
             geometry, candidates, judge, accuracy, generator, dtype, build, measure,
-            hopeless=HOPELESS_FACTOR, say=say, attempts=attempts,
+            hopeless=HOPELESS_FACTOR, say=say, attempts=attempts, seed=seed,
         )  # fmt: skip
         if verdict.accepted:
             reason = (
@@ -525,7 +538,8 @@ def choose(
                 f"meets accuracy={accuracy:g} ({verdict.note} {verdict.error:.2g})"
             )
             say(f"chose {kernel.info.backend}: {reason}")
-            return Choice(verdict.outcome, kernel, reason, tuple(attempts))
+            return Choice(verdict.outcome, kernel, reason, tuple(attempts),
+                          replay_parameters(kernel))  # fmt: skip
 
     local = auto_backends(LOCAL_KIND, d, among, geometry.cost)
     if exact_seconds is None:
@@ -535,18 +549,18 @@ def choose(
         # the target reaches builders that size themselves by it (the block-local kernel's
         # entries: a fiftieth of it)
         kernel = build(
-            geometry, record.name, rng=generator, dtype=dtype, accuracy=accuracy,
+            geometry, record.name, rng=seed, dtype=dtype, accuracy=accuracy,
             **record.auto_params,
         )  # fmt: skip
-        seconds = record.iteration_seconds(kernel) if record.iteration_seconds is not None else 0.0
+        seconds = record.iteration_cost(kernel) if record.iteration_cost is not None else 0.0
         if seconds < exact_seconds:
-            say(f"{record.name}: about {seconds:.2g} s per iteration")
+            say(f"{record.name}: an iteration predicted at {seconds:.2g} s (one core)")
             verdict = judge(kernel, record.kind, np.nan)
         else:
             verdict = Verdict(
                 np.nan, False,
-                f"not solved: an iteration would take {seconds:.2g} s against "
-                f"{exact_seconds:.2g} s for the exact kernel",
+                f"not solved: an iteration is predicted at {seconds:.2g} s against "
+                f"{exact_seconds:.2g} s for the exact kernel (cost model, one core)",
             )  # fmt: skip
         attempts.append(
             Attempt(record.name, dict(record.auto_params), verdict.error,
@@ -556,11 +570,12 @@ def choose(
         if verdict.accepted:
             reason = (
                 f"no global low rank meets the accuracy at this reg; {record.name} "
-                f"({record.summary}; an iteration {seconds:.2g} s against "
+                f"({record.summary}; an iteration predicted at {seconds:.2g} s against "
                 f"{exact_seconds:.2g} s exact) does ({verdict.note} {verdict.error:.2g})"
             )
             say(f"chose {record.name}: {reason}")
-            return Choice(verdict.outcome, kernel, reason, tuple(attempts))
+            return Choice(verdict.outcome, kernel, reason, tuple(attempts),
+                          replay_parameters(kernel))  # fmt: skip
 
     if dense_fits:
         kernel = build(geometry, exact.name, dtype=dtype, accuracy=accuracy)

@@ -13,7 +13,8 @@ and every product, the exact kernel's blocks,
 exponentials and log-sum-exps included (:mod:`sketchot.gibbs`'s device functions), runs
 there through the library's Array API namespace
 (``array-api-compat``). This module says when (:func:`runs_on_device`), with which block
-sizes, and times a block there for ``auto``. They keep the
+sizes, and what ``auto`` predicts an exact iteration costs there
+(:func:`device_exact_iteration_cost`: declared rates, never a timing). They keep the
 operator contract of :mod:`sketchot.kernels.base` unchanged: vectors in and out are NumPy
 float64 on the host, so the one iteration (:mod:`sketchot.solver.engine`) drives them as it
 drives the NumPy operators, and each half-step moves ``O(n + m)`` numbers between host and
@@ -27,14 +28,14 @@ Costs per pass as for the NumPy operators: ``O(n m d)`` streamed exact, ``O(n m)
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 
 from .._arrays import DeviceArrays
-from ..fused import FusedPoints, fused_available, fused_pass_seconds
-from ..gibbs import BLOCK_BYTES, GibbsGeometry, neg_cost_on_device
+from ..fused import fused_available
+from ..gibbs import BLOCK_BYTES, GibbsGeometry
+from .cost import device_exact_iteration_cost as exact_iteration_cost_on_device
 
 #: A block of the streamed kernel on an accelerator takes at most this share of its free
 #: memory (several temporaries of the block's size live at once).
@@ -84,35 +85,14 @@ def device_block_bytes(context: Any) -> int:
     return int(min(MAX_DEVICE_BLOCK_BYTES, DEVICE_MEMORY_SHARE * free))
 
 
-def block_seconds(geometry: GibbsGeometry, rows: slice) -> tuple[float, float]:
-    """Seconds to compute the kernel's block ``exp(-c / reg)`` of ``rows`` on the caller's
-    device, and of its two products (``K 1``, ``K^T 1``): what ``auto`` extrapolates an
-    exact iteration from (:func:`sketchot.kernels.auto.exact_iteration_seconds`). Where the
-    fused passes run (:mod:`sketchot.fused`): one of them over ``rows`` for each (a stored
-    kernel's product costs about what a fused pass does)."""
-    on = DeviceArrays(geometry.context)
-    shape = (*geometry.shape, geometry.Xc.shape[1])
-    if fused_available(geometry.context, geometry.cost, shape):  # the kernel's own passes
-        # timed over enough rows to fill the device, then given back as the share of ``rows``
-        X = FusedPoints(on.put(geometry.Xc), on.xp.float64)
-        Y = FusedPoints(on.put(geometry.Yc), on.xp.float64)
-        try:
-            seconds = fused_pass_seconds(X, Y, geometry.reg, not geometry.cost.sqeuclidean)
-        except Exception:  # the kernel falls back to its blocks (and says so): time those
-            pass
-        else:
-            seconds *= (rows.stop - rows.start) / geometry.shape[0]
-            return seconds, seconds
-    xp = on.xp
-    X, Y = on.put(geometry.Xc[rows]), on.put(geometry.Yc)
-    x_sq, y_sq = on.put(geometry.x_sq[rows]), on.put(geometry.y_sq)
-    float(xp.sum(X[:1, :1]))  # the copies are done before the clock starts
-    start = time.perf_counter()
-    block = xp.exp(neg_cost_on_device(xp, X, x_sq, Y, y_sq, geometry.reg, geometry.cost))
-    float(xp.sum(block[:1, :1]))  # a host read waits for the device
-    computed = time.perf_counter() - start
-    start = time.perf_counter()
-    total = xp.sum(block @ xp.ones(Y.shape[0], dtype=block.dtype, device=block.device))
-    total += xp.sum(xp.ones(X.shape[0], dtype=block.dtype, device=block.device) @ block)
-    float(total)
-    return computed, time.perf_counter() - start
+def device_exact_iteration_cost(geometry: GibbsGeometry) -> float:
+    """Predicted seconds of one exact iteration on the caller's device, from the declared
+    rates of :mod:`~sketchot.kernels.cost` (the fused passes where :mod:`sketchot.fused`
+    runs for these arrays, the blocks otherwise): what ``auto`` compares
+    (:func:`sketchot.kernels.auto.exact_iteration_seconds`). A function of the sizes and of
+    what is installed, never a timing: the same arrays choose the same kernel on a busy
+    device."""
+    n, m = geometry.shape
+    shape = (n, m, geometry.Xc.shape[1])
+    fused = fused_available(geometry.context, geometry.cost, shape)
+    return exact_iteration_cost_on_device(n, m, fused=fused)

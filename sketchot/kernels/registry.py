@@ -81,9 +81,9 @@ class Backend:
     kind : {'exact', 'low_rank', 'local'}
         What ``'auto'`` (:mod:`sketchot.kernels.auto`) does with it: the true kernel (tried
         first on small problems and last otherwise), a global low rank (tried at a doubling
-        rank while it pays), or an accurate kernel of its own cost (tried when a timed
-        iteration beats the exact kernel's). Default: ``'exact'`` when ``exact``,
-        ``'low_rank'`` with a ``rank_parameter``, ``'local'`` otherwise.
+        rank while it pays), or an accurate kernel of its own cost (tried when its predicted
+        iteration, ``iteration_cost``, beats the exact kernel's). Default: ``'exact'`` when
+        ``exact``, ``'low_rank'`` with a ``rank_parameter``, ``'local'`` otherwise.
     auto_order : float or None
         Its place in ``'auto'``'s ladder among records of the same kind (smaller first);
         ``None``: ``'auto'`` never tries it.
@@ -93,9 +93,12 @@ class Backend:
         For the exact kind: parameters that stream the kernel instead of storing it.
     min_dimension, max_dimension : int or None
         Dimensions ``d`` where ``'auto'`` tries it (``None``: no bound).
-    iteration_seconds : callable or None
-        ``kernel -> seconds`` of one timed iteration; ``'auto'`` tries a ``'local'`` record
-        only when it beats the exact kernel's estimate.
+    iteration_cost : callable or None
+        ``kernel -> seconds`` of one iteration PREDICTED from counted work
+        (:mod:`sketchot.kernels.cost`: one core, the committed constants), never timed: a
+        function of the kernel's parameters and the points only, so that ``'auto'``
+        chooses the same on a busy machine. ``'auto'`` tries a ``'local'`` record only when
+        it beats the exact kernel's prediction (``None``: always).
     metrics : tuple of str or 'any'
         The costs its kernel represents, by name (:data:`~sketchot.gibbs.METRICS`;
         ``'callable'`` for a callable cost), or ``'any'``: it builds the Gibbs kernel of
@@ -122,7 +125,7 @@ class Backend:
     streamed_params: Mapping[str, Any] = field(default_factory=dict)
     min_dimension: int | None = None
     max_dimension: int | None = None
-    iteration_seconds: Callable[[Any], float] | None = None
+    iteration_cost: Callable[[Any], float] | None = None
     metrics: tuple[str, ...] | str = ("sqeuclidean",)
 
     def supports(self, cost: Cost) -> bool:
@@ -163,7 +166,7 @@ def register_backend(
     streamed_params: Mapping[str, Any] | None = None,
     min_dimension: int | None = None,
     max_dimension: int | None = None,
-    iteration_seconds: Callable[[Any], float] | None = None,
+    iteration_cost: Callable[[Any], float] | None = None,
     metrics: tuple[str, ...] | str = ("sqeuclidean",),
 ) -> Any:
     """Register a backend by name (usable as a decorator when ``builder`` is omitted).
@@ -181,7 +184,7 @@ def register_backend(
         backend (``params_for_rank`` defaults to ``{rank_parameter: rank}``).
     sizing_parameters, params_for_rank, paper_cost, signed, exact, test_params, memory,
     factor_maps, advice, summary, kind, auto_order, auto_params, streamed_params,
-    min_dimension, max_dimension, iteration_seconds, metrics
+    min_dimension, max_dimension, iteration_cost, metrics
         See :class:`Backend`.
 
     Returns
@@ -259,7 +262,7 @@ def register_backend(
             streamed_params=MappingProxyType(dict(streamed_params or {})),
             min_dimension=min_dimension,
             max_dimension=max_dimension,
-            iteration_seconds=iteration_seconds,
+            iteration_cost=iteration_cost,
             metrics=metrics if metrics == "any" else tuple(metrics),
         )
         return function

@@ -406,6 +406,27 @@ class LocalGaussianExpansion:
             seconds += (time.perf_counter() - start) / computed
         return seconds
 
+    def iteration_work(self, stride: int = 1) -> dict[str, float]:
+        """The work of one log-domain iteration, ``log_matvec`` then ``log_rmatvec`` (uniform
+        weights), counted from the products' plan without computing them: ``'entries'``
+        (row-cluster pairs and exact entries), ``'exp'`` (exponentials of the batched
+        products), ``'fma'`` (their multiply-adds), ``'calls'`` (batched products) and
+        ``'exact'`` (entries computed from the points, each ``d`` multiply-adds and an
+        exponential). A function of the fitted clusters, ``truncate`` and ``stride`` only:
+        every ``stride``-th group of output clusters is planned and scaled to all (the plan's
+        truncation reads the weights, so the count is that of uniform weights), always with
+        the host's groups (a device's are sized by its free memory, which is load). Costs
+        the plan of the sampled groups, not its products.
+        """
+        self._check_fitted()
+        stride = check_int(stride, "stride", minimum=1)
+        work = {"entries": 0.0, "exp": 0.0, "fma": 0.0, "exact": 0.0, "calls": 0.0}
+        for out, inn in ((self._x, self._y), (self._y, self._x)):
+            log_w = np.zeros(inn.n_points)
+            _apply(out, inn, log_w, None, self._monomials, self.reg, self._truncate,
+                   stride=stride, work=work)  # fmt: skip
+        return work
+
     def log_matvec_new(self, X_new: Any, log_v: Any) -> np.ndarray:
         """``log sum_j exp(log_v_j - ||x_new_i - y_j||^2 / reg)`` for new source points.
 
@@ -1125,8 +1146,10 @@ def _pool_without_blas_threads() -> Iterator[bool]:
 
     Each pool thread calls BLAS on small blocks; a multi-threaded BLAS under it oversubscribes
     the cores (measured 25x slower at n = 2e4 on 2 cores). With ``threadpoolctl`` BLAS is held
-    to one thread for the duration (process-wide) and the pool shares the clusters; without
-    it the clusters run in the calling thread and BLAS keeps its own threads.
+    to one thread for the duration (process-wide), also when sketchot runs one thread (a
+    multi-threaded BLAS rounds its products differently: the same call with 1 and 2 threads
+    gave products 2e-15 apart), and the pool shares the clusters; without it the clusters run
+    in the calling thread and BLAS keeps its own threads, whatever the thread count.
     """
     global _BLAS_CONTROLLER
     if _BLAS_CONTROLLER is None:
@@ -1136,11 +1159,11 @@ def _pool_without_blas_threads() -> Iterator[bool]:
             _BLAS_CONTROLLER = False
         else:
             _BLAS_CONTROLLER = ThreadpoolController()
-    if _BLAS_CONTROLLER is False or get_num_threads() == 1:
+    if _BLAS_CONTROLLER is False:
         yield False
         return
     with _BLAS_CONTROLLER.limit(limits=1, user_api="blas"):
-        yield True
+        yield get_num_threads() > 1
 
 
 def _apply(
@@ -1154,6 +1177,7 @@ def _apply(
     stride: int = 1,
     means: _MeansPlan | None = None,
     on: DeviceArrays | None = None,
+    work: dict[str, float] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``sum_j exp(log_w_j) K_ij values_j`` as ``exp(scale_i) Z_i``, in the caller's order.
 
@@ -1186,6 +1210,11 @@ def _apply(
     ``stride > 1`` computes only every ``stride``-th group of output clusters and every
     ``stride``-th exactly handled row (the others are left at ``Z = 0``): a spatially even
     sample of the work, for timing (:meth:`LocalGaussianExpansion.iteration_seconds`).
+
+    ``work`` (a dict): nothing is computed; the same plan (groups, kept pairs, batches) is
+    made and the work it would do is added to ``work`` (:func:`_count_group`,
+    :func:`_count_exact_and_groups`), for :meth:`LocalGaussianExpansion.iteration_work`;
+    returns ``(None, None)``.
 
     ``on``: the per-point work (exponents, moments, output rows, exact entries) runs on that
     device, in its Array API namespace, on copies of the sides' arrays kept there
@@ -1252,6 +1281,10 @@ def _apply(
                     batches.append(replace(batch, first=position, stop=position + size))
                     position += size
             kept = np.concatenate([batch.ids for batch in batches]) - kb
+        if work is not None:  # the plan's work, counted instead of done
+            _count_group(work, batches, out.batches(ids, n_group), kept.size, n_group, R, d,
+                         n_values)  # fmt: skip
+            return
         out_coupling = A_in.put((2.0 / reg) * out.centers[ids].T)  # (d, n_group)
         kept_coupling = A_out.put(in_coupling[:, kept] if truncated else in_coupling)
         kept_centers = A_out.put(inn.centers[kb:][kept])
@@ -1386,6 +1419,9 @@ def _apply(
     def empty_rows(rows: np.ndarray) -> tuple[np.ndarray, Any, Any]:
         return rows, A_out.full((rows.size,), -np.inf), A_out.full((rows.size, n_out), 0.0)
 
+    if work is not None:
+        _count_exact_and_groups(work, out, inn, group, truncated, k_in, stride, one_group)
+        return None, None
     # host-only pool (a device runs its own parallel work)
     with _pool_without_blas_threads() as parallel:
         parallel = parallel and A_in.on_host
@@ -1431,6 +1467,46 @@ def _apply(
         A_out.get(xp.take(rows[1], caller, axis=0)),
         A_out.get(xp.take(rows[2], caller, axis=0)),
     )
+
+
+def _padded_rows(batch: _Batch) -> int:
+    """Rows a batched product computes for ``batch``, padding included."""
+    return int(batch.index.size if batch.index is not None else batch.rows.stop - batch.rows.start)
+
+
+def _count_group(work, in_batches, out_batches, kept, n_group, R, d, n_values) -> None:
+    """Add one group's work (:func:`_apply`'s steps 1 and 2) to ``work``: per input row and
+    output cluster an exponent (``d`` multiply-adds and an exponential) and its moments
+    (``R k``); per output row and kept input cluster the same exponent, ``F G`` (``R k``) and
+    the sum (``k``). ``'entries'``: the (row, cluster) pairs; ``'fma'``: multiply-adds in the
+    batched products; ``'exp'``: exponentials; ``'calls'``: batched products (each one's
+    fixed cost: gathers, temporaries, the interpreter)."""
+    inputs = sum(_padded_rows(batch) for batch in in_batches) * n_group
+    outputs = sum(_padded_rows(batch) for batch in out_batches) * kept
+    work["entries"] += inputs + outputs
+    work["exp"] += inputs + outputs
+    work["calls"] += len(in_batches) + len(out_batches)
+    work["fma"] += inputs * (d + n_values * R) + outputs * (d + n_values * (R + 1))
+
+
+def _count_exact_and_groups(work, out, inn, group, truncated, k_in, stride, one_group) -> None:
+    """The counting branch of :func:`_apply`: the expanded groups (every ``stride``-th,
+    scaled by the share of the expanded rows they hold) and the exactly handled rows
+    (``'exact'``: entries computed from the points, each ``d`` multiply-adds and an
+    exponential)."""
+    expanded_rows = out.n_points - out.small_rows
+    if k_in:
+        before = dict(work)
+        sampled = out.expanded_groups(group, spatial=truncated)[::stride]
+        for ids in sampled:
+            one_group(ids, False)
+        rows = sum(int(np.sum(out.offsets[ids + 1] - out.offsets[ids])) for ids in sampled)
+        share = expanded_rows / rows if rows else 0.0
+        for key in ("entries", "exp", "fma", "calls"):
+            work[key] = before[key] + (work[key] - before[key]) * share
+    small_in = expanded_rows * inn.small_rows
+    work["exact"] += out.small_rows * inn.n_points + small_in
+    work["entries"] += out.small_rows * inn.n_points + small_in
 
 
 @dataclass(frozen=True)

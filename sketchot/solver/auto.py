@@ -12,8 +12,11 @@ candidate is solved and judged:
   for it (its solve can be long);
 * the final exact kernel runs with the caller's options.
 
-The result says what was chosen and why (``result.backend``, ``result.reason``) and lists
-every rung tried (``result.attempts``); ``verbose=True`` prints them as they happen.
+The result says what was chosen and why (``result.backend``, ``result.reason``), lists
+every rung tried (``result.attempts``; ``verbose=True`` prints them as they happen) and holds
+the explicit call that gives the same bits (``result.replay``: the chosen backend, its
+parameters and the options its solve ran with; each candidate is built and solved with the
+caller's ``rng`` as given, as that call would be).
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ import numpy as np
 from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_rng
 from ..gibbs import GibbsGeometry
-from ..kernels.auto import Verdict, choose
-from ..kernels.registry import LOCAL_KIND, LOW_RANK_KIND
+from ..kernels.auto import Verdict, candidate_rng, choose
+from ..kernels.registry import LOCAL_KIND, LOW_RANK_KIND, get_backend
 from .errors import NonPositiveKernelError
 from .options import DEFAULT_ANDERSON_MEMORY, SolverOptions
 from .problem import Problem
@@ -49,6 +52,7 @@ def solve_auto(
     options."""
     target = options.accuracy if options.accuracy is not None else DEFAULT_ACCURACY
     generator = check_rng(rng)
+    seed = candidate_rng(rng, generator)  # each solve draws afresh, as an explicit call would
     quiet = dataclasses.replace(options, warn=False, errors="warn", verbose=False)
     mixed = DEFAULT_ANDERSON_MEMORY if options.anderson == "auto" else options.anderson
     trial = {
@@ -58,11 +62,11 @@ def solve_auto(
 
     def judge(kernel: Any, kind: str | None, error: float) -> Verdict:
         if kind is None:
-            return Verdict(np.nan, True, "", solve(problem, kernel, options, rng=generator))
+            return Verdict(np.nan, True, "", solve(problem, kernel, options, rng=seed))
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                result = solve(problem, kernel, trial.get(kind, quiet), rng=generator)
+                result = solve(problem, kernel, trial.get(kind, quiet), rng=seed)
         except NonPositiveKernelError:
             return Verdict(np.inf, False, "a denominator went non-positive")
         check = result.true_kernel
@@ -73,11 +77,17 @@ def solve_auto(
     choice = choose(
         geometry, judge, accuracy=target, rng=generator, dtype=dtype, verbose=options.verbose
     )
+    # the options of the chosen candidate's solve that change its numbers (a low-rank one
+    # ran Anderson-mixed; its safeguard raised on what an accepted solve never met)
+    replay = dict(choice.replay)
+    if get_backend(replay["backend"]).kind == LOW_RANK_KIND:
+        replay["anderson"] = mixed
     return dataclasses.replace(
         choice.outcome,
         reason=choice.reason,
         attempts=list(choice.attempts),
         options=options.as_dict(),
+        replay=replay,
     )
 
 
