@@ -1,18 +1,20 @@
 """A POT-style transport estimator (``ot.da`` API) backed by sketchot's kernels.
 
-:class:`SketchSinkhornTransport` is a drop-in for ``ot.da.SinkhornTransport`` with the
-continuous out-of-sample map: the same methods and argument names (``fit(Xs=..., Xt=...)``,
-``transform(Xs=...)``, ``inverse_transform(Xt=...)``, ``fit_transform``,
-``transform_labels``, ``inverse_transform_labels``, ``get_params`` / ``set_params``), the same
-``reg_e``, plus ``backend`` and its parameters. POT's colour-transfer example runs unchanged
-after replacing ``ot.da.SinkhornTransport(reg_e=1e-1)`` by
-``sketchot.SketchSinkhornTransport(reg_e=1e-1)``.
+:class:`SketchSinkhornTransport` is a drop-in for ``ot.da.SinkhornTransport``: the same
+methods and argument names (``fit(Xs=..., Xt=...)``, ``transform(Xs=...)``,
+``inverse_transform(Xt=...)``, ``fit_transform``, ``transform_labels``,
+``inverse_transform_labels``, ``get_params`` / ``set_params``), the same ``reg_e``, ``log``
+and ``out_of_sample_map`` (both of POT's maps), plus ``backend`` and its parameters. POT's
+``method``, ``norm`` and ``limit_max`` are refused by name (they need the dense cost or name
+POT's solvers). POT's colour-transfer example runs unchanged after replacing
+``ot.da.SinkhornTransport(reg_e=1e-1)`` by ``sketchot.SketchSinkhornTransport(reg_e=1e-1)``.
 
 It subclasses ``ot.da.BaseTransport`` for ``fit_transform`` and ``get_params`` /
 ``set_params``, and overrides every method that would touch the dense cost or coupling:
 POT's ``fit`` builds the ``n x m`` cost matrix and its ``transform`` the dense coupling, which
 is exactly what sketchot avoids. Nothing here forms an ``n x m`` array (except the explicit,
-size-checked :attr:`SketchSinkhornTransport.coupling_`).
+size-checked :attr:`SketchSinkhornTransport.coupling_`); the ``'ferradans'`` map holds
+``batch_size x n`` distances at a time.
 """
 
 from __future__ import annotations
@@ -22,9 +24,23 @@ from typing import Any
 import numpy as np
 from ot.da import BaseTransport, distribution_estimation_uniform
 
-from ._validation import check_float, check_int, check_matrix, describe
+from ._validation import (
+    RenamableError,
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    check_matrix,
+    check_rng,
+    check_weights,
+    describe,
+    unknown_names,
+)
 from .kernels import get_backend
-from .solver import SinkhornResult, SolverOptions, sinkhorn
+from .solver import SinkhornResult, SolverOptions, check_backend_params, sinkhorn
+
+#: POT's out-of-sample maps, both supported (POT's names).
+OUT_OF_SAMPLE_MAPS = ("continuous", "ferradans")
 
 
 class SketchSinkhornTransport(BaseTransport):
@@ -66,6 +82,14 @@ class SketchSinkhornTransport(BaseTransport):
     solver_options : dict, optional
         Further solver options (:class:`~sketchot.SolverOptions`: ``accuracy``, ``errors``,
         ...).
+    log : bool, default=False
+        POT's name. ``log_`` is always filled (as POT's default continuous map does);
+        ``log=True`` also puts POT's scalings ``u`` and ``v`` in it.
+    out_of_sample_map : {'continuous', 'ferradans'}, default='continuous'
+        How points other than the fitted samples are transported (POT's names; both agree on
+        the fitted samples): ``'continuous'``, the entropic map above; ``'ferradans'``, the
+        mapped nearest fitted sample shifted by the point's offset from it (Ferradans et al.,
+        2014), found in blocks of ``batch_size`` points, ``O(batch_size n)`` memory.
 
     Attributes
     ----------
@@ -76,8 +100,11 @@ class SketchSinkhornTransport(BaseTransport):
     mu_s, mu_t : ndarray
         Their weights.
     log_ : dict
-        ``log_u``, ``log_v`` (POT's names for the potentials over ``reg_e``), ``n_iter``,
-        ``err`` (marginal errors at the checks) and ``converged``.
+        POT's keys ``log_u``, ``log_v`` (the log-scalings, potentials over ``reg_e``),
+        ``err`` (marginal errors at the checks) and ``niter``; sketchot's ``n_iter`` (=
+        ``niter``) and ``converged``; with ``log=True`` also POT's ``u = exp(log_u)`` and
+        ``v = exp(log_v)``, which overflow to ``inf`` where a log-scaling passes ~709 (cost /
+        ``reg_e`` above ~700: read ``log_u`` and ``log_v`` there, as the maps do).
     n_fallbacks_ : int
         Points of the last ``transform`` / ``inverse_transform`` call whose approximate
         denominator was not positive and which were mapped with the exact kernel instead.
@@ -114,28 +141,59 @@ class SketchSinkhornTransport(BaseTransport):
         distribution_estimation: Any = distribution_estimation_uniform,
         rng: Any = None,
         solver_options: dict[str, Any] | None = None,
+        log: bool = False,
+        out_of_sample_map: str = "continuous",
         **extra_backend_params: Any,
     ) -> None:
         if backend_params is not None and not isinstance(backend_params, dict):
             raise TypeError(
                 f"backend_params must be a dict or None; got {describe(backend_params)}"
             )
+        if solver_options is not None and not isinstance(solver_options, dict):
+            raise TypeError(
+                f"solver_options must be a dict or None; got {describe(solver_options)}"
+            )
         self.reg_e = reg_e
         self.backend = backend
-        self.backend_params = _check_backend_params(
-            {**(backend_params or {}), **extra_backend_params}
-        )
+        self.backend_params = {**(backend_params or {}), **extra_backend_params}
         self.max_iter = max_iter
         self.tol = tol
         self.verbose = verbose
         self.safeguard = safeguard
         self.distribution_estimation = distribution_estimation
         self.rng = rng
-        if solver_options is not None and not isinstance(solver_options, dict):
+        self.solver_options = dict(solver_options or {})
+        self.log = log
+        self.out_of_sample_map = out_of_sample_map
+        # every parameter checked here (POT checks out_of_sample_map here) and again at fit,
+        # which set_params bypasses
+        self._check_params()
+
+    def _check_params(self) -> tuple[float, SolverOptions]:
+        """Validate every constructor parameter without data, naming it; return ``reg_e`` as
+        a float and the solver options."""
+        reg_e = check_float(self.reg_e, "reg_e", positive=True)
+        if self.backend != "auto":
+            get_backend(self.backend)
+        _check_backend_params(self.backend, self.backend_params)
+        _check_solver_options(self.solver_options)
+        options = SolverOptions(
+            max_iter=self.max_iter,
+            tol=self.tol,
+            verbose=self.verbose,
+            safeguard=self.safeguard,
+            **self.solver_options,
+        )
+        if not callable(self.distribution_estimation):
             raise TypeError(
-                f"solver_options must be a dict or None; got {describe(solver_options)}"
+                "distribution_estimation must be a callable X -> weights (such as "
+                "ot.da.distribution_estimation_uniform); got "
+                f"{describe(self.distribution_estimation)}"
             )
-        self.solver_options = _check_solver_options(dict(solver_options or {}))
+        check_rng(self.rng)
+        check_bool(self.log, "log")
+        check_choice(self.out_of_sample_map, "out_of_sample_map", OUT_OF_SAMPLE_MAPS)
+        return reg_e, options
 
     # ------------------------------------------------------------------------------ fit
     def fit(self, Xs: Any = None, ys: Any = None, Xt: Any = None, yt: Any = None):
@@ -169,22 +227,11 @@ class SketchSinkhornTransport(BaseTransport):
             )
         Xs = check_matrix(Xs, "Xs")
         Xt = check_matrix(Xt, "Xt", n_features=Xs.shape[1], feature_name="Xs")
-        reg_e = check_float(self.reg_e, "reg_e", positive=True)
-        if self.backend != "auto":
-            get_backend(self.backend)
-        _check_backend_params(self.backend_params)  # set_params may have replaced them
-        _check_solver_options(self.solver_options)
+        reg_e, options = self._check_params()  # set_params may have replaced any of them
         self.nx = self._get_backend(Xs, Xt)
-        self.mu_s = np.asarray(self.distribution_estimation(Xs), dtype=np.float64)
-        self.mu_t = np.asarray(self.distribution_estimation(Xt), dtype=np.float64)
+        self.mu_s = self._weights(Xs, "Xs")
+        self.mu_t = self._weights(Xt, "Xt")
         self.xs_, self.xt_ = Xs, Xt
-        options = SolverOptions(
-            max_iter=self.max_iter,
-            tol=self.tol,
-            verbose=self.verbose,
-            safeguard=self.safeguard,
-            **self.solver_options,
-        )
         self.result_: SinkhornResult = sinkhorn(
             self.mu_s,
             self.mu_t,
@@ -200,12 +247,24 @@ class SketchSinkhornTransport(BaseTransport):
         self.log_ = {
             "log_u": log_u,
             "log_v": log_v,
-            "n_iter": self.result_.n_iter,
             "err": [error for _, error in self.result_.error_history],
+            "niter": self.result_.n_iter,
+            "n_iter": self.result_.n_iter,
             "converged": self.result_.converged,
         }
+        if self.log:
+            self.log_["u"], self.log_["v"] = self.result_.u, self.result_.v
         self.n_fallbacks_ = 0
         return self
+
+    def _weights(self, points: np.ndarray, name: str) -> np.ndarray:
+        """``distribution_estimation(points)``, checked as weights and named as its output."""
+        try:
+            return check_weights(
+                self.distribution_estimation(points), "weights", points.shape[0], name
+            )
+        except RenamableError as error:
+            raise error.renamed(weights=f"distribution_estimation({name})") from None
 
     # ------------------------------------------------------------------------ transport
     def transform(
@@ -272,7 +331,19 @@ class SketchSinkhornTransport(BaseTransport):
         mapper = self.result_.inverse_barycentric_map if inverse else self.result_.barycentric_map
         if points.shape == fitted.shape and np.array_equal(points, fitted):
             points = None
-        mapped, self.n_fallbacks_ = mapper(points, return_fallbacks=True)
+        if points is None or self.out_of_sample_map == "continuous":
+            mapped, self.n_fallbacks_ = mapper(points, return_fallbacks=True)
+            return mapped
+        check_choice(self.out_of_sample_map, "out_of_sample_map", OUT_OF_SAMPLE_MAPS)
+        # 'ferradans': each point moves as its nearest fitted sample does
+        fitted_mapped, self.n_fallbacks_ = mapper(None, return_fallbacks=True)
+        fitted_norms = np.einsum("ij,ij->i", fitted, fitted)
+        mapped = np.empty_like(points)
+        for start in range(0, points.shape[0], batch_size):
+            block = points[start : start + batch_size]
+            # squared distances up to the block's own norms, which do not change the argmin
+            nearest = np.argmin(fitted_norms[None, :] - 2.0 * block @ fitted.T, axis=1)
+            mapped[start : start + batch_size] = fitted_mapped[nearest] + block - fitted[nearest]
         return mapped
 
     def _check_fitted(self) -> None:
@@ -311,9 +382,25 @@ _RESERVED = {
 _OWN_OPTIONS = ("max_iter", "tol", "verbose", "safeguard")
 
 
-def _check_backend_params(params: Any) -> dict[str, Any]:
-    """Refuse backend parameters that are ``sinkhorn``'s own arguments or solver options: at
-    ``fit`` they would reach ``sinkhorn`` twice."""
+#: ``ot.da.SinkhornTransport``'s arguments that sketchot does not take, and why.
+_POT_ONLY = {
+    "method": "sketchot chooses its own iteration (log domain where needed); "
+    "solver_options={'log_domain': True} asks for the log domain",
+    "norm": "normalising the cost needs its largest or median entry, i.e. the n x m cost "
+    "matrix, which SketchSinkhornTransport never builds; scale reg_e instead",
+    "limit_max": "it is the cost of pairs of different labels in the semi-supervised fit, "
+    "which needs the n x m cost matrix (not supported)",
+}
+
+#: ``sinkhorn``'s named problem arguments that backend_params may carry (taken by sinkhorn
+#: itself, not by the backend).
+_PROBLEM_ARGS = ("reg_m", "metric", "p", "warmstart")
+
+
+def _check_backend_params(backend: Any, params: Any) -> dict[str, Any]:
+    """Refuse backend parameters that are ``sinkhorn``'s own arguments or solver options (at
+    ``fit`` they would reach ``sinkhorn`` twice), POT arguments that sketchot does not take,
+    and names that neither ``sinkhorn`` nor the backend accepts."""
     if not isinstance(params, dict):
         raise TypeError(f"backend_params must be a dict; got {describe(params)}")
     for name in params:
@@ -328,11 +415,32 @@ def _check_backend_params(params: Any) -> dict[str, Any]:
                 f"SketchSinkhornTransport got the solver option {name}={params[name]!r} as a "
                 f"backend parameter; pass {where}"
             )
+        if name in _POT_ONLY:
+            raise TypeError(
+                f"SketchSinkhornTransport does not take ot.da.SinkhornTransport's {name}="
+                f"{params[name]!r}: {_POT_ONLY[name]}"
+            )
+    if isinstance(backend, str):  # an invalid backend is named by get_backend
+        given = {
+            name: value
+            for name, value in params.items()
+            if name not in _PROBLEM_ARGS and not (name in ("rank", "dtype") and value is None)
+        }
+        check_backend_params("SketchSinkhornTransport", backend, given)
     return params
 
 
-def _check_solver_options(options: dict[str, Any]) -> dict[str, Any]:
-    """Refuse solver options that are constructor arguments of their own (given twice)."""
+def _check_solver_options(options: Any) -> dict[str, Any]:
+    """Refuse solver options that are constructor arguments of their own (given twice) or
+    that are not solver options."""
+    if not isinstance(options, dict):
+        raise TypeError(f"solver_options must be a dict; got {describe(options)}")
+    unknown = sorted(set(options) - set(SolverOptions.names()) - set(_OWN_OPTIONS))
+    if unknown:
+        raise TypeError(
+            f"solver_options got unknown option(s) {unknown_names(unknown, SolverOptions.names())}"
+            f"; solver options: {', '.join(SolverOptions.names())}"
+        )
     for name in options:
         if name in _OWN_OPTIONS:
             raise TypeError(

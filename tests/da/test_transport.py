@@ -175,3 +175,150 @@ def test_solver_options_that_are_constructor_arguments_are_refused():
         SketchSinkhornTransport(solver_options={"max_iter": 5})
     mapping = SketchSinkhornTransport(solver_options={"accuracy": 1e-2})
     assert mapping.solver_options == {"accuracy": 1e-2}
+
+
+def test_log_fills_pot_keys_and_log_true_adds_the_scalings(clouds):
+    """POT's ``log=True`` (test_da.py::test_log_da): ``log_`` carries POT's keys; ``u``, ``v``
+    only on request (they overflow where the log-scalings do not)."""
+    Xs, Xt, _, _ = clouds
+    quiet = SketchSinkhornTransport(reg_e=0.5, backend="exact").fit(Xs=Xs, Xt=Xt)
+    assert set(quiet.log_) == {"log_u", "log_v", "err", "niter", "n_iter", "converged"}
+    logged = SketchSinkhornTransport(reg_e=0.5, backend="exact", log=True).fit(Xs=Xs, Xt=Xt)
+    assert set(logged.log_) == set(quiet.log_) | {"u", "v"}
+    assert logged.log_["niter"] == logged.log_["n_iter"] == logged.result_.n_iter
+    # POT's relation between its keys (same solve: equal to rounding of exp)
+    np.testing.assert_allclose(logged.log_["u"], np.exp(logged.log_["log_u"]), rtol=1e-15)
+    np.testing.assert_allclose(logged.log_["v"], np.exp(logged.log_["log_v"]), rtol=1e-15)
+    # the plan is diag(u) K diag(v) with POT's kernel exp(-M / reg_e)
+    K = np.exp(-ot.dist(Xs, Xt) / 0.5)
+    plan = logged.log_["u"][:, None] * K * logged.log_["v"][None, :]
+    np.testing.assert_allclose(plan, logged.coupling_, rtol=1e-12, atol=1e-15)
+
+
+def test_new_parameters_follow_the_estimator_protocol(clouds):
+    Xs, Xt, new_source, _ = clouds
+    mapping = SketchSinkhornTransport(
+        reg_e=0.5, backend="exact", log=True, out_of_sample_map="ferradans"
+    )
+    params = mapping.get_params()
+    assert params["log"] is True and params["out_of_sample_map"] == "ferradans"
+    assert "n_features" not in params and params["backend_params"] == {}
+    mapping.fit(Xs=Xs, Xt=Xt)
+    clone = SketchSinkhornTransport(**params).fit(Xs=Xs, Xt=Xt)
+    np.testing.assert_array_equal(clone.transform(Xs=new_source), mapping.transform(Xs=new_source))
+    assert set(clone.log_) == set(mapping.log_)
+    mapping.set_params(log=False, out_of_sample_map="continuous")
+    assert "u" not in mapping.fit(Xs=Xs, Xt=Xt).log_
+    # set_params bypasses the constructor's checks: fit and transform check again, by name
+    mapping.set_params(out_of_sample_map="nearest")
+    with pytest.raises(ValueError, match="out_of_sample_map must be one of"):
+        mapping.transform(Xs=new_source)
+    with pytest.raises(ValueError, match="out_of_sample_map must be one of"):
+        mapping.fit(Xs=Xs, Xt=Xt)
+    mapping.set_params(out_of_sample_map="continuous", log="yes")
+    with pytest.raises(TypeError, match="log must be True or False; got 'yes'"):
+        mapping.fit(Xs=Xs, Xt=Xt)
+
+
+def test_ferradans_map_matches_pot(clouds):
+    """``out_of_sample_map='ferradans'`` against POT's on new points, inverse included; the
+    block size (POT's ``batch_size``) does not change the answer."""
+    Xs, Xt, new_source, new_target = clouds
+    pot = ot.da.SinkhornTransport(
+        reg_e=0.1, tol=1e-12, max_iter=5000, out_of_sample_map="ferradans"
+    ).fit(Xs=Xs, Xt=Xt)
+    ours = SketchSinkhornTransport(
+        reg_e=0.1, backend="exact", tol=1e-12, max_iter=5000, out_of_sample_map="ferradans"
+    ).fit(Xs=Xs, Xt=Xt)
+    continuous = SketchSinkhornTransport(reg_e=0.1, backend="exact", tol=1e-12, max_iter=5000)
+    continuous.fit(Xs=Xs, Xt=Xt)
+    # same scalings to ~1e-12 (tol); the maps are ratios of the same sums plus the same
+    # offsets, so they agree to rounding (as the continuous map does above)
+    for batch_size in (128, 7, 1):
+        np.testing.assert_allclose(
+            ours.transform(Xs=new_source, batch_size=batch_size),
+            pot.transform(Xs=new_source),
+            rtol=0,
+            atol=1e-9,
+        )
+        np.testing.assert_allclose(
+            ours.inverse_transform(Xt=new_target, batch_size=batch_size),
+            pot.inverse_transform(Xt=new_target),
+            rtol=0,
+            atol=1e-9,
+        )
+    # on the fitted samples both maps are the plan's barycentric projection
+    np.testing.assert_array_equal(ours.transform(Xs=Xs), continuous.transform(Xs=Xs))
+    # the maps differ elsewhere (else the option would mean nothing)
+    assert np.abs(ours.transform(Xs=new_source) - continuous.transform(Xs=new_source)).max() > 1e-3
+
+
+def test_ferradans_map_moves_a_point_as_its_nearest_sample():
+    rng = np.random.default_rng(5)
+    Xs, Xt = rng.random((40, 2)), rng.random((30, 2)) + 1.0
+    mapping = SketchSinkhornTransport(reg_e=0.2, backend="exact", out_of_sample_map="ferradans")
+    mapping.fit(Xs=Xs, Xt=Xt)
+    offset = rng.uniform(-1e-3, 1e-3, size=Xs.shape)  # far below the samples' spacing
+    np.testing.assert_allclose(
+        mapping.transform(Xs=Xs + offset), mapping.transform(Xs=Xs) + offset, rtol=0, atol=1e-12
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"out_of_sample_map": "unknown"}, ValueError,
+         r"out_of_sample_map must be one of 'continuous', 'ferradans'; got 'unknown'"),
+        ({"log": 1}, TypeError, r"log must be True or False; got 1"),
+        ({"reg_e": "0.1"}, TypeError, r"reg_e must be a real number; got '0.1'"),
+        ({"reg_e": -1.0}, ValueError, r"reg_e must be > 0; got -1"),
+        ({"backend": "keops"}, ValueError, r"backend must be .auto. or one of .* got 'keops'"),
+        ({"max_iter": 10.5}, TypeError, r"max_iter must be an integer; got 10.5"),
+        ({"tol": -1.0}, ValueError, r"tol must be > 0; got -1"),
+        ({"verbose": "yes"}, TypeError, r"verbose must be True or False; got 'yes'"),
+        ({"safeguard": "foo"}, ValueError, r"safeguard must be one of .* got 'foo'"),
+        ({"distribution_estimation": "uniform"}, TypeError,
+         r"distribution_estimation must be a callable .* got 'uniform'"),
+        ({"rng": "x"}, TypeError, r"rng must be None, .* got 'x'"),
+        ({"solver_options": {"accurracy": 1e-3}}, TypeError,
+         r"solver_options got unknown option\(s\) 'accurracy' \(did you mean 'accuracy'\?\)"),
+        ({"solver_options": {"accuracy": -1.0}}, ValueError, r"accuracy must be > 0; got -1"),
+        ({"backend": "nystrom", "n_landmrks": 5}, TypeError,
+         r"SketchSinkhornTransport\(\) got unexpected keyword argument\(s\) 'n_landmrks' "
+         r"\(did you mean 'n_landmarks'\?\)"),
+        ({"n_landmarks": 5}, TypeError,
+         r"'n_landmarks'; backend='auto' chooses its own parameters"),
+        ({"dtype": "float8"}, TypeError, r"dtype must be numpy.float64 or numpy.float32"),
+        ({"method": "sinkhorn"}, TypeError,
+         r"does not take ot.da.SinkhornTransport's method='sinkhorn': sketchot chooses"),
+        ({"norm": "max"}, TypeError, r"does not take ot.da.SinkhornTransport's norm='max'"),
+        ({"limit_max": 10.0}, TypeError, r"does not take ot.da.SinkhornTransport's limit_max"),
+    ],
+)  # fmt: skip
+def test_bad_constructor_parameters_fail_at_construction_by_name(clouds, kwargs, error, match):
+    """Every constructor parameter is checked when the estimator is made (POT checks
+    out_of_sample_map there), never first deep in the solver; set_params bypasses the
+    constructor, so fit checks the same way before solving."""
+    with pytest.raises(error, match=match):
+        SketchSinkhornTransport(**kwargs)
+    mapping = SketchSinkhornTransport()
+    own = set(mapping.get_params())
+    mapping.set_params(
+        **{name: value for name, value in kwargs.items() if name in own},
+        backend_params={name: value for name, value in kwargs.items() if name not in own},
+    )
+    with pytest.raises(error, match=match):
+        mapping.fit(Xs=clouds[0], Xt=clouds[1])
+
+
+@pytest.mark.parametrize(
+    ("estimate", "match"),
+    [
+        (lambda X: np.ones(3), r"distribution_estimation\(Xs\) must have one weight per row"),
+        (lambda X: -np.ones(len(X)), r"distribution_estimation\(Xs\) must be non-negative"),
+        (lambda X: np.full(len(X), np.nan), r"distribution_estimation\(Xs\) must contain only"),
+    ],
+)
+def test_bad_distribution_estimation_output_is_named(clouds, estimate, match):
+    with pytest.raises(ValueError, match=match):
+        SketchSinkhornTransport(distribution_estimation=estimate).fit(Xs=clouds[0], Xt=clouds[1])
