@@ -1,11 +1,13 @@
 """Recolour a photograph with the palette of another (entropic optimal transport, sketchot).
 
 With no arguments it runs on the project's default pair (images/default_source.png, a sunset,
-and images/default_target.png, a daylight coast) and writes into outputs/ (created on demand,
-ignored by git)::
+and images/default_target.png, a daylight coast). Every run writes into outputs/ next to
+examples/ (created on demand, ignored by git) unless ``--out`` names another path, so a run
+from a clone never leaves files in its tree::
 
     python examples/color_transfer.py
-    python examples/color_transfer.py SOURCE TARGET [--out recoloured.png]
+    python examples/color_transfer.py SOURCE TARGET   # outputs/SOURCE_recolored.png, ...
+    python examples/color_transfer.py SOURCE TARGET --out recoloured.png
     python examples/color_transfer.py --out images/color_transfer.png   # the README's figure
     python examples/color_transfer.py --reg 0.01 --n-samples 20000
     python examples/color_transfer.py --backend nystrom --rank 500 --reg 1
@@ -98,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="color_transfer.py",
         description="Recolour SOURCE with the palette of TARGET by entropic optimal transport.",
-        epilog="With no SOURCE and TARGET: the embedded default pair, outputs in outputs/.",
+        epilog="With no SOURCE and TARGET: the embedded default pair. Outputs go to outputs/ "
+        "(next to examples/, ignored by git) unless --out names another path.",
     )
     parser.add_argument("source", nargs="?", type=Path, help="image to recolour")
     parser.add_argument("target", nargs="?", type=Path, help="image whose palette to use")
@@ -155,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     outputs.add_argument(
         "--out", type=Path,
         help="recoloured source image (default: outputs/color_transfer.png for the "
-        "default pair, SOURCE_recolored.png in the current folder otherwise)",
+        "default pair, outputs/SOURCE_recolored.png otherwise; outputs/ is git-ignored)",
     )  # fmt: skip
     outputs.add_argument(
         "--no-inverse", action="store_true",
@@ -193,11 +196,9 @@ def output_paths(args: argparse.Namespace, parser: argparse.ArgumentParser):
     """(recoloured, inverse or None, figure or None, OutputSet), all checked before any work."""
     if args.out is not None:
         out = args.out
-    elif args.source is None:
+    else:  # never the current folder: a run from a clone leaves its tree clean
         OUTPUTS.mkdir(exist_ok=True)
-        out = DEFAULT_OUT
-    else:
-        out = Path.cwd() / f"{args.source.stem}_recolored.png"
+        out = DEFAULT_OUT if args.source is None else OUTPUTS / f"{args.source.stem}_recolored.png"
     outputs = OutputSet()
     outputs.add(out, "--out", "image")
     inverse = None

@@ -2,7 +2,7 @@
 Dask: the same solve on a cluster
 =================================
 
-With the ``dask`` extra (``pip install "sketchot[dask]"``), :func:`sketchot.sinkhorn`,
+With the ``dask`` extra (``pip install ".[dask]"`` in a clone), :func:`sketchot.sinkhorn`,
 :func:`sketchot.sinkhorn2`, :func:`sketchot.sinkhorn_kernel` and :func:`sketchot.make_kernel`
 accept Dask arrays and run the same solve with Dask, never gathering an ``n``-sized array on
 the client. Here a small local cluster (threads in this process, ``processes=False``) solves

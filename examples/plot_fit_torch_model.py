@@ -7,7 +7,7 @@ samples match a target cloud under :class:`sketchot.SamplesLoss`, used exactly a
 ``SamplesLoss("sinkhorn", p=2, blur=...)``: the loss is a 0-d tensor and ``backward()`` gives
 the gradients, computed from the Sinkhorn potentials (no unrolled iterations).
 
-Needs PyTorch (``pip install "sketchot[torch]"``). The figure goes to the system's temporary
+Needs PyTorch (``pip install ".[torch]"`` in a clone). The figure goes to the system's temporary
 folder (or ``--out PATH``), never into the repository. Runs in about 10-20 s on two cores.
 """
 

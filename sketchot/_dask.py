@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-INSTALL_HINT = 'pip install "sketchot[dask]"'
+# sketchot is installed from a clone (not from PyPI): the packages themselves work anywhere
+INSTALL_HINT = (
+    'pip install "dask[array]>=2024.1" "distributed>=2024.1" '
+    '(or pip install ".[dask]" in a clone of sketchot)'
+)
 
 
 def is_dask_array(value: Any) -> bool:

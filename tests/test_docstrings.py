@@ -39,8 +39,8 @@ def import_or_skip(name: str):
         if missing not in OPTIONAL_MODULES:
             raise
         pytest.skip(
-            f"{name} needs the optional extra sketchot[{OPTIONAL_MODULES[missing]}] "
-            f"({missing} is not installed)"
+            f"{name} needs the optional extra {OPTIONAL_MODULES[missing]} "
+            f'(pip install ".[{OPTIONAL_MODULES[missing]}]"; {missing} is not installed)'
         )
 
 
@@ -87,14 +87,14 @@ class _BlockExtras:
 
 
 def test_a_missing_extra_skips_and_any_other_missing_module_fails(monkeypatch):
-    """The situation of an install without sketchot[dask], simulated in this process."""
+    """The situation of an install without the dask extra, simulated in this process."""
     for key in list(sys.modules):
         if key.split(".")[0] in OPTIONAL_MODULES or key.startswith("sketchot.distributed"):
             monkeypatch.delitem(sys.modules, key)
     monkeypatch.setattr(sys, "meta_path", [_BlockExtras(), *sys.meta_path])
     for name in [m for m in MODULES if m.startswith("sketchot.distributed")]:
         with pytest.raises(
-            pytest.skip.Exception, match=r"needs the optional extra sketchot\[dask\]"
+            pytest.skip.Exception, match=r"needs the optional extra dask"
         ):
             import_or_skip(name)
     with pytest.raises(ModuleNotFoundError):

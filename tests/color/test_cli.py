@@ -69,6 +69,27 @@ def test_color_transfer_backend_parameters(tiny_pair, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["p.png"]
 
 
+def test_user_pair_without_out_writes_under_outputs_not_the_current_folder(
+    tiny_pair, tmp_path, monkeypatch
+):
+    """A user's SOURCE TARGET with no --out: outputs/SOURCE_recolored.png (and its inverse and
+    figure), never the current folder (run from a clone it left untracked PNGs there)."""
+    program = load_program(COLOR_TRANSFER)
+    outputs, here = tmp_path / "outputs", tmp_path / "here"
+    here.mkdir()
+    monkeypatch.setattr(program, "OUTPUTS", outputs)  # the clone's outputs/, in a scratch place
+    monkeypatch.chdir(here)
+    source, target = tiny_pair
+    argv = [str(source), str(target), "--backend", "exact", "--n-samples", "30", "--no-figure"]
+    assert program.main(argv) == 0
+    assert list(here.iterdir()) == []
+    stem = source.stem
+    assert sorted(p.name for p in outputs.iterdir()) == [
+        f"{stem}_recolored.png",
+        f"{stem}_recolored_inverse.png",
+    ]
+
+
 BAD_INPUT = [
     (["missing.png", "{target}"], "does not exist"),
     (["{text}", "{target}"], "not an image file Pillow can read"),

@@ -8,7 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sketchot
-from sketchot.distributed.kernels import _norm_of_chunks, _scaled_norm_parts
 from sketchot.solver import options as solver_options
 from sketchot.solver.options import (
     CERTIFY_FRACTION,
@@ -116,6 +115,9 @@ def test_float32_floor_in_both_norms():
 
 @pytest.mark.parametrize("norm, order", [("l1", 1), ("l2", 2)])
 def test_deferred_norm_of_chunks(norm, order):
+    pytest.importorskip("dask")  # sketchot.distributed imports Dask (the dask extra)
+    from sketchot.distributed.kernels import _norm_of_chunks, _scaled_norm_parts
+
     values = np.random.default_rng(0).normal(size=30) * 1e200
     parts = [_scaled_norm_parts(chunk, norm) for chunk in np.split(values, [7, 19])]
     expected = 1e200 * np.linalg.norm(values / 1e200, ord=order)
