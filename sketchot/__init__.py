@@ -16,6 +16,9 @@ divergence and its gradients, ``sinkhorn_divergence``) sits on the public entrie
 that ``import sketchot`` never imports torch) on top of it.
 """
 
+import functools as _functools
+
+from . import loss as _loss
 from ._parallel import get_num_threads, set_num_threads, thread_limit
 from .api import (
     make_kernel,
@@ -45,7 +48,7 @@ from .kernels import (
     register_backend,
     unregister_backend,
 )
-from .loss import DivergenceResult, SinkhornDivergence, sinkhorn_divergence
+from .loss import DivergenceResult, SinkhornDivergence
 from .solver import (
     AccuracyWarning,
     InvalidResultError,
@@ -58,7 +61,7 @@ from .solver import (
     TrueKernelCheck,
 )
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 # Loaded on first use: the colour layer imports Pillow and matplotlib, the estimator POT's
 # ot.da (which pulls in scikit-learn); plain solves need neither.
@@ -71,6 +74,7 @@ _LAZY = {
     "save_image": "color",
     "transfer_colors": "color",
     "SamplesLoss": "nn",
+    "nn": "nn",  # the module itself: ``sketchot.nn.sinkhorn_divergence`` without an import
 }
 
 
@@ -78,8 +82,20 @@ def __getattr__(name: str):
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        module = importlib.import_module(f".{_LAZY[name]}", __name__)
+        return module if name == _LAZY[name] else getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@_functools.wraps(_loss.sinkhorn_divergence)
+def sinkhorn_divergence(X, Y, a=None, b=None, *args, **kwargs):
+    # PyTorch tensors go to the autograd front (a differentiable 0-d tensor, as POT returns
+    # its input's type); the package sits above both layers, so it may load the upper one
+    if any(type(value).__module__.split(".")[0] == "torch" for value in (X, Y, a, b)):
+        from .nn import sinkhorn_divergence as on_tensors
+
+        return on_tensors(X, Y, a, b, *args, **kwargs)
+    return _loss.sinkhorn_divergence(X, Y, a, b, *args, **kwargs)
 
 
 def __dir__() -> list[str]:

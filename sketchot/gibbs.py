@@ -119,6 +119,7 @@ class Cost:
                 f"the metric callable must return the cost block of shape (len(A), len(B)) = "
                 f"{(A.shape[0], B.shape[0])}; got shape {out.shape}"
             )
+        check_cost_block(out)
         return out
 
     def norms(self, points: np.ndarray) -> np.ndarray:
@@ -130,6 +131,30 @@ class Cost:
 
 #: The default cost.
 SQEUCLIDEAN = Cost()
+
+
+def check_cost_block(out: np.ndarray) -> None:
+    """Refuse a user's cost block with NaN, infinite or negative entries, naming ``metric``
+    (the kernel, the epsilon schedule and the certificates assume finite costs ``>= 0``)."""
+    if out.size == 0 or (np.isfinite(out).all() and out.min() >= 0.0):
+        return  # the common case: one pass over the block
+    if np.isnan(out).any():
+        raise ValueError(
+            f"the metric callable returned NaN for {int(np.isnan(out).sum())} of the "
+            f"{out.size} pairs of a cost block: metric must return finite costs >= 0"
+        )
+    if np.isinf(out).any():
+        raise ValueError(
+            f"the metric callable returned infinite costs for {int(np.isinf(out).sum())} of "
+            f"the {out.size} pairs of a cost block (forbidden pairs are not supported): "
+            "metric must return finite costs >= 0; give forbidden pairs a large finite cost "
+            "instead (e.g. 1e3 times the largest allowed cost), or use POT with M"
+        )
+    raise ValueError(
+        f"the metric callable returned negative costs (smallest {out.min():.6g}): metric must "
+        "return costs >= 0; subtract the smallest cost c from it (the plan of M - c equals "
+        "the plan of M; the value shifts by c times the mass)"
+    )
 
 
 def make_cost(metric: Any = "sqeuclidean", p: Any = 2.0) -> Cost:

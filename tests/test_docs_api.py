@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import sketchot
+
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 MODULES = [
     "sketchot",
@@ -63,7 +65,7 @@ def import_or_skip(name: str):
     except ModuleNotFoundError as exc:
         extra = (exc.name or "").split(".")[0]
         if extra in ("dask", "torch"):
-            pytest.skip(f"{name} needs the optional extra sketchot[{extra}]")
+            pytest.skip(f'{name} needs the optional extra {extra} (pip install ".[{extra}]")')
         raise
 
 
@@ -99,3 +101,12 @@ def test_docs_python_blocks_compile():
             blocks += 1
     if files:
         assert blocks >= 5
+
+
+def test_the_version_is_one_fact():
+    """The package, its metadata and the changelog's newest entry name the same version."""
+    root = Path(__file__).resolve().parents[1]
+    declared = re.search(r'^version = "([^"]+)"', (root / "pyproject.toml").read_text(), re.M)
+    assert declared is not None and sketchot.__version__ == declared.group(1)
+    newest = re.search(r"^## (\S+)", (root / "CHANGELOG.md").read_text(), re.M)
+    assert newest is not None and newest.group(1) == declared.group(1)

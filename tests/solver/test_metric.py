@@ -311,3 +311,74 @@ def test_a_geometry_sample_keeps_the_cost_on_a_subset_of_each_cloud(clouds):
         matches = (part[:, None, :] == whole[None, :, :]).all(axis=2)
         assert (matches.sum(axis=1) >= 1).all() and np.unique(part, axis=0).shape[0] == 5
     assert g.sample(10**6, np.random.default_rng(2)).shape == g.shape
+
+
+def _sq(A, B):
+    return cdist(A, B, "sqeuclidean")
+
+
+def _with_inf(A, B):
+    C = _sq(A, B)
+    C[0, 0] = np.inf  # a forbidden pair (POT: a zero kernel entry)
+    return C
+
+
+def _with_nan(A, B):
+    C = _sq(A, B)
+    C[1, 2] = np.nan
+    return C
+
+
+def _shifted(A, B):
+    return _sq(A, B) - 1.0  # a constant shift of ot.dist: negative costs
+
+
+@pytest.mark.parametrize(
+    ("metric", "words"),
+    [(_with_inf, "infinite costs"), (_with_nan, "NaN"), (_shifted, "negative costs")],
+    ids=["inf", "nan", "negative"],
+)
+@pytest.mark.parametrize("backend", ["exact", "auto"])
+def test_a_callable_with_nan_inf_or_negative_costs_is_refused_naming_metric(metric, words, backend):
+    # issue 42 item 5: these gave a raw OverflowError, "Tighten tol" or "Pass reg=0 or larger"
+    rng = np.random.default_rng(1)
+    X, Y = rng.random((30, 2)), rng.random((25, 2))
+    a, b = np.full(30, 1 / 30), np.full(25, 1 / 25)
+    with pytest.raises(ValueError, match=f"metric callable returned {words}"):
+        sketchot.sinkhorn(a, b, X, Y, reg=0.1, backend=backend, metric=metric)
+
+
+def test_the_shift_remedy_of_negative_costs_gives_pots_plan():
+    # the message's remedy (subtract the smallest cost) solves POT's problem on the shifted M:
+    # same plan, value shifted by c * mass; POT's sinkhorn at stopThr=1e-12 as the reference
+    rng = np.random.default_rng(2)
+    X, Y = rng.random((30, 2)), rng.random((25, 2))
+    a, b = np.full(30, 1 / 30), np.full(25, 1 / 25)
+    M = _shifted(X, Y)
+    c = float(M.min())
+    res = sketchot.sinkhorn(
+        a, b, X, Y, reg=0.1, backend="exact", metric=lambda A, B: _shifted(A, B) - c, tol=1e-12
+    )
+    plan = ot.sinkhorn(a, b, M, 0.1, stopThr=1e-12, numItermax=100_000)
+    np.testing.assert_allclose(res.plan, plan, atol=1e-9)  # both at 1e-12 marginal error
+    np.testing.assert_allclose(res.value_linear + c * a.sum(), np.sum(plan * M), rtol=1e-8)
+
+
+@pytest.mark.parametrize("reg", [0.1, 0.01])
+def test_the_large_cost_remedy_of_forbidden_pairs_gives_pots_plan_with_inf(reg):
+    # the message's remedy (1e3 times the largest allowed cost) against POT's sinkhorn_log on
+    # M with +inf (a zero kernel entry); both solved to ~1e-12 marginal error
+    rng = np.random.default_rng(1)
+    X, Y = rng.random((30, 2)), rng.random((25, 2))
+    a, b = np.full(30, 1 / 30), np.full(25, 1 / 25)
+
+    def large(A, B):
+        C = _sq(A, B)
+        C[0, 0] = 1e3 * C.max()
+        return C
+
+    M = _with_inf(X, Y)
+    res = sketchot.sinkhorn(a, b, X, Y, reg=reg, backend="exact", metric=large, tol=1e-10)
+    plan = ot.sinkhorn(a, b, M, reg, method="sinkhorn_log", stopThr=1e-12, numItermax=100_000)
+    assert res.converged and res.plan[0, 0] == 0.0
+    np.testing.assert_allclose(res.plan, plan, atol=1e-9)
