@@ -286,8 +286,7 @@ def solving_in(context: ArrayContext) -> Iterator[None]:
         _CURRENT.reset(token)
 
 
-def in_user_arrays(*names: str, scalar: bool = False, refuse_gradients: bool = False
-) -> Callable:
+def in_user_arrays(*names: str, scalar: bool = False, refuse_gradients: bool = False) -> Callable:
     """Decorator of a public function: the arguments ``names`` (arrays, or lists of arrays)
     decide the :class:`ArrayContext`; the function runs on host views of every argument, with
     the context current (:func:`current_context`), and its answer comes back in the caller's

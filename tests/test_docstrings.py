@@ -93,9 +93,7 @@ def test_a_missing_extra_skips_and_any_other_missing_module_fails(monkeypatch):
             monkeypatch.delitem(sys.modules, key)
     monkeypatch.setattr(sys, "meta_path", [_BlockExtras(), *sys.meta_path])
     for name in [m for m in MODULES if m.startswith("sketchot.distributed")]:
-        with pytest.raises(
-            pytest.skip.Exception, match=r"needs the optional extra dask"
-        ):
+        with pytest.raises(pytest.skip.Exception, match=r"needs the optional extra dask"):
             import_or_skip(name)
     with pytest.raises(ModuleNotFoundError):
         import_or_skip("sketchot.no_such_module")

@@ -497,7 +497,7 @@ def check_batch_keywords(caller: str, kwargs: dict[str, Any]) -> None:
     solves with the reason the batches do not take it, any other with a did-you-mean.
     ``metric='sqeuclidean'``, the batches' own cost, is accepted (removed from ``kwargs``)."""
     accepted = (*SolverOptions.names(), *BATCH_KEYWORDS)
-    if kwargs.get("metric", None) == "sqeuclidean":  # the batches' own cost, named (POT's way)
+    if kwargs.get("metric") == "sqeuclidean":  # the batches' own cost, named (POT's way)
         del kwargs["metric"]
     unknown = sorted(set(kwargs) - set(accepted))
     if not unknown:
