@@ -186,22 +186,24 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_ctrl_c_stops_a_long_streamed_exact_solve_within_a_few_seconds(tmp_path):
+def _seconds_to_exit_after_sigint(tmp_path, code: str, *args: str, wait: float) -> float:
+    """Run ``code`` in a child Python, send SIGINT a second after it prints ``started``, and
+    return the seconds it took to exit (it must say ``KeyboardInterrupt``)."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=env, cwd=tmp_path,
+        [sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env, cwd=tmp_path,
     )  # fmt: skip
     try:
         assert child.stdout.readline().strip() == "started"
-        time.sleep(1.0)  # well inside the first pass, its workers busy
+        time.sleep(1.0)  # well inside the work, its workers busy
         assert child.poll() is None
         tick = time.perf_counter()
         child.send_signal(signal.SIGINT)
-        child.wait(timeout=30)
+        child.wait(timeout=wait)
         elapsed = time.perf_counter() - tick
     finally:
         if child.poll() is None:
@@ -209,6 +211,11 @@ def test_ctrl_c_stops_a_long_streamed_exact_solve_within_a_few_seconds(tmp_path)
             child.wait()
     stderr = child.stderr.read()
     assert "KeyboardInterrupt" in stderr, stderr
+    return elapsed
+
+
+def test_ctrl_c_stops_a_long_streamed_exact_solve_within_a_few_seconds(tmp_path):
+    elapsed = _seconds_to_exit_after_sigint(tmp_path, CHILD, wait=30)
     assert elapsed < 3.0, f"the process took {elapsed:.1f} s to exit after SIGINT"
 
 
@@ -238,28 +245,7 @@ def test_ctrl_c_stops_the_batch_workers_inside_their_chunk(tmp_path, entry):
     """Issue 42: Ctrl-C in sinkhorn_batch printed the interrupt, then the process ran on for
     25-60 s: each worker finished its chunk (up to max_iter iterations) before the interpreter
     could join it. The workers now check the run's cancel flag at every engine check."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    child = subprocess.Popen(
-        [sys.executable, "-c", BATCH_CHILD, entry], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
-    )  # fmt: skip
-    try:
-        assert child.stdout.readline().strip() == "started"
-        time.sleep(1.0)  # both workers inside their first chunk
-        assert child.poll() is None
-        tick = time.perf_counter()
-        child.send_signal(signal.SIGINT)
-        child.wait(timeout=60)
-        elapsed = time.perf_counter() - tick
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    stderr = child.stderr.read()
-    assert "KeyboardInterrupt" in stderr, stderr
+    elapsed = _seconds_to_exit_after_sigint(tmp_path, BATCH_CHILD, entry, wait=60)
     # every other entry stops within 0.3 s; 3 s leaves room for a loaded machine
     assert elapsed < 3.0, f"the process took {elapsed:.1f} s to exit after SIGINT"
 
