@@ -30,9 +30,17 @@ declared capabilities and the solver options:
     For kernels with the ``'log_products'`` capability: passes on logarithms.
 
 Anderson mixing (:class:`~sketchot.solver.acceleration.AndersonMixer`) of the column
-log-potentials, an epsilon schedule (:func:`epsilon_schedule`, for kernels that can be
-rebuilt at another ``reg``) and the paper's plain protocol (``order='paper'``: from ``v = 1``,
-``u`` first, a fixed number of iterations, no check) are options of the same loop.
+log-potentials and an epsilon schedule (:func:`epsilon_schedule`, for kernels that can be
+rebuilt at another ``reg``) are options of the same loop. The paper's plain protocol
+(``order='paper'``: from ``v = 1``, ``u`` first, a fixed number of iterations, no check) has
+its own driver (:mod:`~sketchot.solver.paper`), with the same strategies' half-steps.
+
+The pieces: the strategies (:mod:`~sketchot.solver.strategies`: the form of the iterate and
+its half-step), the stopper (:mod:`~sketchot.solver.stopping`: the residual's norm, checks,
+stalls and history) and the drivers (:mod:`~sketchot.solver.drivers`: the two-sided and the
+symmetric iteration, which share the stopper). This module picks and chains them: the
+strategy from the kernel's capabilities, the symmetric iteration and its fallback, the stages
+of an epsilon schedule and the log-domain retry of an absorbed breakdown.
 
 Stopping: at each check (every ``check_every`` iterations) a norm of the fixed-point residual
 of the columns, ``K^T u * (v - v_next)``: ``norm='l2'``, ``||.||_2 / sum(b)``, for balanced
@@ -86,90 +94,30 @@ optimal transport and MMD using Sinkhorn divergences", AISTATS 2019.
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from ..kernels import KernelOperator
-from ..kernels.base import IdentityPass, fast_ratios_and_bad
-from .acceleration import AndersonMixer, BlockAndersonMixer
+from .drivers import Iterate, Run, SymmetricRun, TwoSidedRun
+from .paper import PaperRun
 from .problem import Problem
 from .safeguard import Safeguard
+from .stopping import NORMS, STALL_CHECKS, STALL_IMPROVEMENT, STALL_ITERATIONS
+from .strategies import ABSORB_THRESHOLD, MAX_RESETS, STRATEGIES
 
-#: Absorption thresholds ``tau`` on ``|log u~|``, ``|log v~|`` per storage precision (see
-#: :class:`sketchot.kernels.exact.AbsorbedExactKernel` for why the entry floor is harmless).
-ABSORB_THRESHOLD = {np.dtype(np.float64): 100.0, np.dtype(np.float32): 20.0}
-
-#: Breakdowns repaired by an exact log-domain iteration before the run gives up.
-MAX_RESETS = 20
-
-#: A run stops as stalled when its best error improved by less than this factor over the
-#: last :data:`STALL_CHECKS` checks (rounding has taken over: e.g. float64 potentials of a
-#: tiny ``reg``, where ``C / reg`` leaves too few significant digits).
-STALL_IMPROVEMENT = 0.99
-STALL_CHECKS = 30
-#: ... and over this many iterations: frequent checks (a check every iteration) must not
-#: take a slow stretch of a small ``reg`` for a stall.
-STALL_ITERATIONS = 300
+__all__ = [
+    "ABSORB_THRESHOLD", "MAX_RESETS", "NORMS", "ORDERS", "STAGE_TOL", "STALL_CHECKS",
+    "STALL_IMPROVEMENT", "STALL_ITERATIONS", "STRATEGIES", "Iterate", "annealing_kernels",
+    "choose_strategy", "epsilon_schedule", "is_symmetric", "iterate",
+]  # fmt: skip
 
 #: Intermediate stages of the epsilon schedule stop at this residual (in the run's norm, relative
 #: to its mass); the last stage dominates whatever the choice.
 STAGE_TOL = 1e-3
 
 ORDERS = ("pot", "paper")
-NORMS = ("l2", "l1")
-STRATEGIES = ("multiplicative", "absorb", "log")
-
-
-@dataclass
-class Iterate:
-    """What the iteration returns.
-
-    Attributes
-    ----------
-    log_u, log_v : ndarray
-        Log-scalings of ``P = diag(u) K diag(v)`` (``-inf`` where the weight is 0).
-    n_iter : int
-        Iterations run (a pair of half-steps each, over every stage).
-    converged : bool
-        Whether the last check met ``tol``.
-    history : list of (int, float)
-        ``(iteration, error)`` at every check.
-    status : str
-        ``'converged'``, ``'max_iter'``, ``'stalled'``, ``'breakdown'`` or ``'fixed'`` (the
-        plain protocol's fixed iteration count).
-    strategy : str
-        ``'multiplicative'``, ``'absorb'`` or ``'log'``.
-    info : dict
-        Counters: ``absorptions``, ``resets``, ``anderson_restarts``, ``stages``,
-        ``iteration_times`` (only with ``timed=True``).
-    scalings : tuple of ndarray or None
-        ``(u, v)`` themselves for the multiplicative strategy (no ``exp(log u)`` rounding;
-        negative or non-finite entries kept as the ``'propagate'`` safeguard left them); the
-        operator's lazy values for a deferred one.
-    absorbed : KernelOperator or None
-        For the absorbing strategy, the absorbed kernel the final scalings are relative to
-        (offsets ``alpha``, ``beta``): a stored one gives the plan's summary by plain
-        products (:func:`sketchot.solver.plans.plan_summary`). Not kept in results.
-    log_products : tuple of ndarray or None
-        ``(log(K v), log(K^T u))`` of the final scalings, for the log-domain strategy on a
-        kernel whose columns pass is the identity (``L = K``): the last two passes computed
-        them, so the summary's marginals need no product. ``None`` otherwise.
-    """
-
-    log_u: np.ndarray
-    log_v: np.ndarray
-    n_iter: int
-    converged: bool
-    history: list[tuple[int, float]]
-    status: str
-    strategy: str
-    info: dict[str, Any] = field(default_factory=dict)
-    scalings: tuple[np.ndarray, np.ndarray] | None = None
-    absorbed: Any = None
-    log_products: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def choose_strategy(kernel: KernelOperator, log_domain: bool | str) -> str:
@@ -271,7 +219,8 @@ def iterate(
     progress : object, optional
         Receives ``update(iteration, error=, target=)`` at every check and ``log(text)``.
     order : {'pot', 'paper'}
-        ``'paper'``: from ``v = 1``, ``u`` first, ``max_iter`` iterations, no check.
+        ``'paper'``: from ``v = 1``, ``u`` first, ``max_iter`` iterations, no check (the
+        paper benchmark's protocol, its own driver: :class:`~sketchot.solver.paper.PaperRun`).
     timed : bool
         Record the seconds of every iteration in ``info['iteration_times']``.
     schedule : list of KernelOperator, optional
@@ -297,15 +246,17 @@ def iterate(
             "symmetric=True runs the order='pot' iteration on kernels with immediate passes"
         )
     args = (kernel, problem, tol, max_iter, norm, check_every, strategy, anderson, guard,
-            progress, order, timed, schedule)  # fmt: skip
+            progress, timed, schedule)  # fmt: skip
+    if order == "paper":
+        return _iterate(PaperRun, *args)
     if not symmetric:
-        return _iterate(_Run, *args)
-    result = _iterate(_SymmetricRun, *args)
+        return _iterate(TwoSidedRun, *args)
+    result = _iterate(SymmetricRun, *args)
     if result.status in ("breakdown", "stalled"):
         # a signed approximation's non-positive product (or a kernel far from positive
         # semi-definite, where the averaged update need not contract): the two-sided
         # iteration has the safeguard that repairs it
-        result = _iterate(_Run, *args)
+        result = _iterate(TwoSidedRun, *args)
         result.info["fallback"] = "two-sided"
     else:
         result.info["symmetric"] = True
@@ -313,22 +264,37 @@ def iterate(
 
 
 def _iterate(
-    runner, kernel, problem, tol, max_iter, norm, check_every, strategy, anderson, guard,
-    progress, order, timed, schedule,
+    runner: type[Run], kernel, problem, tol, max_iter, norm, check_every, strategy, anderson,
+    guard, progress, timed, schedule,
 ) -> Iterate:  # fmt: skip
-    """:func:`iterate` with one kind of run (two-sided or symmetric)."""
-    if not schedule:
-        result = runner(kernel, problem, strategy, anderson, guard, progress, order, norm).run(
-            tol, max_iter, check_every, timed
-        )
-        if result.status == "breakdown" and _log_fallback(kernel, problem, strategy):
-            # marginals below float64's range (far outliers of unbalanced transport): the
-            # linear absorbed kernel cannot hold them, its log-domain passes can
-            result = runner(kernel, problem, "log", anderson, guard, progress, order, norm).run(
-                tol, max_iter, check_every, timed
-            )
-            result.info["fallback"] = "log"
-        return result
+    """:func:`iterate` with one driver (two-sided, symmetric or the paper's)."""
+    stage = partial(_stage, runner, anderson=anderson, guard=guard, progress=progress, norm=norm)
+    if schedule:
+        return _scheduled(stage, kernel, problem, schedule, tol, max_iter, check_every, strategy,
+                          timed)  # fmt: skip
+    result = stage(kernel, problem, strategy, tol, max_iter, check_every, timed)
+    if result.status == "breakdown" and _log_fallback(kernel, problem, strategy):
+        # marginals below float64's range (far outliers of unbalanced transport): the
+        # linear absorbed kernel cannot hold them, its log-domain passes can
+        result = stage(kernel, problem, "log", tol, max_iter, check_every, timed)
+        result.info["fallback"] = "log"
+    return result
+
+
+def _stage(
+    runner, kernel, problem, strategy, tol, max_iter, check_every, timed, offset=0, *,
+    anderson, guard, progress, norm,
+) -> Iterate:  # fmt: skip
+    """One run of ``runner`` on one kernel."""
+    run = runner(kernel, problem, strategy, anderson, guard, progress, norm)
+    return run.run(tol, max_iter, check_every, timed, offset=offset)
+
+
+def _scheduled(
+    stage, kernel, problem, schedule, tol, max_iter, check_every, strategy, timed
+) -> Iterate:
+    """The stages of an epsilon schedule, then ``kernel``: each warm-started from the
+    previous potentials in cost units, the iteration budget shared."""
     total, history, stages, info = 0, [], [], {"absorptions": 0, "resets": 0}
     log_u = log_v = None
     for stage_kernel in [*schedule, kernel]:
@@ -337,9 +303,8 @@ def _iterate(
         stage_problem = problem.at_reg(reg, log_u, log_v)
         stage_tol = tol if last else max(tol, STAGE_TOL)  # residuals are relative already
         every = check_every if last else 1  # checks are free: don't overshoot a loose tol
-        result = runner(
-            stage_kernel, stage_problem, strategy, anderson, guard, progress, order, norm
-        ).run(stage_tol, max_iter - total, every, timed, offset=total)
+        result = stage(stage_kernel, stage_problem, strategy, stage_tol, max_iter - total,
+                       every, timed, total)  # fmt: skip
         history.extend(result.history)
         total += result.n_iter
         for key in ("absorptions", "resets"):
@@ -373,501 +338,3 @@ def _log_fallback(kernel: KernelOperator, problem: Problem, strategy: str) -> bo
     return (
         strategy == "absorb" and not problem.balanced and "log_products" in kernel.info.capabilities
     )
-
-
-class _Run:
-    """One stage of the iteration on one kernel (see :func:`iterate`)."""
-
-    def __init__(self, kernel, problem, strategy, anderson, guard, progress, order, norm="l2"):
-        self.deferred = "deferred" in kernel.info.capabilities
-        if self.deferred and (strategy != "multiplicative" or anderson):
-            raise ValueError(
-                f"backend {kernel.info.backend!r} computes its passes lazily ('deferred'): it "
-                f"runs the plain multiplicative iteration (got strategy={strategy!r}, "
-                f"anderson={anderson})"
-            )
-        # passes whose bad entries are not counted yet (deferred operators)
-        self.pending: list[tuple[str, Any]] = []
-        self.kernel, self.problem, self.strategy = kernel, problem, strategy
-        self.guard, self.progress, self.order = guard, progress, order
-        self.log = strategy == "log"
-        self.active = {"rows": problem.a > 0, "cols": problem.b > 0}
-        self.all_active = bool(self.active["rows"].all() and self.active["cols"].all())
-        with np.errstate(divide="ignore"):
-            self.log_weights = {"rows": np.log(problem.a), "cols": np.log(problem.b)}
-        self.exponent = {"rows": problem.exponents[0], "cols": problem.exponents[1]}
-        caps = kernel.info.capabilities
-        self.blocks = kernel.info.params["batch"] if "block_diagonal" in caps else 1
-        self.mixer = None
-        if anderson and self.blocks > 1:
-            self.mixer = BlockAndersonMixer(anderson, self.active["cols"], self.blocks)
-        elif anderson:
-            self.mixer = AndersonMixer(anderson, self.active["cols"])
-        self.norm = norm
-        mass = problem.a if norm == "l1" else problem.b
-        self.mass = float(mass.sum())
-        # a block-diagonal kernel's blocks are independent problems: each its own mass
-        self.block_mass = mass.reshape(self.blocks, -1).sum(axis=1) if self.blocks > 1 else None
-        self.counts = {"absorptions": 0, "resets": 0}
-        # absorbed log-scalings (alpha, beta); a scalar zero until the first absorption
-        self.offset = {"rows": 0.0, "cols": 0.0}
-        self.op = kernel
-        self.tau = ABSORB_THRESHOLD.get(kernel.dtype, 20.0)
-
-    # ------------------------------------------------------------ numerators
-    def log_numerator(self, side: str) -> np.ndarray:
-        """``log w / rho``: the KL-penalised update ``s = w (K s')^-rho`` is
-        ``(w^(1/rho) / K s')^rho`` (module notes)."""
-        rho = self.exponent[side]
-        return self.log_weights[side] if rho == 1.0 else self.log_weights[side] / rho
-
-    def numerator(self, side: str) -> np.ndarray:
-        """The numerator of the passes, in their form.
-
-        Absorbed: ``w^(1/rho) e^(offset (1 - 1/rho))``, so that the absorbed scaling
-        ``s~ = s e^-offset`` follows ``s = w (K s')^-rho``.
-        """
-        rho = self.exponent[side]
-        if self.log:
-            return self.log_numerator(side)
-        if rho == 1.0:
-            return self.problem.a if side == "rows" else self.problem.b
-        log_numerator = self.log_numerator(side)
-        if self.strategy == "absorb":
-            log_numerator = log_numerator + self.offset[side] * (1.0 - 1.0 / rho)
-        with np.errstate(over="ignore", invalid="ignore"):
-            return np.where(self.active[side], np.exp(log_numerator), 0.0)
-
-    # ------------------------------------------------------------ one half-step
-    def half_step(self, side: str, w: np.ndarray, other: np.ndarray):
-        """One fused pass: ``(new scaling of side, its projection, pass)``; the safeguard
-        handles bad entries of the multiplicative strategy."""
-        numerator = self.numerator(side)
-        result = self.op.fused_pass(side, w, numerator, log=self.log, exponent=self.exponent[side])
-        if self.deferred:
-            self.pending.append((side, result))
-            return result.ratios, result.projection, result
-        if not result.n_bad or self.log:
-            return result.ratios, result.projection, result
-        if self.strategy == "absorb":
-            # a vanished product of the absorbed exact kernel is a breakdown (repaired by an
-            # exact log-domain iteration), never a kernel to repair row by row
-            ratios = result.ratios.copy()
-            ratios[result.bad] = np.inf
-            return ratios, result.projection, result
-        if self.guard is None:
-            return result.ratios, result.projection, result
-        ratios, projection = self.guard.apply(
-            side, result, numerator, other, exponent=self.exponent[side]
-        )
-        return ratios, projection, result
-
-    # ------------------------------------------------------------ start
-    def start(self):
-        """Initial ``(u, v)`` in the strategy's form and the projection of the first side."""
-        p, kernel = self.problem, self.kernel
-        n, m = kernel.shape
-        if p.log_u0 is not None:
-            log_u = np.where(self.active["rows"], p.log_u0, -np.inf)
-        else:
-            log_u = np.where(self.active["rows"], -math.log(n), -np.inf)
-        if p.log_v0 is not None:
-            log_v = np.where(self.active["cols"], p.log_v0, -np.inf)
-        elif self.order == "paper":
-            log_v = np.zeros_like(self.log_weights["cols"])
-        else:
-            log_v = np.where(self.active["cols"], -math.log(m), -np.inf)
-        if self.strategy == "absorb":
-            if p.log_v0 is None and not self._underflow_free():
-                # POT's start would underflow in the linear kernel: one exact log-domain
-                # iteration first (finite for any reg), then absorb it.
-                log_u, log_v = self.exact_iteration(log_u)
-                self.counts["first_exact"] = 1
-            self.absorb(log_u, log_v)
-            return self.unit("rows"), self.unit("cols")
-        if self.log:
-            return log_u, log_v
-        with np.errstate(over="ignore"):
-            return np.exp(log_u), np.exp(log_v)
-
-    def _underflow_free(self) -> bool:
-        """No entry of ``diag(1/n) K`` (POT's start) can fall below float's tiny."""
-        g = self.kernel.geometry
-        n, m = self.kernel.shape
-        spread = g.max_cost() / g.reg
-        tiny = -math.log(np.finfo(self.kernel.dtype).tiny)
-        return spread + self.tau + math.log(max(n, m)) < tiny - 1.0
-
-    def unit(self, side: str) -> np.ndarray:
-        return self.active[side].astype(np.float64)
-
-    def absorb(self, log_u: np.ndarray, log_v: np.ndarray) -> None:
-        """Move the log-scalings into the kernel: ``(alpha, beta) = (log u, log v)``."""
-        self.offset = {"rows": log_u, "cols": log_v}
-        self.op = self.kernel.absorbed(log_u, log_v, previous=None if self.op is self.kernel
-                                       else self.op)  # fmt: skip
-
-    def exact_iteration(self, log_u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """One iteration in the log domain on the kernel itself (``'log_products'``)."""
-        kernel = self.kernel
-        z = kernel.project("rows", log_u, log=True)
-        cols = kernel.fused_pass(
-            "cols", z, self.log_numerator("cols"), log=True, exponent=self.exponent["cols"]
-        )
-        rows = kernel.fused_pass(
-            "rows", cols.projection, self.log_numerator("rows"), log=True,
-            exponent=self.exponent["rows"],
-        )  # fmt: skip
-        return rows.ratios, cols.ratios
-
-    def log_scalings(self, u: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Total log-scalings of the iterate (offsets included)."""
-        if self.log:
-            return u, v
-        with np.errstate(divide="ignore"):
-            log_u = np.where(self.active["rows"], self.offset["rows"] + np.log(u), -np.inf)
-            log_v = np.where(self.active["cols"], self.offset["cols"] + np.log(v), -np.inf)
-        return log_u, log_v
-
-    # ------------------------------------------------------------ the loop
-    def run(self, tol, max_iter, check_every, timed, offset=0) -> Iterate:
-        u, v = self.start()
-        first, second = ("cols", "rows") if self.order == "pot" else ("rows", "cols")
-        scaling = {"rows": u, "cols": v}
-        rows_pass = None  # the last pass over the rows side: log(K v) of the current v
-        p = self.problem
-        warm = self.log and self.order == "pot" and p.log_u0 is not None and p.log_v0 is not None
-        if warm:
-            # a warm start's v is used, not discarded: a rows half-step from it gives u and
-            # the projection the first columns pass needs (the products a projection of u
-            # would cost, half an iteration further on); its rows are then exact, so the
-            # first columns pass already measures the start's error (a start that meets
-            # tol takes no iteration)
-            w = self.op.project("cols", v, log=True)
-            scaling["rows"], projection, rows_pass = self.half_step("rows", w, v)
-        else:
-            # projection of the side the first half-step multiplies
-            projection = self.op.project(second, scaling[second], log=self.log)
-        history: list[tuple[int, float]] = []
-        times: list[float] = []
-        status, n_iter, best, best_at, best_iter = "max_iter", 0, math.inf, 0, 0
-        checks = 0
-        last_finite = (scaling["rows"], scaling["cols"])
-        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            iteration = 1
-            while iteration <= max_iter + 1:
-                begin = time.perf_counter()
-                final = iteration == max_iter + 1
-                if final and self.order == "paper":
-                    break
-                new, proj_first, result = self.half_step(first, projection, scaling[second])
-                if self.order == "pot" and (
-                    (iteration > 1 and ((iteration - 2) % check_every == 0 or final))
-                    or (iteration == 1 and warm)
-                ):
-                    if self.deferred:
-                        lazy = result.residual(scaling["cols"], self.norm)
-                        error = self.settle(lazy)[0] / self.mass
-                    else:
-                        error = self.residual(scaling["cols"], result.products, result.ratios)
-                    if not math.isfinite(error):
-                        status = "breakdown"
-                    else:
-                        checks += 1
-                        history.append((offset + iteration - 1, error))
-                        if self.progress is not None:
-                            self.progress.update(offset + iteration - 1, error=error, target=tol)
-                        if error < tol:
-                            status = "converged"
-                        elif error < STALL_IMPROVEMENT * best:
-                            best, best_at, best_iter = error, checks, iteration
-                        elif (
-                            checks - best_at >= STALL_CHECKS
-                            and iteration - best_iter >= STALL_ITERATIONS
-                        ):
-                            status = "stalled"
-                    if status == "breakdown" and self.can_reset(n_iter, max_iter):
-                        scaling, projection = self.reset(last_finite[0])
-                        rows_pass = None
-                        n_iter = iteration
-                        iteration += 1
-                        status = "max_iter"
-                        continue
-                    if status != "max_iter":
-                        break
-                if final:
-                    break
-                new, mixed = self.mix(first, scaling[first], new, result)
-                if mixed:
-                    proj_first = self.op.project(first, new, log=self.log)
-                scaling[first] = new
-                scaling[second], projection, rows_pass = self.half_step(second, proj_first, new)
-                n_iter = iteration
-                if timed:
-                    times.append(time.perf_counter() - begin)
-                iteration += 1
-                if self.log or self.order == "paper" or self.deferred:
-                    continue
-                u, v = scaling["rows"], scaling["cols"]
-                if not (math.isfinite(u.sum()) and math.isfinite(v.sum())):
-                    if self.can_reset(n_iter, max_iter):
-                        scaling, projection = self.reset(last_finite[0])
-                        continue
-                    scaling = {"rows": last_finite[0], "cols": last_finite[1]}
-                    status, n_iter = "breakdown", n_iter - 1
-                    break
-                if self.guard is not None and self.guard.repaired:
-                    u, v = self.rebalance(u, v)
-                    scaling = {"rows": u, "cols": v}
-                    projection = self.op.project(second, scaling[second])
-                if self.strategy == "absorb" and self.out_of_bounds(u, v):
-                    scaling = self.absorb_out_of_bounds(u, v)
-                    self.counts["absorptions"] += 1
-                    projection = self.op.project(second, scaling[second])
-                last_finite = (scaling["rows"], scaling["cols"])
-            if self.order == "paper":
-                status = "fixed"
-        if self.pending:
-            self.settle()
-        log_u, log_v = self.log_scalings(scaling["rows"], scaling["cols"])
-        info = dict(self.counts)
-        info["anderson_restarts"] = 0 if self.mixer is None else self.mixer.restarts
-        if timed:
-            info["iteration_times"] = times
-        plain = (scaling["rows"], scaling["cols"]) if self.strategy == "multiplicative" else None
-        absorbed = self.op if self.strategy == "absorb" and self.op is not self.kernel else None
-        products = None
-        consistent = self.order == "pot" and status in ("converged", "stalled", "max_iter")
-        if consistent and self.log and rows_pass is not None and isinstance(result, IdentityPass):
-            # the check read K^T u of the final u; the last rows pass K v of the final v
-            products = (rows_pass.products, result.products)
-        return Iterate(
-            log_u, log_v, n_iter, status == "converged", history, status, self.strategy, info,
-            plain, absorbed, products,
-        )  # fmt: skip
-
-    def settle(self, *values) -> list:
-        """Values of a deferred operator's lazy ``values`` and the bad-entry counts of the
-        passes since the last settle, in one evaluation; the counts go to the safeguard in
-        pass order (without one, bad entries keep their zero ratios)."""
-        pending, self.pending = self.pending, []
-        computed = pending[-1][1].evaluate(*values, *(result.n_bad for _, result in pending))
-        if self.guard is not None:
-            for (side, _), count in zip(pending, computed[len(values) :], strict=True):
-                if count:
-                    self.guard.count_deferred(side, int(count))
-        return computed[: len(values)]
-
-    def residual(self, v: np.ndarray, products: np.ndarray, ratios: np.ndarray) -> float:
-        """``||K^T u * (v - v_next)||`` over the mass, in the run's norm, from the columns
-        pass's ``products`` (``K^T u``) and ``ratios`` (``v_next``) (module notes); for a
-        block-diagonal kernel the largest block's, over its own mass."""
-        if self.log:
-            diff = np.exp(products + v) - np.exp(products + ratios)
-        else:
-            diff = products * v - products * ratios
-        if not self.all_active:
-            diff = np.where(self.active["cols"], diff, 0.0)
-        scale = float(np.max(np.abs(diff))) if diff.size else 0.0
-        if not math.isfinite(scale) or scale == 0.0:
-            return scale
-        ord_ = 1 if self.norm == "l1" else 2
-        if self.block_mass is not None:
-            norms = np.linalg.norm((diff / scale).reshape(self.blocks, -1), ord=ord_, axis=1)
-            return scale * float(np.max(norms / self.block_mass))
-        return scale * float(np.linalg.norm(diff / scale, ord=ord_)) / self.mass
-
-    def mix(self, side: str, previous: np.ndarray, new: np.ndarray, result) -> tuple:
-        """``(column update, whether it was extrapolated)``: Anderson mixing of the column
-        log-potentials, restarted after a pass with bad entries (the map itself changed)."""
-        if self.mixer is None or side != "cols":
-            return new, False
-        if result.n_bad:
-            self.mixer.reset()
-            return new, False
-        if self.log:
-            mixed = self.mixer.step(previous, new)
-            return mixed, mixed is not new
-        beta = self.offset["cols"]
-        with np.errstate(divide="ignore"):
-            x, g = beta + np.log(previous), beta + np.log(new)
-        mixed = self.mixer.step(x, g)
-        if mixed is g:
-            return new, False
-        return np.where(self.active["cols"], np.exp(mixed - beta), 0.0), True
-
-    def out_of_bounds(self, u: np.ndarray, v: np.ndarray) -> bool:
-        bound = math.exp(self.tau)
-        if u.max() > bound or v.max() > bound:
-            return True
-        low = 1.0 / bound
-        if self.all_active:
-            return bool(u.min() < low or v.min() < low)
-        return bool(np.any(u[self.active["rows"]] < low) or np.any(v[self.active["cols"]] < low))
-
-    def absorb_out_of_bounds(self, u: np.ndarray, v: np.ndarray) -> dict[str, np.ndarray]:
-        """Absorb the scalings (:meth:`absorb`) and return the new ones. A block-diagonal
-        kernel re-absorbs only the blocks whose scalings left ``[e^-tau, e^tau]`` (one
-        exponential per entry of those blocks, not of the whole stack); the others keep
-        their offsets and scalings."""
-        log_u, log_v = self.log_scalings(u, v)
-        if self.blocks == 1 or self.op is self.kernel:
-            self.absorb(log_u, log_v)
-            return {"rows": self.unit("rows"), "cols": self.unit("cols")}
-        bound = math.exp(self.tau)
-        out = np.zeros(self.blocks, dtype=bool)
-        for side, s in (("rows", u), ("cols", v)):
-            s = s.reshape(self.blocks, -1)
-            low = (s < 1.0 / bound) & self.active[side].reshape(self.blocks, -1)
-            out |= ((s > bound) | low | ~np.isfinite(s)).any(axis=1)
-        rows = np.repeat(out, u.size // self.blocks)
-        cols = np.repeat(out, v.size // self.blocks)
-        self.offset = {
-            "rows": np.where(rows, log_u, self.offset["rows"]),
-            "cols": np.where(cols, log_v, self.offset["cols"]),
-        }
-        self.op = self.kernel.absorbed(
-            self.offset["rows"], self.offset["cols"], previous=self.op, blocks=out
-        )
-        return {
-            "rows": np.where(rows, self.unit("rows"), u),
-            "cols": np.where(cols, self.unit("cols"), v),
-        }
-
-    def can_reset(self, n_iter: int, max_iter: int) -> bool:
-        return (
-            self.strategy == "absorb" and self.counts["resets"] < MAX_RESETS and n_iter < max_iter
-        )
-
-    def reset(self, u: np.ndarray):
-        """An exact log-domain iteration from the last finite ``u``, absorbed: the new
-        ``(scalings, projection)``."""
-        log_u, _ = self.log_scalings(u, self.unit("cols"))
-        log_u, log_v = self.exact_iteration(log_u)
-        self.counts["resets"] += 1
-        if self.mixer is not None:
-            self.mixer.reset()
-        self.absorb(log_u, log_v)
-        u = self.unit("rows")
-        return {"rows": u, "cols": self.unit("cols")}, self.op.project("rows", u)
-
-    @staticmethod
-    def rebalance(u: np.ndarray, v: np.ndarray):
-        """Repaired denominators mix the exact and the approximate kernel, so mass is no
-        longer conserved and ``u``, ``v`` can drift apart geometrically; ``P`` is invariant
-        under ``(u / c, v c)``."""
-        balance = np.sqrt(np.max(u) / np.max(v))
-        if np.isfinite(balance) and balance > 0:
-            return u / balance, v * balance
-        return u, v
-
-
-class _SymmetricRun(_Run):
-    """One stage of the symmetric iteration (module notes): one scaling ``s`` (the rows' and
-    the columns'), one product per iteration, checked before each update."""
-
-    def start_scaling(self) -> np.ndarray:
-        """The start in the strategy's form: the mean of the warm start's two log-scalings
-        (both start the same scaling), else ``u = a`` (potential 0)."""
-        p = self.problem
-        given = [x for x in (p.log_u0, p.log_v0) if x is not None]
-        with np.errstate(divide="ignore"):
-            log_s = sum(given) / len(given) if given else np.log(p.a)
-        log_s = np.where(self.active["rows"], log_s, -np.inf)
-        if self.strategy == "absorb":
-            # the diagonal keeps every product of K~ = diag(u) K diag(u) positive: no
-            # underflow guard is needed at any reg
-            self.absorb(log_s, log_s)
-            return self.unit("rows")
-        if self.log:
-            return log_s
-        with np.errstate(over="ignore"):
-            return np.exp(log_s)
-
-    def product(self, s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(K s, the plain update of s, bad entries)`` in the strategy's form: one product
-        (a log-domain pass projects lazily, so only ``K s`` is computed)."""
-        numerator, exponent = self.numerator("rows"), self.exponent["rows"]
-        if self.log:
-            w = self.op.project("cols", s, log=True)
-            result = self.op.fused_pass("rows", w, numerator, log=True, exponent=exponent)
-            return result.products, result.ratios, result.bad
-        products = self.op.matvec(s)
-        ratios, bad = fast_ratios_and_bad(numerator, products, exponent)
-        return products, ratios, bad
-
-    def averaged(self, s: np.ndarray, ratios: np.ndarray) -> np.ndarray:
-        """``(log s + log T(s)) / 2`` in the strategy's form, Anderson-mixed."""
-        with np.errstate(divide="ignore", invalid="ignore"):
-            if self.log:
-                new = np.where(self.active["rows"], 0.5 * (s + ratios), -np.inf)
-            else:
-                new = np.sqrt(s * ratios)
-        if self.mixer is None:
-            return new
-        if self.log:
-            return self.mixer.step(s, new)
-        alpha = self.offset["rows"]
-        with np.errstate(divide="ignore"):
-            x, g = alpha + np.log(s), alpha + np.log(new)
-        mixed = self.mixer.step(x, g)
-        if mixed is g:
-            return new
-        return np.where(self.active["rows"], np.exp(mixed - alpha), 0.0)
-
-    def run(self, tol, max_iter, check_every, timed, offset=0) -> Iterate:
-        # the check costs nothing (the product of the update gives it): every iteration,
-        # the start's too when it is a warm start (a cold start is not a solve: as the
-        # two-sided run, it takes one iteration at least)
-        warm = self.problem.log_u0 is not None or self.problem.log_v0 is not None
-        s = self.start_scaling()
-        history: list[tuple[int, float]] = []
-        times: list[float] = []
-        status, n_iter, best, best_at = "max_iter", 0, math.inf, 0
-        products = None
-        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            for iteration in range(max_iter + 1):
-                begin = time.perf_counter()
-                products, ratios, bad = self.product(s)
-                # K s * (s - T(s)): the marginal error u * K u - a when balanced
-                error = math.inf if bad.any() else self.residual(s, products, ratios)
-                if not math.isfinite(error):
-                    status = "breakdown"
-                    break
-                if iteration > 0 or warm:
-                    history.append((offset + iteration, error))
-                    if self.progress is not None:
-                        self.progress.update(offset + iteration, error=error, target=tol)
-                    if error < tol:
-                        status = "converged"
-                        break
-                    if error < STALL_IMPROVEMENT * best:
-                        best, best_at = error, iteration
-                    elif iteration - best_at >= STALL_ITERATIONS:  # >= STALL_CHECKS checks
-                        status = "stalled"
-                        break
-                if iteration == max_iter:
-                    break
-                s = self.averaged(s, ratios)
-                n_iter = iteration + 1
-                if timed:
-                    times.append(time.perf_counter() - begin)
-                if self.strategy == "absorb" and self.out_of_bounds(s, s):
-                    log_s, _ = self.log_scalings(s, s)
-                    self.absorb(log_s, log_s)
-                    self.counts["absorptions"] += 1
-                    s = self.unit("rows")
-        log_u, _ = self.log_scalings(s, s)
-        info = dict(self.counts)
-        info["anderson_restarts"] = 0 if self.mixer is None else self.mixer.restarts
-        if timed:
-            info["iteration_times"] = times
-        plain = (s, s) if self.strategy == "multiplicative" else None
-        absorbed = self.op if self.strategy == "absorb" and self.op is not self.kernel else None
-        # the last product is K u of the returned u: the summary's marginals need none
-        fresh = self.log and status != "breakdown" and products is not None
-        log_products = (products, products) if fresh else None
-        return Iterate(
-            log_u, log_u.copy(), n_iter, status == "converged", history, status,
-            self.strategy, info, plain, absorbed, log_products,
-        )  # fmt: skip

@@ -25,10 +25,13 @@ import sketchot
 from sketchot.gibbs import GibbsGeometry, gibbs_log_matvec
 from sketchot.kernels import exact
 from sketchot.kernels.exact import ExactKernel
-from sketchot.solver import engine
+from sketchot.solver import engine, stopping, strategies
+from sketchot.solver.drivers import SymmetricRun, TwoSidedRun
 from sketchot.solver.engine import epsilon_schedule, iterate
+from sketchot.solver.paper import PaperRun
 from sketchot.solver.plans import plan_summary
 from sketchot.solver.problem import make_problem
+from sketchot.solver.stopping import ResidualNorm, Stopper
 
 INF = float("inf")
 
@@ -703,3 +706,172 @@ def test_symmetric_solve_on_an_approximate_kernel_mirrors_its_summary(
     # both within the default accuracy 1e-3 of the exact plan: moments to a few 1e-3
     scale = np.abs(reference.moment(0)).max()
     np.testing.assert_allclose(result.moment(0), reference.moment(0), atol=5e-3 * scale)
+
+
+# ------------------------------------------------------------ the pieces: stopper, strategies
+def stall_at(every: int, error: float = 0.995) -> int:
+    """The iteration where a run checked every ``every`` iterations, whose error stays at
+    ``error`` after a first check at 1.0, stops as stalled."""
+    stopper = Stopper(tol=1e-12)
+    assert stopper.check(0, 1.0) is None
+    for iteration in range(every, 100_000, every):
+        status = stopper.check(iteration, error)
+        if status is not None:
+            assert status == "stalled"
+            return iteration
+    raise AssertionError("no stall")
+
+
+@pytest.mark.parametrize(("every", "expected"), [(1, 300), (10, 300), (20, 600)])
+def test_the_stopper_stalls_after_enough_checks_and_iterations(every, expected):
+    # STALL_CHECKS checks and STALL_ITERATIONS iterations without a 1% improvement, both
+    assert (stopping.STALL_CHECKS, stopping.STALL_ITERATIONS) == (30, 300)
+    assert stall_at(every) == expected
+
+
+def test_a_one_percent_improvement_restarts_the_stall_count():
+    stopper = Stopper(tol=1e-12)
+    errors = [1.0] + [0.995] * 20 + [0.985] + [0.98] * 40
+    statuses = [stopper.check(10 * k, e) for k, e in enumerate(errors)]
+    # 0.985 < 0.99 * 1.0: the best moves to check 22 (iteration 210); 30 checks later, at
+    # iteration 510, the run stalls
+    assert statuses.index("stalled") == 51 and set(statuses[:51]) == {None}
+    assert stopper.best == 0.985 and stopper.best_iteration == 210
+
+
+def test_the_stopper_records_reports_and_converges():
+    seen = []
+
+    class Progress:
+        def update(self, iteration, error, target):
+            seen.append((iteration, error, target))
+
+    stopper = Stopper(tol=1e-3, progress=Progress(), offset=7)
+    assert stopper.check(0, 0.5, record=False) is None  # a cold start: not a check
+    assert stopper.check(1, math.nan) == "breakdown"  # non-finite: never recorded
+    assert stopper.check(2, 0.1) is None
+    assert stopper.check(3, 1e-4) == "converged"
+    assert stopper.history == [(9, 0.1), (10, 1e-4)] and stopper.checks == 2
+    assert seen == [(9, 0.1, 1e-3), (10, 1e-4, 1e-3)]
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    values=st.lists(st.floats(-1e200, 1e200), min_size=6, max_size=6),
+    norm=st.sampled_from(["l1", "l2"]),
+)
+def test_the_residual_norm_is_the_relative_norm_per_block(values, norm):
+    """The scaled computation equals the plain norm (no overflow of the squares) and, for
+    stacked problems, the largest block's norm over its own mass."""
+    diff = np.array(values)
+    a, b = np.array([1.0, 2.0, 3.0, 1.0, 1.0, 2.0]), np.array([2.0, 2.0, 1.0, 1.0, 3.0, 3.0])
+    mass = a if norm == "l1" else b
+    order = 1 if norm == "l1" else 2
+    scale = max(np.abs(diff).max(), 1e-300)
+    expected = scale * np.linalg.norm(diff / scale, ord=order) / mass.sum()
+    assert ResidualNorm(norm, a, b)(diff) == pytest.approx(expected, rel=1e-12, abs=1e-300)
+    blocks = [
+        scale * np.linalg.norm(d / scale, ord=order) / w.sum()
+        for d, w in zip(diff.reshape(2, 3), mass.reshape(2, 3), strict=True)
+    ]
+    assert ResidualNorm(norm, a, b, blocks=2)(diff) == pytest.approx(max(blocks), rel=1e-12)
+
+
+@pytest.mark.parametrize("runner", ["two-sided", "symmetric"])
+def test_both_drivers_stop_where_the_shared_stopper_says(monkeypatch, runner):
+    """The symmetric run shares the two-sided run's stopper: replaying either history through
+    a fresh :class:`Stopper` gives nothing until the last check, which stalls (a float32
+    kernel at ``tol = 0`` plateaus at its rounding floor; small stall counts make it quick)."""
+    monkeypatch.setattr(stopping, "STALL_CHECKS", 3)
+    monkeypatch.setattr(stopping, "STALL_ITERATIONS", 6)
+    X, a, _ = symmetric_problem()
+    K = kernel(X, X, 0.05, dtype=np.float32)
+    problem = make_problem(a, a, K.shape, 0.05, None)
+    driver = TwoSidedRun if runner == "two-sided" else SymmetricRun
+    state = driver(K, problem, "absorb", 0, None, None).run(0.0, 5000, 2, False)
+    assert state.status == "stalled" and state.n_iter < 5000
+    replay = Stopper(tol=0.0)
+    statuses = [replay.check(i, e) for i, e in state.history]
+    assert statuses[-1] == "stalled" and set(statuses[:-1]) == {None}
+
+
+@pytest.fixture
+def small():
+    """A small exact problem and a positive scaling ``u`` of the rows."""
+    rng = np.random.default_rng(4)
+    X, Y = rng.random((30, 2)), rng.random((20, 2))
+    a = rng.random(30) + 0.1
+    b = rng.random(20) + 0.1
+    return kernel(X, Y, 0.5), a / a.sum(), b / b.sum(), rng.random(30) + 0.5
+
+
+@pytest.mark.parametrize("reg_m", [None, 1.0])
+def test_each_strategy_half_step_is_the_sinkhorn_update(small, reg_m):
+    """``v = b (K^T u)^-rho`` (``rho = 1``: balanced) from every form: plain scalings,
+    absorbed ones (``u~ = u e^-alpha``, offsets ``beta`` added back) and logarithms. The
+    passes and the dense product sum in different orders: rounding, 1e-12."""
+    K, a, b, u = small
+    problem = make_problem(a, b, K.shape, 0.5, reg_m)
+    rho = problem.exponents[1]
+    expected = np.log(b) - rho * np.log(K.to_dense().T @ u)
+    plain = strategies.Multiplicative(K, problem)
+    v, _, result = plain.half_step("cols", plain.project("rows", u), None)
+    assert result.n_bad == 0
+    np.testing.assert_allclose(np.log(v), expected, rtol=0, atol=1e-12)
+    absorbed = strategies.Absorbed(K, problem)
+    rng = np.random.default_rng(5)
+    alpha, beta = rng.normal(size=30), rng.normal(size=20)
+    absorbed.absorb(alpha, beta)
+    u_tilde = u * np.exp(-alpha)
+    v_tilde, _, _ = absorbed.half_step("cols", absorbed.project("rows", u_tilde), None)
+    log_u, log_v = absorbed.log_scalings(u_tilde, v_tilde)
+    np.testing.assert_allclose(log_u, np.log(u), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(log_v, expected, rtol=0, atol=1e-12)
+    logs = strategies.LogDomain(K, problem)
+    log_v, _, _ = logs.half_step("cols", logs.project("rows", np.log(u)), None)
+    np.testing.assert_allclose(log_v, expected, rtol=0, atol=1e-12)
+
+
+def test_a_vanished_product_is_zero_plain_and_infinite_absorbed():
+    """Without a safeguard the multiplicative half-step keeps the pass's zero ratio; the
+    absorbed one turns it into an infinite scaling (a breakdown the driver repairs by an exact
+    log-domain iteration, never a zero whose log would poison the offsets)."""
+    Xc, Yc, a, b, reg = outlier_problem()
+    K = kernel(Xc, Yc, reg)
+    problem = make_problem(a, b, K.shape, reg)
+    v = np.full(len(b), 1 / len(b))
+    plain = strategies.Multiplicative(K, problem)
+    u, _, result = plain.half_step("rows", plain.project("cols", v), v)
+    assert result.bad[0] and u[0] == 0.0 and np.all(u[1:] > 0)
+    absorbed = strategies.Absorbed(K, problem)
+    absorbed.absorb(np.zeros(len(a)), np.zeros(len(b)))
+    u, _, _ = absorbed.half_step("rows", absorbed.project("cols", v), v)
+    assert np.isposinf(u[0]) and np.all(np.isfinite(u[1:]))
+
+
+def test_the_paper_driver_is_algorithm_1_from_v_one(problem):
+    """``order='paper'``: ``u = a / K v`` then ``v = b / K^T u`` from ``v = 1``, a fixed
+    count, no check (a tol the first check would meet does not stop it). Dense products sum
+    in another order: 1e-12."""
+    Xc, Yc, a, b = problem
+    K = kernel(Xc, Yc, 0.1)
+    dense = K.to_dense()
+    v = np.ones(len(b))
+    for _ in range(5):
+        u = a / (dense @ v)
+        v = b / (dense.T @ u)
+    base = make_problem(a, b, K.shape, 0.1)
+    state = iterate(K, base, tol=1.0, max_iter=5, check_every=1, order="paper")
+    assert state.status == "fixed" and state.n_iter == 5 and state.history == []
+    assert not state.converged and state.strategy == "multiplicative"
+    np.testing.assert_allclose(state.scalings[0], u, rtol=1e-12)
+    np.testing.assert_allclose(state.scalings[1], v, rtol=1e-12)
+    # the driver itself, as iterate runs it: the same bits
+    direct = PaperRun(K, base, "multiplicative", 0, None, None).run(0.0, 5, 1, False)
+    np.testing.assert_array_equal(direct.log_u, state.log_u)
+    np.testing.assert_array_equal(direct.log_v, state.log_v)
+    # the log-domain form of the protocol: the same iterates to rounding
+    logs = iterate(K, base, tol=1.0, max_iter=5, order="paper", strategy="log")
+    assert logs.status == "fixed" and logs.log_products is None
+    np.testing.assert_allclose(logs.log_u, np.log(u), rtol=0, atol=1e-11)
+    np.testing.assert_allclose(logs.log_v, np.log(v), rtol=0, atol=1e-11)
