@@ -44,8 +44,8 @@ def iterations_needed(history: list[tuple[int, float]], tol: float) -> int | Non
     if len(checks) < 2:
         return None
     first, last = checks[-2], checks[-1]
-    if not (0 < last[1] < first[1]):
-        return None
+    if not (0 < last[1] < first[1]) or last[0] <= first[0]:
+        return None  # no decrease, or two checks at one iteration (a Newton stage's)
     rate = math.log(last[1] / first[1]) / (last[0] - first[0])
     return math.ceil(last[0] + math.log(tol / last[1]) / rate)
 

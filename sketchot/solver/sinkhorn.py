@@ -31,6 +31,7 @@ from .._validation import (
 )
 from ..gibbs import GibbsGeometry, dual_lower_bound, make_cost
 from ..kernels import KernelOperator, build_kernel, get_backend
+from . import newton
 from .advice import advise
 from .auto import solve_auto
 from .engine import STALL_CHECKS, annealing_kernels, choose_strategy, is_symmetric, iterate
@@ -306,6 +307,8 @@ def solve(
                 f"{state.n_iter} iterations; solved again with an epsilon schedule"
             )
             state = run(annealing_kernels(kernel), first)
+        if newton.wanted(state, options.max_iter) and newton.applies(kernel, problem, strategy):
+            state = _newton(kernel, problem, state, first, norm, notes, live)
         target, check = first, None
         elapsed = time.perf_counter() - start
         if first > tol and state.converged:
@@ -354,6 +357,32 @@ def solve(
     return finish_solve(result, options, guard, printer)
 
 
+def _newton(kernel, problem, state, tol, norm, notes, live):
+    """The Newton stage after a first-order run that did not converge (:mod:`.newton`):
+    its iterate when it reached ``problem.reg`` with a smaller residual, else ``state``."""
+
+    def report(error: float) -> None:
+        live.update(state.n_iter, error=error, target=tol)
+
+    polished = newton.newton_stage(kernel, problem, state, tol=tol, norm=norm, report=report)
+    stages = state.info.get("stages") or []
+    at_target = not stages or stages[-1]["reg"] == problem.reg
+    before = state.history[-1][1] if state.history and at_target else float("inf")
+    if polished is None or not polished.history[-1][1] < before:
+        return state
+    notes.append(
+        f"the first-order iteration stopped ({state.status}) after {state.n_iter} iterations"
+        + (
+            f" at residual {before:.2g}"
+            if np.isfinite(before)
+            else f" at reg={stages[-1]['reg']:.3g} of its epsilon schedule"
+        )
+        + f"; {polished.info['newton_steps']} Sinkhorn-Newton steps over "
+        f"{len(polished.info['newton'])} reg(s) reached residual {polished.history[-1][1]:.2g}"
+    )
+    return polished
+
+
 def _summary_and_check(kernel, problem, state, options, rng):
     """The plan's summary and, with an ``accuracy``, its true-kernel check (else ``None``)."""
     summary = plan_summary(
@@ -383,6 +412,7 @@ def finish_solve(result, options, guard, printer):
     """What every solve ends with: refuse impossible results, then the warnings (repairs,
     missed accuracy, non-convergence: the advice once) and the verbose summary. Returns
     ``result``."""
+    _zero_within_rounding(result)
     _refuse_impossible(result, options)
     if options.warn:
         guard.warn(result.n_iter)
@@ -453,6 +483,18 @@ def _check_true_kernel(kernel, problem, potentials, marginals, options, rng):
     return sampled_true_kernel_check(
         kernel, a, b, log_u, log_v, samples, check_rng(rng), (rho_a, rho_b)
     )
+
+
+def _zero_within_rounding(result: SinkhornResult) -> None:
+    """A transport cost below 0 by no more than float64's rounding of the costs (identical
+    clouds: ``||x||^2 + ||y||^2 - 2 x.y`` of equal points) is 0."""
+    cost = result.value_linear
+    if not (np.isfinite(cost) and cost < 0):
+        return
+    g = result.kernel.geometry
+    rounding = LOWER_BOUND_RTOL * g.max_cost() * abs(float(result.mass))
+    if -cost <= rounding:
+        result.value_linear = 0.0
 
 
 def _refuse_impossible(result: SinkhornResult, options: SolverOptions) -> None:

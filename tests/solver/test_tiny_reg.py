@@ -1,7 +1,10 @@
 """Tiny reg and float32: a stall is named, advice works when followed, no impossible cost.
 
 The exact OT cost (``ot.emd2``) is a lower bound of every coupling's cost, so a returned
-``value_linear`` below it (minus rounding) would be an impossible number. Tolerances: the
+``value_linear`` below it (minus rounding) would be an impossible number for a result that
+missed its accuracy. A result that met it is a plan whose marginals are within its certified
+bound ``e`` (relative L1) of ``a`` and ``b``: it may cost up to ``e * max M`` less (the
+Sinkhorn-Newton stage now solves these clouds to the accuracy at reg 1e-9). Tolerances: the
 accuracy contract's default (1e-3, relative L1) and the rounding slack of ``ot.emd2``
 (1e-12 relative).
 """
@@ -47,7 +50,11 @@ def test_tiny_reg_never_returns_a_cost_below_the_exact_optimum(name, reg):
         except InvalidResultError as error:
             assert "lower bound" in str(error)
             continue
-        assert result.value_linear >= optimum * (1 - 1e-12)
+        if result.accuracy_met:
+            slack = result.true_kernel.bound * ot.dist(X, Y).max()
+            assert result.value_linear >= optimum * (1 - 1e-12) - slack
+        else:
+            assert result.value_linear >= optimum * (1 - 1e-12)
         if not result.accuracy_met:
             # a missed target is said, with the stop named
             assert any("miss the marginals" in m for m in messages)
