@@ -47,11 +47,10 @@ import numpy as np
 from _results import write_json
 from _running import best_time
 
-import sketchot.sketch.local as local
 from sketchot import get_num_threads
 from sketchot.color import load_image, sample_pixels
 from sketchot.gibbs import gibbs_block, gibbs_log_matvec
-from sketchot.sketch.local import LocalGaussianExpansion
+from sketchot.sketch.local import LocalGaussianExpansion, expansion, fit, products
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 IMAGES = Path(__file__).resolve().parents[1] / "images"
@@ -59,11 +58,12 @@ REGS = (0.1, 0.03, 0.01, 0.003)
 
 
 class KeptPairs:
-    """Wraps ``local._kept_pairs`` to add up the cluster pairs the truncation bound keeps."""
+    """Wraps ``_kept_pairs`` (as the products read it) to add up the cluster pairs the
+    truncation bound keeps."""
 
     def __init__(self) -> None:
         self.kept, self.pairs = 0, 0
-        self._kept_pairs = local._kept_pairs
+        self._kept_pairs = products._kept_pairs
 
     def __enter__(self) -> KeptPairs:
         def kept_pairs(*args):
@@ -72,11 +72,11 @@ class KeptPairs:
             self.pairs += keep.size
             return keep
 
-        local._kept_pairs = kept_pairs
+        products._kept_pairs = kept_pairs
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        local._kept_pairs = self._kept_pairs
+        products._kept_pairs = self._kept_pairs
 
     @property
     def share(self) -> float | None:
@@ -84,12 +84,13 @@ class KeptPairs:
 
 
 class PhaseTimer:
-    """Wraps ``local.run_parts`` and ``local._cover`` to add up the time of each phase."""
+    """Wraps ``run_parts`` (features and products) and ``_cover`` (the fit's clustering) where
+    the block-local expansion reads them, to add up the time of each phase."""
 
     def __init__(self) -> None:
         self.totals: dict[str, float] = defaultdict(float)
-        self._run_parts = local.run_parts
-        self._cover = local._cover
+        self._run_parts = products.run_parts  # the same function in fit
+        self._cover = expansion._cover
 
     def __enter__(self) -> PhaseTimer:
         def run_parts(function, items, parallel):
@@ -104,13 +105,13 @@ class PhaseTimer:
             self.totals["clustering"] += time.perf_counter() - start
             return result
 
-        local.run_parts = run_parts
-        local._cover = cover
+        fit.run_parts = products.run_parts = run_parts
+        expansion._cover = cover
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        local.run_parts = self._run_parts
-        local._cover = self._cover
+        fit.run_parts = products.run_parts = self._run_parts
+        expansion._cover = self._cover
 
 
 def data(kind: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -310,7 +310,7 @@ def test_large_clusters_in_row_blocks_give_the_same_products(monkeypatch):
     log_v, V = 30 * rng.normal(size=2500), rng.random((2500, 2))
     kernel = LocalGaussianExpansion(0.03, rng=0).fit(X, Y)
     expected_log, expected = kernel.log_matvec(log_v), kernel.matmat(V)
-    monkeypatch.setattr(local, "_ROW_BLOCK", 64)
+    monkeypatch.setattr(local.clusters, "_ROW_BLOCK", 64)
     assert np.allclose(kernel.log_matvec(log_v), expected_log, rtol=0, atol=1e-12)
     assert np.allclose(kernel.matmat(V), expected, rtol=1e-12, atol=0)
     exact = gibbs_log_matvec(X[:200], Y, 0.03, log_v)
@@ -440,7 +440,7 @@ def test_a_strided_sample_computes_whole_groups_of_the_product(monkeypatch, exac
     X, Y = clouds("uniform", 1200, 1100, seed=61)
     reg = 0.003
     kernel = LocalGaussianExpansion(reg, exact_below=exact_below, rng=0).fit(X, Y)
-    monkeypatch.setattr(local, "_TRUNCATED_GROUP", 4)  # many groups at this size
+    monkeypatch.setattr(local.products, "_TRUNCATED_GROUP", 4)  # many groups at this size
     x, y = kernel._x, kernel._y
     log_v = np.random.default_rng(2).normal(size=Y.shape[0])
     args = (log_v, None, kernel._monomials, reg, kernel._truncate)
@@ -513,10 +513,10 @@ def test_features_are_not_stored_beyond_a_share_of_the_memory_available(monkeypa
     available than the features need, they are recomputed per block, as over the budget."""
     X, Y = clouds("uniform", 300, 200, seed=5)
     features = (300 + 200) * LocalGaussianExpansion(0.01, rng=0).fit(X, Y).n_features_ * 8
-    monkeypatch.setattr(local, "available_bytes", lambda: 2 * features)
+    monkeypatch.setattr(local.expansion, "available_bytes", lambda: 2 * features)
     kernel = LocalGaussianExpansion(0.01, rng=0).fit(X, Y)
     assert kernel._x.features is None and kernel._y.padded_budget == 0
-    monkeypatch.setattr(local, "available_bytes", lambda: 8 * features)
+    monkeypatch.setattr(local.expansion, "available_bytes", lambda: 8 * features)
     kernel = LocalGaussianExpansion(0.01, rng=0).fit(X, Y)
     assert kernel._x.features is not None
     assert kernel._y.padded_budget == (2 * features - features) // 2
@@ -535,7 +535,7 @@ def test_products_on_a_device_equal_the_hosts(monkeypatch, name, stored, exact_b
     module = pytest.importorskip(name)
     from sketchot._arrays import DeviceArrays, array_context
 
-    monkeypatch.setattr(local, "_ROW_BLOCK", 64)  # the photo's large clusters in row blocks
+    monkeypatch.setattr(local.clusters, "_ROW_BLOCK", 64)  # the photo's large clusters in blocks
     X, Y = clouds("photo", 700, 600, seed=71)
     params = dict(tau=2.0, rtol=1e-7, truncate=1e-7, exact_below=exact_below, rng=0)
     params["max_feature_bytes"] = 1 << 30 if stored else 0
@@ -609,3 +609,23 @@ def test_groups_on_a_device_are_sized_from_its_free_memory(monkeypatch, free, ex
     kernel = LocalGaussianExpansion(0.01, rng=0).fit(X, Y).to_device(on)
     assert kernel._x.arrays(on).moment_bytes() == expected
     assert kernel._x.arrays(None).moment_bytes() == local._MOMENT_BYTES
+
+
+def test_products_with_exact_small_clusters_are_the_same_bits_every_time():
+    """The pool's threads finish the groups in any order; the expanded rows go to the exact
+    products of the small input clusters in a fixed order, so with 1 or 2 threads, again and
+    again, the products are the same bits (they differed by 1e-13 between runs before: the
+    rows' place in the matrix product changed its rounding)."""
+    X, Y = colours(1500, 1), colours(1300, 2, "default_target.png")
+    rng = np.random.default_rng(7)
+    log_v, V = rng.normal(scale=5.0, size=len(Y)), rng.standard_normal((len(Y), 2))
+    runs = []
+    for threads in (1, 2, 2, 2, 2, 2):
+        # a fresh fit each time: the first products gather the features on the pool
+        kernel = LocalGaussianExpansion(0.003, rng=0).fit(X, Y)
+        assert kernel.exact_below > 0  # small clusters are summed exactly
+        with sketchot.thread_limit(threads):
+            runs.append((kernel.matmat(V), kernel.log_matvec(log_v)))
+    for products in runs[1:]:
+        for mine, first in zip(products, runs[0], strict=True):
+            np.testing.assert_array_equal(mine, first)

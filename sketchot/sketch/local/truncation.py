@@ -1,0 +1,134 @@
+"""The truncation of log-domain products: bounds, from the clusters' radii and the weights'
+extremes in each cluster, on what each pair of clusters adds to every row, and the pairs a
+product must compute so that each row misses at most a given fraction of its sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from scipy.special import logsumexp
+
+from ...gibbs import sq_norms
+
+if TYPE_CHECKING:
+    from .clusters import _Side
+
+
+@dataclass(frozen=True)
+class _InputBounds:
+    """What the truncation bounds read of the expanded input clusters, for given log weights
+    ``w`` (sorted order): per cluster ``B``, ``log |B|``, the largest, smallest and mean ``w``,
+    the radius ``r_B``, the centroid ``ybar_B`` (centred coordinates) and the spread
+    ``mean_j ||y_j - ybar_B||^2``."""
+
+    log_size: np.ndarray
+    top: np.ndarray
+    low: np.ndarray
+    mean: np.ndarray
+    radius: np.ndarray
+    centroid: np.ndarray
+    spread: np.ndarray
+
+
+def _input_bounds(side: _Side, w_sorted: np.ndarray) -> _InputBounds:
+    """:class:`_InputBounds` of ``side``'s expanded clusters for the log weights ``w_sorted``."""
+    kb = side.n_small
+    starts = side.offsets[kb:-1]  # expanded clusters are a suffix: reduceat's last is right
+    sizes = np.diff(side.offsets)[kb:]
+    return _InputBounds(
+        np.log(sizes),
+        np.maximum.reduceat(w_sorted, starts),
+        np.minimum.reduceat(w_sorted, starts),
+        # a zero weight (-inf; +inf is refused) makes the mean -inf: the Jensen term drops out
+        np.add.reduceat(w_sorted, starts) / sizes,
+        side.cluster_radius[kb:],
+        side.centers[kb:] + side.centroid_offset[kb:],
+        side.spread[kb:],
+    )
+
+
+def _kept_pairs(
+    pair_sq: np.ndarray,
+    out_centers: np.ndarray,
+    out_radius: np.ndarray,
+    inputs: _InputBounds,
+    reg: float,
+    truncate: float,
+) -> np.ndarray:
+    """Which cluster pairs ``(A, B)`` a product truncated at ``truncate`` must compute.
+
+    For ``x_i`` in ``A`` and ``y_j`` in ``B`` the distance is at least
+    ``near = max(0, ||c_A - c_B|| - r_A - r_B)`` (``r`` the clusters' largest radii), so with
+    ``w_B^max`` the largest log weight of ``B``:
+
+    .. math::
+        S_{iB} = \\sum_{j \\in B} e^{w_j - \\|x_i - y_j\\|^2 / reg}
+              \\le \\exp(\\log|B| + w_B^{max} - near_{AB}^2 / reg) =: e^{U_{AB}}.
+
+    Every row of ``A`` sums to at least ``e^{L_A}``, the largest of three lower bounds:
+    ``LSE_B(log|B| + w_B^min - far_AB^2/reg)`` and ``max_B(w_B^max - far_AB^2/reg)`` with
+    ``far = ||c_A - c_B|| + r_A + r_B``, and Jensen's inequality over each ``B``
+    (``mean_j ||x - y_j||^2 = ||x - ybar_B||^2 + s_B`` for the centroid ``ybar_B`` and spread
+    ``s_B``, and ``||x_i - ybar_B|| <= ||c_A - ybar_B|| + r_A``):
+
+    .. math::
+        S_{iB} \\ge |B| \\exp\\big(\\bar w_B - ((\\|c_A - \\bar y_B\\| + r_A)^2 + s_B)
+              / reg\\big),
+
+    summed over ``B`` by a log-sum-exp (it loses only ``B``'s spread, not its radius, and
+    ``A``'s radius once). The pairs of ``A`` with the smallest ``U_AB`` are skipped as long as
+    their bounds sum to at most ``truncate e^{L_A}``: the skipped pairs of a row hold at most
+    ``truncate`` of its sum (the polynomial's own relative error comes on top).
+    ``O(|group| k log k)``.
+
+    Returns
+    -------
+    ndarray of bool, shape (|group|, k)
+    """
+    distance = np.sqrt(pair_sq)
+    near = np.maximum(distance - out_radius[:, None] - inputs.radius[None, :], 0.0)
+    upper = inputs.log_size + inputs.top - near * near / reg
+    lower = _row_sum_lower_bound(distance, out_centers, out_radius, inputs, reg)
+    with np.errstate(invalid="ignore"):
+        # skip the smallest bounds while their sum stays within truncate e^L
+        order = np.argsort(upper, axis=1)
+        ascending = np.take_along_axis(upper, order, axis=1)
+        running = np.logaddexp.accumulate(ascending, axis=1)
+        skipped = running <= (lower + np.log(truncate))[:, None]
+    keep = np.ones_like(upper, dtype=bool)
+    np.put_along_axis(keep, order, ~skipped, axis=1)
+    return keep
+
+
+def _row_sum_lower_bound(
+    distance: np.ndarray,
+    out_centers: np.ndarray,
+    out_radius: np.ndarray,
+    inputs: _InputBounds,
+    reg: float,
+) -> np.ndarray:
+    """``L_A``, shape ``(|group|,)``: every row of output cluster ``A`` sums to at least
+    ``e^{L_A}`` over the expanded input clusters (the three bounds of :func:`_kept_pairs`);
+    ``distance`` is ``||c_A - c_B||``, shape ``(|group|, k)``."""
+    far = distance + out_radius[:, None] + inputs.radius[None, :]
+    far_sq = far * far / reg
+    to_centroid = np.sqrt(
+        np.maximum(
+            sq_norms(out_centers)[:, None]
+            + sq_norms(inputs.centroid)[None, :]
+            - 2.0 * out_centers @ inputs.centroid.T,
+            0.0,
+        )
+    )
+    jensen_sq = (to_centroid + out_radius[:, None]) ** 2 + inputs.spread[None, :]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.maximum.reduce(
+            [
+                logsumexp(inputs.log_size + inputs.low - far_sq, axis=1),
+                np.max(inputs.top - far_sq, axis=1),
+                logsumexp(inputs.log_size + inputs.mean - jensen_sq / reg, axis=1),
+            ]
+        )
