@@ -22,11 +22,18 @@ sys.path.insert(0, str(ROOT / "docs"))
 from _results_tables import write_figure, write_tables  # noqa: E402
 
 import sketchot  # noqa: E402
+import sketchot.policy.describe  # noqa: E402
 
 # the benchmark pages include the committed outputs' tables and a figure drawn from their
 # JSON, converted here (no measurement at build time)
 write_tables(ROOT / "benchmarks" / "results", ROOT / "docs" / "benchmarks" / "generated")
 write_figure(ROOT / "benchmarks" / "results", ROOT / "docs" / "benchmarks" / "generated")
+# the ladder of backend="auto" is written from the code (sketchot.policy.describe), never
+# by hand: the user guide includes it and its substitutions (|local_rtol|)
+LADDER = ROOT / "docs" / "user_guide" / "generated" / "auto_ladder.rst"
+LADDER.parent.mkdir(exist_ok=True)
+LADDER.write_text(sketchot.policy.describe.ladder_rst())
+rst_prolog = sketchot.policy.describe.rst_substitutions()
 
 project = "sketchot"
 author = "sketchot developers"
@@ -42,7 +49,12 @@ extensions = [
     "sphinx_gallery.gen_gallery",
 ]
 
-exclude_patterns = ["_build", "**.ipynb_checkpoints", "benchmarks/generated"]
+exclude_patterns = [
+    "_build",
+    "**.ipynb_checkpoints",
+    "benchmarks/generated",
+    "user_guide/generated",
+]
 templates_path = ["_templates"]
 source_suffix = {".rst": "restructuredtext"}
 root_doc = "index"

@@ -54,7 +54,6 @@ sketchot.register_backend(
     build_landmark_rows,
     rank_parameter="n_rows",
     signed=True,
-    test_params={"n_rows": 20},
 )
 print(sketchot.available_backends())
 
@@ -89,8 +88,9 @@ fig.tight_layout()
 # -------------------
 # :func:`sketchot.get_backend` returns what was registered; the contract tests of the
 # project are parametrised over the registry, so a backend registered in the package is
-# tested like the built-in ones. ``auto_order=`` (with ``kind``) would let ``backend="auto"``
-# try it too. Unregister it when done.
+# tested like the built-in ones. The record holds its kernel's facts; whether
+# ``backend="auto"`` tries it is the policy's: ``sketchot.policy.register_auto(
+# "landmark_rows", order=1)`` would add it to the low-rank rungs. Unregister it when done.
 record = sketchot.get_backend("landmark_rows")
 print(record.kind, record.rank_parameter, dict(record.defaults), record.metrics)
 sketchot.unregister_backend("landmark_rows")

@@ -19,6 +19,7 @@ that ``import sketchot`` never imports torch) on top of it.
 import functools as _functools
 
 from . import loss as _loss
+from . import policy as _policy  # noqa: F401  (installs 'auto' in the kernels' and solver's seam)
 from ._parallel import get_num_threads, set_num_threads, thread_limit
 from .api import (
     make_kernel,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from ._defaults import DEFAULT_MAX_DENSE_BYTES
+
 #: Fraction of the available memory one build may plan to use.
 USABLE_FRACTION = 0.5
 
@@ -36,3 +38,19 @@ def check_fits(n_bytes: float, what: str, parameter: str) -> None:
 def _size(n_bytes: float) -> str:
     """Bytes in GiB, or MiB below one GiB."""
     return f"{n_bytes / 2**30:.2f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.1f} MiB"
+
+
+def total_memory_bytes() -> int:
+    """The machine's physical memory (a declared fact, not the load: ``'auto'`` reads this,
+    never the memory available now)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def dense_budget_bytes() -> float:
+    """Bytes the exact kernel may take when stored: 1 GiB, or less on a machine with little
+    memory (:data:`USABLE_FRACTION` of its total: a function of the machine, not of its
+    load, so that ``'auto'`` chooses the same on a busy machine)."""
+    return min(DEFAULT_MAX_DENSE_BYTES, USABLE_FRACTION * total_memory_bytes())

@@ -204,7 +204,7 @@ def sinkhorn(
         (a ``TypeError`` names it when missing). The paper's ``gamma`` is ``1 / reg``.
     backend : str, default='auto'
         ``'auto'`` (the cheapest kernel that meets ``accuracy``, escalating when the check
-        fails: :mod:`sketchot.solver.auto`) or a registered backend
+        fails: :mod:`sketchot.policy.solve`) or a registered backend
         (:func:`sketchot.available_backends`), used as it is.
     reg_m : None, float or pair of float, default=None
         KL penalties of the marginals (POT's ``reg_m``, in units of the cost): ``None`` for
@@ -790,7 +790,7 @@ def make_kernel(
         sampled product error meets ``accuracy``: the exact kernel stored when ``n x m`` is
         small, else the low-rank backends at a doubling rank, else the block-local kernel
         when an iteration of it is cheaper than an exact one, else the exact kernel, stored
-        when it fits 1 GiB, streamed otherwise (:func:`sketchot.kernels.auto.choose`;
+        when it fits 1 GiB, streamed otherwise (:func:`sketchot.policy.ladder.choose`;
         ``info.reason`` says which and why).
     metric : str or callable, default='sqeuclidean'
         The cost ``c`` (:func:`sinkhorn`'s ``metric``); the kernel's geometry carries it. A
@@ -803,7 +803,7 @@ def make_kernel(
         (``n_features``, ``n_landmarks``, ...; not together with an explicit value of it).
         ``'auto'`` doubles it from 64 until a sampled relative error of ``K~ v`` against the
         true kernel meets ``accuracy``, or until an iteration would cost more than the exact
-        kernel's (:func:`sketchot.kernels.auto.adaptive_rank`). Not with ``backend='auto'``.
+        kernel's (:func:`sketchot.policy.ladder.adaptive_rank`). Not with ``backend='auto'``.
     {dtype}
     accuracy : float, default=1e-3
         The accuracy the answer is asked for (:func:`sinkhorn`'s): what ``'auto'`` and

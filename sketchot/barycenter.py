@@ -64,7 +64,7 @@ from ._validation import (
 )
 from .kernels import build_kernel
 from .kernels.registry import rebuild_parameters
-from .solver.auto import solve_auto
+from .policy.solve import solve_auto
 from .solver.options import SolverOptions
 from .solver.problem import make_problem
 from .solver.result import SinkhornResult

@@ -1,7 +1,8 @@
 """The layout shows the architecture: imports only point down, no import circle, no private
 name across packages, the solver knows kernels only through the operator contract (no
-backend module, no private attribute, no Dask), and Dask inputs part from in-memory ones in
-one place, :mod:`sketchot.api`.
+backend module, no private attribute, no Dask), the choice of ``'auto'`` lives in
+:mod:`sketchot.policy` (above the solver, below the jobs), and Dask inputs part from
+in-memory ones in one place, :mod:`sketchot.api`.
 
 Every import counts, module level or inside a function, except those under
 ``if TYPE_CHECKING:`` (never executed: annotations only).
@@ -19,11 +20,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "sketchot"
 #: Layer of each part of the package, bottom up.
 LAYERS = {
     "_validation": 0, "_memory": 0, "_dask": 0, "_defaults": 0, "_arrays": 0, "_autograd": 0,
+    "_auto": 0,
     "_parallel": 1,
-    "gibbs": 1, "fused": 1, "sketch": 1,
+    "gibbs": 1, "cost_matrix": 1, "fused": 1, "sketch": 1,
     "distributed.geometry": 1, "kernels": 2, "distributed.kernels": 2,
     "distributed.builders": 2, "solver": 3, "distributed.solver": 3, "distributed": 3,
-    "da": 4, "color": 4, "api": 5, "barycenter": 6, "batch": 6, "loss": 6, "nn": 7,
+    "policy": 4, "da": 5, "color": 5, "api": 6, "barycenter": 7, "batch": 7, "loss": 7, "nn": 8,
 }  # fmt: skip
 BACKEND_MODULES = {"exact", "rff", "nystrom", "polyts", "local"}
 SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent != PACKAGE)
@@ -220,12 +222,19 @@ def _backend_literals(path: Path, names: set[str]) -> list[str]:
 
 
 def test_the_solver_and_the_auto_strategy_name_no_backend():
-    """``'auto'`` reads the backends' records (:mod:`sketchot.kernels.auto`); the solver and
-    the strategy never pick a backend by name."""
+    """``'auto'`` reads the policy table (:mod:`sketchot.policy.table`, the one place that
+    names the backends it tries) and the records; the solver and the strategy never pick a
+    backend by name."""
     import sketchot
 
     names = set(sketchot.available_backends())
-    paths = [*sorted((PACKAGE / "solver").glob("*.py")), PACKAGE / "kernels" / "auto.py"]
+    strategy = ["ladder.py", "solve.py", "describe.py", "__init__.py"]
+    paths = [
+        *sorted((PACKAGE / "solver").glob("*.py")),
+        *(PACKAGE / "policy" / name for name in strategy),
+        PACKAGE / "kernels" / "judge.py",
+        PACKAGE / "_auto.py",
+    ]
     assert [hit for path in paths for hit in _backend_literals(path, names)] == []
 
 
@@ -241,3 +250,23 @@ def test_the_backend_literal_check_sees_a_selection(tmp_path):
     )
     hits = _backend_literals(source, {"exact", "nystrom", "polyts"})
     assert [hit.split(":")[1] for hit in hits] == ["1", "2", "3", "4"]
+
+
+def test_the_policy_is_one_package_above_the_solver_below_the_jobs():
+    """Only :mod:`sketchot.policy` chooses: no other module defines the ladder's entry points,
+    the kernels and the solver reach it through the seam :mod:`sketchot._auto` (which imports
+    nothing of sketchot), and the policy imports no job."""
+    graph = import_graph()
+    assert LAYERS["solver"] < LAYERS["policy"] < min(LAYERS[j] for j in ("barycenter", "loss"))
+    assert graph["_auto"] == set()
+    jobs = ("api", "barycenter", "batch", "loss", "nn", "da", "color")
+    for name, targets in graph.items():
+        if name.startswith("policy"):
+            assert not [t for t in targets if t.split(".")[0] in jobs], name
+    defining = {
+        name
+        for name, path in MODULES.items()
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.FunctionDef) and node.name in ("choose", "solve_auto")
+    }
+    assert defining == {"_auto", "policy.ladder", "policy.solve"}

@@ -15,6 +15,7 @@ MODULES = [
     "sketchot.kernels",
     "sketchot.sketch",
     "sketchot.solver",
+    "sketchot.policy",
     "sketchot.distributed",
     "sketchot.color",
     "sketchot.nn",

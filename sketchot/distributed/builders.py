@@ -5,7 +5,7 @@ whose registry record has ``factor_maps`` (the low-rank ones: ``nystrom``, ``rff
 ``polyts`` variants) is fitted on the client exactly as in memory and its factors built chunk
 by chunk (:meth:`~sketchot.distributed.kernels.DaskLowRankKernel.from_maps`). Parameters are
 checked against the same records as in memory (:func:`~sketchot.kernels.registry.
-resolve_parameters`). ``'auto'`` runs :mod:`sketchot.kernels.auto`'s one strategy with these
+resolve_parameters`). ``'auto'`` runs the policy's one strategy (:mod:`sketchot.policy`) with these
 builders, a sampled kernel check on the cluster (:func:`dask_kernel_error`) and only the
 records that run on Dask (:func:`dask_backends`): the low-rank ones at a doubling rank while
 their error falls, else the exact kernel (nothing is ever stored whole).
@@ -20,11 +20,12 @@ import dask
 import dask.array as da
 import numpy as np
 
+from .._auto import adaptive_rank, choose
 from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_dtype, check_float, check_rng
 from ..gibbs import gibbs_matmat
 from ..kernels import KernelOperator, available_backends, get_backend
-from ..kernels.auto import KERNEL_CHECK_ROWS, Attempt, adaptive_rank, choose, kernel_judge
+from ..kernels.judge import KERNEL_CHECK_ROWS, Attempt, kernel_judge
 from ..kernels.registry import resolve_parameters
 from .geometry import DaskGibbsGeometry, check_reg_and_clouds
 from .kernels import DaskExactKernel, DaskLowRankKernel, _tree_sum, per_chunk
@@ -90,7 +91,7 @@ def build_dask_kernel(
     **params: Any,
 ) -> KernelOperator:
     """:func:`build_dask_backend`, or with ``rank='auto'`` the doubling-rank ladder of
-    :func:`~sketchot.kernels.auto.adaptive_rank` checked on the cluster."""
+    :func:`~sketchot.policy.ladder.adaptive_rank` checked on the cluster."""
     if isinstance(rank, str) and rank == "auto":
         dtype = check_dtype(dtype)
         resolve_parameters(backend, params, rank=rank)
@@ -111,7 +112,7 @@ def choose_dask_kernel(
     dtype: Any = np.float64,
     verbose: bool = False,
 ) -> tuple[KernelOperator, str, list[Attempt]]:
-    """``backend='auto'`` on Dask: :func:`~sketchot.kernels.auto.choose` over the backends that
+    """``backend='auto'`` on Dask: :func:`~sketchot.policy.ladder.choose` over the backends that
     run on Dask, without the stored exact kernel, each candidate judged by its sampled kernel
     error on the cluster. Returns ``(kernel, reason, attempts)``."""
     generator = check_rng(rng)
@@ -160,7 +161,7 @@ def _true_products_chunk(other: np.ndarray, V: np.ndarray, own: np.ndarray, reg:
 def dask_kernel_error(
     kernel: KernelOperator, rng: Any = None, n_rows: int = KERNEL_CHECK_ROWS
 ) -> float:
-    """:func:`sketchot.kernels.auto.kernel_error` on Dask: the largest relative error of
+    """:func:`sketchot.kernels.judge.kernel_error` on Dask: the largest relative error of
     ``K~ v`` and ``K~^T u`` against the true kernel on ``n_rows`` sampled rows and columns,
     for an all-ones and a random positive vector (drawn on the workers from a seed of
     ``rng``); ``O(n_rows (n + m) d)`` work on the workers, one computation per side."""

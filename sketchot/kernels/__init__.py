@@ -3,13 +3,13 @@
 from . import exact, local, nystrom, polyts, rff  # noqa: F401  (registration side effects)
 from .base import CAPABILITIES, DeferredPass, FusedPass, KernelInfo, KernelOperator
 from .build import build_kernel, make_kernel
-from .exact import ExactKernel
+from .exact import ExactKernel, build_exact_from_cost
 from .lowrank import FactorMaps, LowRankKernel
+from .paper import comparable_parameters
 from .registry import (
     Backend,
     available_backends,
     backend_parameters,
-    comparable_parameters,
     get_backend,
     register_backend,
     unregister_backend,
@@ -27,6 +27,7 @@ __all__ = [
     "LowRankKernel",
     "available_backends",
     "backend_parameters",
+    "build_exact_from_cost",
     "build_kernel",
     "comparable_parameters",
     "get_backend",

@@ -1,5 +1,6 @@
 """Building operators: :func:`make_kernel` from point clouds, :func:`build_kernel` from a
-validated geometry; ``backend='auto'`` and ``rank='auto'`` go to :mod:`.auto`'s strategy,
+validated geometry; ``backend='auto'`` and ``rank='auto'`` go to the policy's strategy
+(:mod:`sketchot.policy`, through the seam :mod:`sketchot._auto`),
 fixed parameters to :func:`~sketchot.kernels.registry.build_backend`."""
 
 from __future__ import annotations
@@ -8,10 +9,11 @@ from typing import Any
 
 import numpy as np
 
+from .._auto import adaptive_rank, choose
 from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_dtype, check_float, check_matrix, check_rng
 from ..gibbs import GibbsGeometry, make_cost
-from .auto import adaptive_rank, choose, kernel_judge
+from .judge import kernel_judge
 from .registry import build_backend, resolve_parameters
 
 

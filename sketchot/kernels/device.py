@@ -89,7 +89,7 @@ def device_exact_iteration_cost(geometry: GibbsGeometry) -> float:
     """Predicted seconds of one exact iteration on the caller's device, from the declared
     rates of :mod:`~sketchot.kernels.cost` (the fused passes where :mod:`sketchot.fused`
     runs for these arrays, the blocks otherwise): what ``auto`` compares
-    (:func:`sketchot.kernels.auto.exact_iteration_seconds`). A function of the sizes and of
+    (:func:`sketchot.policy.ladder.exact_iteration_seconds`). A function of the sizes and of
     what is installed, never a timing: the same arrays choose the same kernel on a busy
     device."""
     n, m = geometry.shape

@@ -20,7 +20,8 @@ import numpy as np
 from .._arrays import DeviceArrays
 from .._defaults import DEFAULT_MAX_DENSE_BYTES
 from .._parallel import Part, run_parts
-from .._validation import check_choice, check_int
+from .._validation import check_choice, check_dtype, check_int
+from ..cost_matrix import CostMatrixGeometry, block_dim, has_points, require_points
 from ..fused import MAX_COLUMNS, FusedPoints, fused_available, fused_pass_seconds, fused_rows
 from ..gibbs import (
     GibbsGeometry,
@@ -91,14 +92,15 @@ class ExactKernel(KernelOperator):
             "exact",
             {"max_dense_bytes": max_dense_bytes},
             capabilities=frozenset(
-                {"exact", "out_of_sample", "nonnegative", "log_products", "absorb"}
+                {"exact", "nonnegative", "log_products", "absorb"}
+                | ({"out_of_sample"} if has_points(geometry) else set())
             ),
             product_rtol=rounding,
         )
         super().__init__(geometry, info, dtype)
         self.max_dense_bytes = max_dense_bytes
         n, m = self.shape
-        self._rows_per_block = block_rows(m, self.dtype.itemsize, dim=geometry.Xc.shape[1])
+        self._rows_per_block = block_rows(m, self.dtype.itemsize, dim=block_dim(geometry))
         self.is_dense = n * m * self.dtype.itemsize <= max_dense_bytes
         self._stored = None
         if not self.is_dense:
@@ -162,6 +164,10 @@ class ExactKernel(KernelOperator):
             return self._dense[index].astype(np.float64)
         return self.geometry.block(index)
 
+    def apply_new(self, points: Any, values: Any, *, side: str = "source") -> np.ndarray:
+        require_points(self.geometry, "an out-of-sample product (apply_new)")
+        return super().apply_new(points, values, side=side)
+
     def _apply_new(self, points: np.ndarray, values: np.ndarray, transpose: bool) -> np.ndarray:
         g = self.geometry
         other, cost = (g.Xc, g.cost.transposed()) if transpose else (g.Yc, g.cost)
@@ -181,8 +187,8 @@ class ExactKernel(KernelOperator):
         if log:
             g = self.geometry
             return log_fused_pass(
-                lambda log_w: gibbs_log_matvec(g.Xc, g.Yc, g.reg, log_w, g.cost),
-                lambda log_u: gibbs_log_matvec(g.Yc, g.Xc, g.reg, log_u, g.cost.transposed()),
+                lambda log_w: _true_log_matvec(g, log_w),
+                lambda log_u: _true_log_matvec(g, log_u, transpose=True),
                 w,
                 numerator,
                 exponent,
@@ -202,9 +208,8 @@ class ExactKernel(KernelOperator):
             out[slice(None) if index is None else index] = values
             return out
         if log:
-            g = self.geometry
             rows = slice(None) if index is None else index
-            return gibbs_log_matvec(g.Yc, g.Xc[rows], g.reg, values, g.cost.transposed())
+            return _true_log_matvec(self.geometry, values, transpose=True, over=rows)
         if index is None:
             return self.rmatmat(values)
         return values @ self._rows(np.arange(self.shape[0])[index])
@@ -256,7 +261,7 @@ class AbsorbedExactKernel(ExactKernel):
         self.beta = np.asarray(beta, dtype=np.float64)
         n, m = self.shape
         # blocks are computed in float64
-        self._rows_per_block = block_rows(m, 8, dim=parent.geometry.Xc.shape[1])
+        self._rows_per_block = block_rows(m, 8, dim=block_dim(parent.geometry))
         self.is_dense = parent.is_dense
         self._stored = None
         self._factors = _absorbed_factors(parent.geometry, self.alpha, self.beta)
@@ -315,6 +320,20 @@ class AbsorbedExactKernel(ExactKernel):
 
     def absorbed(self, alpha, beta, previous=None):
         raise NotImplementedError("absorb into the parent kernel, not into an absorbed one")
+
+
+def _true_log_matvec(
+    geometry: Any, log_w: np.ndarray, *, transpose: bool = False, over: Any = slice(None)
+) -> np.ndarray:
+    """``log (K exp(log_w))`` over every row (``log (K^T exp(log_w))`` over every column,
+    summed over the rows ``over`` only, when ``transpose``) of the true kernel: from the
+    centred clouds, or from the geometry's cost matrix."""
+    if not has_points(geometry):
+        return geometry.log_matvec(slice(None), log_w, transpose=transpose, over=over)
+    g = geometry
+    if transpose:
+        return gibbs_log_matvec(g.Yc, g.Xc[over], g.reg, log_w, g.cost.transposed())
+    return gibbs_log_matvec(g.Xc, g.Yc, g.reg, log_w, g.cost)
 
 
 def _absorbed_factors(
@@ -759,8 +778,6 @@ class DeviceAbsorbedExactKernel(DeviceExactKernel):
     "exact",
     signed=False,
     exact=True,
-    auto_order=0,
-    streamed_params={"max_dense_bytes": 0},
     metrics="any",
     memory=lambda n, m, d, params, itemsize: (
         min(n * m * itemsize, params["max_dense_bytes"]) + (n + m) * d * 8 * 3
@@ -781,3 +798,40 @@ def build_exact(
     if runs_on_device(geometry):  # the caller's points are e.g. tensors: products there
         return DeviceExactKernel(geometry, dtype=dtype, max_dense_bytes=max_dense_bytes)
     return ExactKernel(geometry, dtype=dtype, max_dense_bytes=max_dense_bytes)
+
+
+def build_exact_from_cost(
+    M: Any,
+    reg: Any,
+    *,
+    dtype: Any = np.float64,
+    max_dense_bytes: int = DEFAULT_MAX_DENSE_BYTES,
+) -> ExactKernel:
+    """The exact kernel ``K = exp(-M / reg)`` of a cost matrix, with no point cloud (POT's
+    ``ot.sinkhorn(a, b, M, reg)``): stored when it fits ``max_dense_bytes``, streamed from
+    ``M`` otherwise; log-stable passes, the absorbed form and :meth:`~ExactKernel.at_reg`
+    (an epsilon schedule) as for points.
+
+    Parameters
+    ----------
+    M : array_like, shape (n, m)
+        Finite costs ``>= 0`` (:class:`~sketchot.cost_matrix.CostMatrixGeometry`).
+    reg : float
+        Entropic regularisation, ``> 0``.
+    dtype : {numpy.float64, numpy.float32}
+        Precision of the stored kernel and of its products.
+    max_dense_bytes : int
+        ``K`` is stored when it takes at most this many bytes.
+
+    Returns
+    -------
+    ExactKernel
+        Its ``geometry`` is the cost-matrix geometry; out-of-sample products are refused
+        (they need points).
+    """
+    start = time.perf_counter()
+    max_dense_bytes = check_int(max_dense_bytes, "max_dense_bytes", minimum=0)
+    dtype = check_dtype(dtype)
+    kernel = ExactKernel(CostMatrixGeometry(M, reg), dtype=dtype, max_dense_bytes=max_dense_bytes)
+    kernel.info.build_time = time.perf_counter() - start
+    return kernel

@@ -273,12 +273,6 @@ def local_iteration_seconds(kernel: LocalPolyKernel) -> float:
 @register_backend(
     "polyts_local",
     kind="local",
-    auto_order=0,
-    max_dimension=MAX_DIMENSION,
-    iteration_cost=local_iteration_cost,
-    # the contract compares products computed in different orders at rtol 1e-9: entries to
-    # 1e-12 keep the expansion's own error below that
-    test_params={"rtol": 1e-12},
     advice="lower rtol for more accurate entries; in dimension > 4 raise max_features",
     summary="the block-local polynomial expansion around cluster centres: every entry to a "
     "relative rtol at any reg (d <= 4)",

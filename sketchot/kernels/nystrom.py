@@ -28,12 +28,8 @@ from ..sketch import greedy_k_center
 from .base import KernelInfo
 from .device import device_block_bytes
 from .lowrank import FactorMaps, LowRankKernel, low_rank_from_maps
-from .registry import (
-    PAPER_DEGREE,
-    PAPER_SKETCH_DIM,
-    paper_nystrom_landmarks,
-    register_backend,
-)
+from .paper import PAPER_DEGREE, PAPER_SKETCH_DIM, paper_nystrom_landmarks
+from .registry import register_backend
 
 LANDMARK_METHODS = ("kcenter", "uniform")
 
@@ -142,12 +138,8 @@ def nystrom_maps(
 @register_backend(
     "nystrom",
     rank_parameter="n_landmarks",
-    paper_cost=lambda sketch_dim, degree: {
-        "n_landmarks": paper_nystrom_landmarks(sketch_dim, degree)
-    },
     signed=True,
     metrics="any",
-    test_params={"n_landmarks": 30},
     memory=lambda n, m, d, params, itemsize: (
         (n + m) * (params["n_landmarks"] or 0) * itemsize
         + 4 * (params["n_landmarks"] or 0) ** 2 * 8
@@ -158,7 +150,6 @@ def nystrom_maps(
     "the kernel's width sqrt(reg)); below reg ~ 0.1 x the squared spread no rank suffices: "
     "use backend='exact' or 'auto'",
     summary="Nystrom, greedy k-center landmarks from both clouds",
-    auto_order=0,
 )
 def build_nystrom(
     geometry: GibbsGeometry,

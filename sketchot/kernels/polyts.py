@@ -14,7 +14,7 @@
 * ``'auto'`` (default): ``'improved'`` when its sampled product error meets ``accuracy``,
   otherwise ``'polyts_local'`` where its record's dimension bound allows it and it meets
   ``accuracy``, otherwise ``'improved'`` (the solver's true-kernel check then reports the
-  miss): :func:`sketchot.kernels.auto.escalate` with the sampled check of
+  miss): :func:`sketchot.kernels.judge.escalate` with the sampled check of
   ``backend='auto'``.
 """
 
@@ -29,11 +29,12 @@ from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_choice, check_float, check_int, check_rng
 from ..gibbs import GibbsGeometry
 from ..sketch import GaussianPolySketch, VanishingFunctionError
-from .auto import escalate, kernel_judge
 from .base import KernelInfo, KernelOperator
-from .local import build_local
+from .judge import escalate, kernel_judge
+from .local import MAX_DIMENSION, build_local
 from .lowrank import FactorMaps, low_rank_from_maps
-from .registry import PAPER_DEGREE, PAPER_SKETCH_DIM, get_backend, register_backend
+from .paper import PAPER_DEGREE, PAPER_SKETCH_DIM
+from .registry import register_backend
 
 #: The paper's coreset size (k = 10); clipped to the number of points when not given.
 DEFAULT_CORESET_SIZE = 10
@@ -93,23 +94,12 @@ def polyts_maps(
     "polyts",
     rank_parameter="rank",
     sizing_parameters=("sketch_dim", "degree"),
-    paper_cost=lambda sketch_dim, degree: {
-        "sketch_dim": sketch_dim,
-        "degree": degree,
-        "variant": "paper",
-    },
     signed=True,
-    test_params={"sketch_dim": 8, "degree": 3, "variant": "improved"},
     memory=_memory,
     factor_maps=polyts_maps,
     advice="it only helps at large reg (>= the squared spread of the data); below it "
     "backend='polyts_local' (d <= 4) is accurate at any reg",
     summary="polynomial sketches: the paper's Coreset-TS, an improved sketch",
-    auto_order=1,
-    auto_params={"variant": "improved"},
-    # it beat Nystrom at equal rank on isotropic data from d = 20 on
-    # (benchmarks/results/kernel_approx.md); below, Nystrom won every case measured
-    min_dimension=20,
 )
 def build_polyts(
     geometry: GibbsGeometry,
@@ -181,7 +171,7 @@ def build_polyts(
         return build_global()
     accuracy = check_float(accuracy, "accuracy", positive=True)
     candidates = [("polyts", build_global)]
-    if get_backend(LOCAL_BACKEND).applies_to(geometry.X.shape[1]):
+    if geometry.X.shape[1] <= MAX_DIMENSION:  # where the block-local kernel builds
         candidates.append(
             (LOCAL_BACKEND, lambda: build_local(geometry, rng=rng, dtype=dtype, accuracy=accuracy))
         )
@@ -195,7 +185,7 @@ def vanishing_kernel(geometry: GibbsGeometry, variant: str) -> VanishingFunction
     in the terms of the call: the Gibbs kernel of the caller's points at their ``reg``."""
     reg, n, m = geometry.reg, *geometry.shape
     spread = geometry.max_cost() / reg
-    local = get_backend(LOCAL_BACKEND).applies_to(geometry.X.shape[1])
+    local = geometry.X.shape[1] <= MAX_DIMENSION
     return VanishingFunctionError(
         f"backend='polyts' (variant={variant!r}) cannot fit its global polynomial to these "
         f"{n} x {m} points at reg={reg:g}: the sketch expands the Gibbs kernel "

@@ -1,11 +1,12 @@
 """One record per backend, and :func:`make_kernel`, the one way to build an operator.
 
-A :class:`Backend` record holds everything the rest of sketchot knows about a backend: its
-builder, its parameters and their defaults (read from the builder's signature), the parameter
-that sets its rank, its setting at a given rank (for equal-rank comparisons) and at the
-paper's "comparable cost", whether its kernel can go negative, small parameters for the
-contract tests, and what to try when it is not accurate enough. The solver, the colour
-layer, the examples, the benchmarks and the tests read these records; adding a backend is
+A :class:`Backend` record holds the facts of a backend's kernel: its builder, its
+parameters and their defaults (read from the builder's signature), the parameter that sets
+its rank, its setting at a given rank (for equal-rank comparisons), whether its kernel can
+go negative, the costs it represents, its memory, and what to try when it is not accurate
+enough. Whether and how ``'auto'`` tries it is policy (:mod:`sketchot.policy.table`); its
+setting at the paper's "comparable cost" is the paper's (:mod:`.paper`); the contract
+tests' small parameters are the tests' (``tests/backend_params.py``). Adding a backend is
 one call to :func:`register_backend`, from a module of sketchot or from a user's own code.
 :func:`build_backend` builds one at given parameters (:mod:`.build` has the public entries).
 """
@@ -13,10 +14,9 @@ one call to :func:`register_backend`, from a module of sketchot or from a user's
 from __future__ import annotations
 
 import inspect
-import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -27,15 +27,6 @@ from .._memory import check_fits
 from .._validation import check_dtype, check_int, describe, unknown_names
 from ..gibbs import Cost, GibbsGeometry
 from .device import default_dtype
-
-#: The paper's Sinkhorn setting (Han et al. 2020, Section 4.3): sketch dimension and degree.
-PAPER_SKETCH_DIM = 20
-PAPER_DEGREE = 3
-
-
-def _paper_rank(sketch_dim: int, degree: int) -> int:
-    """Features of the paper's sketch: ``m r`` (its constant feature aside)."""
-    return sketch_dim * degree
 
 
 @dataclass(frozen=True)
@@ -56,15 +47,10 @@ class Backend:
         sets one of them has chosen the size.
     params_for_rank : callable or None
         ``rank -> params`` giving about ``rank`` features.
-    paper_cost : callable or None
-        ``(sketch_dim, degree) -> params``: the paper's comparable cost to a Poly-TensorSketch
-        of sketch dimension ``m`` and degree ``r`` (Han et al. 2020, Section 4.3).
     signed : bool
         Whether kernel entries (and so ``K v``) can be negative or zero.
     exact : bool
         Whether the operator is the true kernel.
-    test_params : mapping
-        Small parameters under which it is a reasonable kernel on ~100 points (contract tests).
     memory : callable or None
         ``(n, m, d, params, itemsize) -> bytes``: the build's peak memory, estimated before
         it starts (refused above the budget, naming ``rank_parameter``).
@@ -79,26 +65,10 @@ class Backend:
     summary : str
         One line for tables and ``--help``.
     kind : {'exact', 'low_rank', 'local'}
-        What ``'auto'`` (:mod:`sketchot.kernels.auto`) does with it: the true kernel (tried
-        first on small problems and last otherwise), a global low rank (tried at a doubling
-        rank while it pays), or an accurate kernel of its own cost (tried when its predicted
-        iteration, ``iteration_cost``, beats the exact kernel's). Default: ``'exact'`` when
+        What its kernel is: the true kernel, a global low rank (its cost and accuracy set
+        by a rank), or an accurate kernel of its own cost (local expansions). ``'auto'``
+        (:mod:`sketchot.policy`) tries each kind its own way. Default: ``'exact'`` when
         ``exact``, ``'low_rank'`` with a ``rank_parameter``, ``'local'`` otherwise.
-    auto_order : float or None
-        Its place in ``'auto'``'s ladder among records of the same kind (smaller first);
-        ``None``: ``'auto'`` never tries it.
-    auto_params : mapping
-        Parameters ``'auto'`` builds it with (besides the rank).
-    streamed_params : mapping
-        For the exact kind: parameters that stream the kernel instead of storing it.
-    min_dimension, max_dimension : int or None
-        Dimensions ``d`` where ``'auto'`` tries it (``None``: no bound).
-    iteration_cost : callable or None
-        ``kernel -> seconds`` of one iteration PREDICTED from counted work
-        (:mod:`sketchot.kernels.cost`: one core, the committed constants), never timed: a
-        function of the kernel's parameters and the points only, so that ``'auto'``
-        chooses the same on a busy machine. ``'auto'`` tries a ``'local'`` record only when
-        it beats the exact kernel's prediction (``None``: always).
     metrics : tuple of str or 'any'
         The costs its kernel represents, by name (:data:`~sketchot.gibbs.METRICS`;
         ``'callable'`` for a callable cost), or ``'any'``: it builds the Gibbs kernel of
@@ -111,35 +81,21 @@ class Backend:
     rank_parameter: str | None = None
     sizing_parameters: tuple[str, ...] = ()
     params_for_rank: Callable[[int], dict[str, Any]] | None = None
-    paper_cost: Callable[[int, int], dict[str, Any]] | None = None
     signed: bool = True
     exact: bool = False
-    test_params: Mapping[str, Any] = field(default_factory=dict)
     memory: Callable[[int, int, int, dict[str, Any], int], float] | None = None
     factor_maps: Callable[..., Any] | None = None
     advice: str = ""
     summary: str = ""
     kind: str = "low_rank"
-    auto_order: float | None = None
-    auto_params: Mapping[str, Any] = field(default_factory=dict)
-    streamed_params: Mapping[str, Any] = field(default_factory=dict)
-    min_dimension: int | None = None
-    max_dimension: int | None = None
-    iteration_cost: Callable[[Any], float] | None = None
     metrics: tuple[str, ...] | str = ("sqeuclidean",)
 
     def supports(self, cost: Cost) -> bool:
         """Whether its kernel represents ``cost``."""
         return self.metrics == "any" or cost.name in self.metrics
 
-    def applies_to(self, dimension: int) -> bool:
-        """Whether ``'auto'`` tries it in dimension ``dimension``."""
-        return (self.min_dimension is None or dimension >= self.min_dimension) and (
-            self.max_dimension is None or dimension <= self.max_dimension
-        )
 
-
-#: The kinds of backend ``'auto'`` knows (:attr:`Backend.kind`).
+#: The kinds of kernel (:attr:`Backend.kind`).
 EXACT_KIND, LOW_RANK_KIND, LOCAL_KIND = KINDS = ("exact", "low_rank", "local")
 
 _REGISTRY: dict[str, Backend] = {}
@@ -152,21 +108,13 @@ def register_backend(
     rank_parameter: str | None = None,
     sizing_parameters: tuple[str, ...] = (),
     params_for_rank: Callable[[int], dict[str, Any]] | None = None,
-    paper_cost: Callable[[int, int], dict[str, Any]] | None = None,
     signed: bool = True,
     exact: bool = False,
-    test_params: Mapping[str, Any] | None = None,
     memory: Callable[[int, int, int, dict[str, Any], int], float] | None = None,
     factor_maps: Callable[..., Any] | None = None,
     advice: str = "",
     summary: str = "",
     kind: str | None = None,
-    auto_order: float | None = None,
-    auto_params: Mapping[str, Any] | None = None,
-    streamed_params: Mapping[str, Any] | None = None,
-    min_dimension: int | None = None,
-    max_dimension: int | None = None,
-    iteration_cost: Callable[[Any], float] | None = None,
     metrics: tuple[str, ...] | str = ("sqeuclidean",),
 ) -> Any:
     """Register a backend by name (usable as a decorator when ``builder`` is omitted).
@@ -182,10 +130,10 @@ def register_backend(
     rank_parameter : str, optional
         The parameter that sets the number of features; with it, ``rank=`` works for this
         backend (``params_for_rank`` defaults to ``{rank_parameter: rank}``).
-    sizing_parameters, params_for_rank, paper_cost, signed, exact, test_params, memory,
-    factor_maps, advice, summary, kind, auto_order, auto_params, streamed_params,
-    min_dimension, max_dimension, iteration_cost, metrics
-        See :class:`Backend`.
+    sizing_parameters, params_for_rank, signed, exact, memory, factor_maps, advice, summary,
+    kind, metrics
+        See :class:`Backend`. Whether ``'auto'`` tries the backend is the policy's
+        (:func:`sketchot.policy.register_auto`).
 
     Returns
     -------
@@ -248,21 +196,13 @@ def register_backend(
                 dict.fromkeys((*(rank_parameter,) * bool(rank_parameter), *sizing_parameters))
             ),
             params_for_rank=for_rank,
-            paper_cost=paper_cost,
             signed=bool(signed),
             exact=bool(exact),
-            test_params=MappingProxyType(dict(test_params or {})),
             memory=memory,
             factor_maps=factor_maps,
             advice=advice,
             summary=summary,
             kind=chosen_kind,
-            auto_order=auto_order,
-            auto_params=MappingProxyType(dict(auto_params or {})),
-            streamed_params=MappingProxyType(dict(streamed_params or {})),
-            min_dimension=min_dimension,
-            max_dimension=max_dimension,
-            iteration_cost=iteration_cost,
             metrics=metrics if metrics == "any" else tuple(metrics),
         )
         return function
@@ -331,7 +271,7 @@ def get_backend(name: Any) -> Backend:
     -------
     Backend
         The record: builder, parameter ``defaults``, ``rank_parameter``, supported
-        ``metrics``, and what ``'auto'`` reads (``kind``, ``auto_order``, dimension bounds).
+        ``metrics``, ``kind``.
 
     Raises
     ------
@@ -360,25 +300,13 @@ def get_backend(name: Any) -> Backend:
     return _REGISTRY[name]
 
 
-def auto_backends(
-    kind: str, dimension: int, among: Any = None, cost: Any = None
-) -> tuple[Backend, ...]:
-    """The records of a kind that ``'auto'`` tries in dimension ``dimension``, in their
-    declared order (``among``: only these names, e.g. the backends that run on Dask;
-    ``cost``: only those whose kernel represents it)."""
+def backends_of_kind(kind: str, cost: Any = None) -> tuple[Backend, ...]:
+    """The records of a kind (:data:`KINDS`), by name (``cost``: only those whose kernel
+    represents it)."""
     return tuple(
-        sorted(
-            (
-                record
-                for record in _REGISTRY.values()
-                if record.kind == kind
-                and record.auto_order is not None
-                and record.applies_to(dimension)
-                and (among is None or record.name in among)
-                and (cost is None or record.supports(cost))
-            ),
-            key=lambda record: (record.auto_order, record.name),
-        )
+        record
+        for _, record in sorted(_REGISTRY.items())
+        if record.kind == kind and (cost is None or record.supports(cost))
     )
 
 
@@ -418,49 +346,6 @@ def rebuild_parameters(backend: str, params: dict[str, Any]) -> dict[str, Any]:
     """
     accepted = get_backend(backend).defaults
     return {name: value for name, value in params.items() if name in accepted}
-
-
-def comparable_parameters(
-    sketch_dim: int = PAPER_SKETCH_DIM, degree: int = PAPER_DEGREE
-) -> dict[str, dict[str, int]]:
-    """The paper's "comparable cost" setting of every backend that declares one.
-
-    For a Poly-TensorSketch of sketch dimension ``m`` and degree ``r``: RFF with ``D = m r``
-    features and Nystrom with ``s = ceil(max(sqrt(r m), r))`` landmarks (Han et al. 2020,
-    Section 4.3 and Appendix C). With the paper's ``m = 20, r = 3``: ``D = 60``, ``s = 8``.
-
-    Parameters
-    ----------
-    sketch_dim : int, default=20
-        The sketch dimension ``m`` of the Poly-TensorSketch.
-    degree : int, default=3
-        Its polynomial degree ``r``.
-
-    Returns
-    -------
-    dict of str to dict
-        For each backend whose record declares a paper cost, the keyword parameters of that
-        setting (e.g. ``{'nystrom': {'n_landmarks': 8}, ...}``), ready for
-        ``sketchot.sinkhorn(..., backend=name, **params)``.
-
-    Examples
-    --------
-    >>> import sketchot
-    >>> sketchot.comparable_parameters()["rff"]
-    {'n_features': 60}
-    """
-    sketch_dim = check_int(sketch_dim, "sketch_dim", minimum=1)
-    degree = check_int(degree, "degree", minimum=0)
-    return {
-        name: record.paper_cost(sketch_dim, degree)
-        for name, record in sorted(_REGISTRY.items())
-        if record.paper_cost is not None
-    }
-
-
-def paper_nystrom_landmarks(sketch_dim: int, degree: int) -> int:
-    """``s = ceil(max(sqrt(r m), r))``: the paper's Nystrom rank for a sketch ``(m, r)``."""
-    return max(1, math.ceil(max(math.sqrt(degree * sketch_dim), degree)))
 
 
 def resolve_parameters(

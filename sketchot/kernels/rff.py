@@ -17,7 +17,8 @@ from .._validation import check_int, check_rng
 from ..gibbs import GibbsGeometry
 from .base import KernelInfo
 from .lowrank import FactorMaps, LowRankKernel, low_rank_from_maps
-from .registry import PAPER_DEGREE, PAPER_SKETCH_DIM, _paper_rank, register_backend
+from .paper import PAPER_DEGREE, PAPER_SKETCH_DIM
+from .registry import register_backend
 
 
 def rff_maps(geometry: GibbsGeometry, *, rng: Any, dtype: Any, n_features: int) -> FactorMaps:
@@ -60,9 +61,7 @@ def rff_maps(geometry: GibbsGeometry, *, rng: Any, dtype: Any, n_features: int) 
 @register_backend(
     "rff",
     rank_parameter="n_features",
-    paper_cost=lambda sketch_dim, degree: {"n_features": max(1, _paper_rank(sketch_dim, degree))},
     signed=True,
-    test_params={"n_features": 40},
     memory=lambda n, m, d, params, itemsize: (n + m) * params["n_features"] * (8 + itemsize),
     factor_maps=rff_maps,
     advice="random features converge slowly (error ~ 1/sqrt(n_features)) and go negative at "

@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .._memory import dense_budget_bytes
 from ..kernels import get_backend
-from ..kernels.auto import dense_budget_bytes
 
 #: Largest cost / reg at which an exact solve (with its epsilon schedule) met the default
 #: accuracy in the default 1000 iterations on every cloud measured (colour-like and Gaussian,

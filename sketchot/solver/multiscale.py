@@ -47,7 +47,7 @@ from .._parallel import get_num_threads
 from .._validation import check_rng
 from ..gibbs import GibbsGeometry, gibbs_log_matvec
 from ..kernels import build_kernel
-from ..kernels.registry import EXACT_KIND, auto_backends
+from ..kernels.registry import EXACT_KIND, backends_of_kind
 from .engine import annealing_kernels, choose_strategy, iterate
 from .problem import Problem
 
@@ -220,7 +220,7 @@ def coarse_to_fine_start(
     )
     coarse_problem = Problem(coarse_x.masses, coarse_y.masses, reg, problem.reg_m)
     # the coarse kernel is small (k x k): the exact kind's record, stored
-    exact = auto_backends(EXACT_KIND, coarse_geometry.X.shape[1], cost=geometry.cost)[0]
+    exact = backends_of_kind(EXACT_KIND, cost=geometry.cost)[0]
     kernel = build_kernel(coarse_geometry, exact.name)
     state = iterate(
         kernel, coarse_problem, tol=COARSE_TOL, max_iter=COARSE_MAX_ITER, norm="l1",

@@ -16,6 +16,7 @@ import numpy as np
 
 from .._defaults import DEFAULT_MAX_DENSE_BYTES
 from .._parallel import Part, reduce_parts
+from ..cost_matrix import block_dim, has_points
 from ..gibbs import block_rows, row_slices, sq_norms
 from ..kernels import KernelOperator
 from ..kernels.base import MIN_DENOMINATOR_RATIO, THREADED_PASS_MIN_ENTRIES, check_operand
@@ -93,7 +94,7 @@ def _log_plan_product(
 def _log_blocks(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray):
     """Row blocks ``(rows, log P[rows, :], -M[rows, :] / reg)`` of the exact plan."""
     g = kernel.geometry
-    step = block_rows(g.shape[1], dim=g.Xc.shape[1])
+    step = block_rows(g.shape[1], dim=block_dim(g))
     for rows in row_slices(g.shape[0], step):
         neg_cost = g.log_block(rows)
         yield rows, neg_cost + log_u[rows, None] + log_v[None, :], neg_cost
@@ -104,7 +105,7 @@ def _blockwise_cost(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarray
     operator's own entries (``K~[rows, :]`` from its factors) and of the geometry's cost:
     ``O(n m (r + d))`` time for a rank-``r`` operator, ``O(block x m)`` memory."""
     g = kernel.geometry
-    step = block_rows(g.shape[1], dim=g.Xc.shape[1])
+    step = block_rows(g.shape[1], dim=block_dim(g))
     total = 0.0
     with np.errstate(over="ignore", invalid="ignore"):
         u, v = np.exp(log_u), np.exp(log_v)
@@ -139,13 +140,16 @@ def _log_form_summary(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarr
     same bits with any number of threads)."""
     g = kernel.geometry
     n, m = g.shape
+    # a cost matrix has no coordinates: no moments (barycentric maps need points)
+    points = has_points(g)
+    d = g.Xc.shape[1] if points else 0
     row = np.empty(n)
-    row_moments = np.empty((n, g.Xc.shape[1]))
-    step = block_rows(m, dim=g.Xc.shape[1])
+    row_moments = np.empty((n, d))
+    step = block_rows(m, dim=block_dim(g))
 
     def run(part: Part[slice]):
         col = np.zeros(m)
-        col_moments = np.zeros((m, g.Xc.shape[1]))
+        col_moments = np.zeros((m, d))
         cost = 0.0
         for rows in part:
             neg_cost = g.log_block(rows)
@@ -153,9 +157,11 @@ def _log_form_summary(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarr
             plan += log_v[None, :]
             np.exp(plan, out=plan)
             row[rows] = plan.sum(axis=1)
-            row_moments[rows] = plan @ g.Yc
+            if points:
+                row_moments[rows] = plan @ g.Yc
             col += plan.sum(axis=0)
-            col_moments += plan.T @ g.Xc[rows]
+            if points:
+                col_moments += plan.T @ g.Xc[rows]
             cost -= g.reg * float(np.einsum("ij,ij->", plan, neg_cost))
         return col, col_moments, cost
 
@@ -164,6 +170,8 @@ def _log_form_summary(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarr
 
     slices = list(row_slices(n, step))
     col, col_moments, cost = reduce_parts(run, slices, n * m >= THREADED_PASS_MIN_ENTRIES, add)
+    if not points:
+        return PlanSummary(row, col, cost, float(row.sum()))
     return PlanSummary(row, col, cost, float(row.sum()), row_moments, col_moments)
 
 
@@ -243,7 +251,11 @@ def plan_summary(
         Pt_x = P_y if symmetric else None
     else:
         # the squared-Euclidean cost from K Y: the coordinates as extra columns
-        Yc, Xc = (g.Yc, g.Xc) if sqeuclidean else (g.Yc[:, :0], g.Xc[:, :0])
+        # (any other cost: no coordinate columns, so a cost matrix needs no points here)
+        if sqeuclidean:
+            Yc, Xc = g.Yc, g.Xc
+        else:
+            Yc, Xc = np.zeros((g.shape[1], 0)), np.zeros((g.shape[0], 0))
         with np.errstate(over="ignore", invalid="ignore"):
             u, v = np.exp(log_u), np.exp(log_v)
             products = kernel.matmat(np.column_stack([v, v[:, None] * Yc]))

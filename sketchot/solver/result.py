@@ -14,6 +14,7 @@ import numpy as np
 
 from .._arrays import ArrayContext, UserArrays
 from .._validation import check_bool, check_int, check_matrix, check_rng, user_stacklevel
+from ..cost_matrix import require_points
 from ..kernels import KernelOperator
 from ..kernels.base import MIN_DENOMINATOR_RATIO
 from .advice import advise
@@ -247,6 +248,7 @@ class SinkhornResult:
         """
         return_fallbacks = check_bool(return_fallbacks, "return_fallbacks")
         g = self.kernel.geometry
+        require_points(g, "barycentric_map")
         mapped = None if X_new is not None else self._map_from_moments(0)
         fallbacks = 0
         if mapped is None:
@@ -262,6 +264,7 @@ class SinkhornResult:
         """Barycentric projection of target points onto the source cloud ``X``."""
         return_fallbacks = check_bool(return_fallbacks, "return_fallbacks")
         g = self.kernel.geometry
+        require_points(g, "inverse_barycentric_map")
         mapped = None if Y_new is not None else self._map_from_moments(1)
         fallbacks = 0
         if mapped is None:
@@ -281,6 +284,7 @@ class SinkhornResult:
         """One side of :meth:`moments`: ``P Yc`` (``side`` 0) or ``P^T Xc`` (1), computed once."""
         if side not in (0, 1):
             raise ValueError(f"side must be 0 (P Yc) or 1 (P^T Xc); got {side!r}")
+        require_points(self.kernel.geometry, "the plan's first moments (moments)")
         moments = list(self.plan_moments)
         if moments[side] is None:
             moments[side] = first_moments(

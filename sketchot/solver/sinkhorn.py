@@ -3,7 +3,7 @@
 :func:`sinkhorn` and :func:`sinkhorn_kernel` are the bodies of the public entries of
 :mod:`sketchot.api` (which owns their signatures and documentation and sends Dask inputs
 elsewhere): they validate the problem once (:mod:`~sketchot.solver.problem`), build the
-kernel (or let ``backend='auto'`` choose it: :mod:`~sketchot.solver.auto`), run the one
+kernel (or let ``backend='auto'`` choose it: :mod:`~sketchot.policy.solve`), run the one
 iteration (:mod:`~sketchot.solver.engine`), then evaluate the plan without its ``n x m``
 array, check the scalings against the TRUE kernel (the ``accuracy`` contract) and refuse
 impossible results."""
@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .._auto import solve_auto
 from .._defaults import DEFAULT_ACCURACY
 from .._validation import (
     RenamableTypeError,
@@ -29,11 +30,11 @@ from .._validation import (
     unknown_names,
     user_stacklevel,
 )
+from ..cost_matrix import has_points
 from ..gibbs import GibbsGeometry, dual_lower_bound, make_cost
 from ..kernels import KernelOperator, build_kernel, get_backend
 from . import newton
 from .advice import advise
-from .auto import solve_auto
 from .engine import STALL_CHECKS, annealing_kernels, choose_strategy, is_symmetric, iterate
 from .errors import AccuracyWarning, InvalidResultError, InvalidResultWarning
 from .multiscale import cluster_count, coarse_pays, coarse_to_fine_start
@@ -543,6 +544,9 @@ def _lower_bound(result: SinkhornResult) -> float | None:
     if not np.all(np.isfinite(f[result.a > 0])):
         return None
     g = result.kernel.geometry
+    if not has_points(g):  # a cost matrix: its own c-transform
+        bound = g.dual_lower_bound(f, result.a, result.b)
+        return bound - LOWER_BOUND_RTOL * (abs(bound) + g.max_cost() * float(result.a.sum()))
     # at most EXHAUSTIVE_CHECK_ENTRIES entries: chunked (Dask) clouds come to the host whole
     Xc, Yc, f, a, b = (np.asarray(v) for v in (g.Xc, g.Yc, f, result.a, result.b))
     bound = dual_lower_bound(Xc, Yc, f, a, b, g.cost)

@@ -3,6 +3,7 @@
 import numpy as np
 import ot
 import pytest
+from backend_params import contract_params
 from scipy.sparse.linalg import aslinearoperator
 from scipy.spatial.distance import cdist
 
@@ -20,7 +21,7 @@ def kernel(request, colours, library):
     operator built where the tensors live must keep the contract the engine reads, with host
     vectors, at the same tolerances."""
     X, Y = library(*colours)
-    params = get_backend(request.param).test_params
+    params = contract_params(request.param)
     built = sketchot.make_kernel(X, Y, 0.5, request.param, rng=1, **params)
     return getattr(built, "host", built)  # a tensor call shows the operator behind a view
 
@@ -31,7 +32,7 @@ def test_a_fitted_kernel_builds_again_on_other_points(colours, backend):
     warm starts of the loss and the barycenter build the previous kernel choice again on
     moved points); the fit's own descriptions (clusters, degree, bounds) are left out."""
     X, Y = colours
-    params = get_backend(backend).test_params
+    params = contract_params(backend)
     fitted = sketchot.make_kernel(X, Y, 0.5, backend, rng=1, **params)
     again = rebuild_parameters(backend, fitted.info.params)
     assert set(again) <= set(get_backend(backend).defaults)
@@ -67,7 +68,7 @@ def test_a_kernel_on_identical_clouds_is_symmetric(colours, backend):
     """The symmetric iteration (OT(a, a) of a divergence) multiplies by K only: every backend
     builds K(X, X) with the same draws on both sides, so K = K^T to rounding."""
     X = colours[0]
-    params = get_backend(backend).test_params
+    params = contract_params(backend)
     built = sketchot.make_kernel(X, X.copy(), 0.5, backend, rng=1, **params)
     u = np.random.default_rng(2).standard_normal(len(X))
     forward = built.matvec(u)
@@ -134,7 +135,7 @@ def test_column_vectors_follow_scipy_linear_operator_semantics(kernel):
 )
 def test_lazy_plan_takes_column_vectors(colours, backend, reg):
     X, Y = colours
-    params = get_backend(backend).test_params
+    params = contract_params(backend)
     plan = sketchot.sinkhorn(None, None, X, Y, reg, backend, rng=1, warn=False, **params).lazy_plan
     x, y = np.linspace(0, 1, 90), np.linspace(1, 2, 120)
     assert plan.matvec(x[:, None]).shape == (120, 1)
@@ -203,9 +204,9 @@ def test_backends_build_the_metric_they_declare_and_refuse_the_others(colours, b
     record = get_backend(backend)
     if not record.supports(make_cost("cityblock")):
         with pytest.raises(ValueError, match=f"backend '{backend}' supports .* only; got metric="):
-            make_kernel(X, Y, 0.5, backend, rng=1, metric="cityblock", **record.test_params)
+            make_kernel(X, Y, 0.5, backend, rng=1, metric="cityblock", **contract_params(backend))
         return
-    kernel = make_kernel(X, Y, 0.5, backend, rng=1, metric="cityblock", **record.test_params)
+    kernel = make_kernel(X, Y, 0.5, backend, rng=1, metric="cityblock", **contract_params(backend))
     dense = kernel.to_dense()
     v = np.linspace(0.5, 1.5, 90)
     np.testing.assert_allclose(kernel.matvec(v), dense @ v, rtol=1e-10, atol=1e-12)
@@ -222,7 +223,7 @@ def test_backends_build_the_metric_they_declare_and_refuse_the_others(colours, b
 def test_float32_operator(colours):
     X, Y = colours
     for backend in available_backends():
-        params = get_backend(backend).test_params
+        params = contract_params(backend)
         op64 = make_kernel(X, Y, 0.5, backend, rng=3, **params)
         op32 = make_kernel(X, Y, 0.5, backend, rng=3, dtype=np.float32, **params)
         v = np.ones(90)
@@ -234,7 +235,7 @@ def test_float32_operator(colours):
 def test_same_seed_same_kernel(colours):
     X, Y = colours
     for backend in ("rff", "nystrom", "polyts"):
-        params = get_backend(backend).test_params
+        params = contract_params(backend)
         a = make_kernel(X, Y, 0.5, backend, rng=11, **params).to_dense()
         b = make_kernel(X, Y, 0.5, backend, rng=11, **params).to_dense()
         c = make_kernel(X, Y, 0.5, backend, rng=12, **params).to_dense()

@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+from backend_params import contract_params
 
 import sketchot
 from sketchot._arrays import array_context
@@ -173,7 +174,7 @@ def test_float32_storage_and_the_euclidean_cost():
 def test_low_rank_factors_run_on_the_device(backend):
     rng = np.random.default_rng(4)
     X, Y = rng.random((80, 3)), rng.random((60, 3))
-    params = sketchot.get_backend(backend).test_params
+    params = contract_params(backend)
     reference = sketchot.make_kernel(X, Y, 0.5, backend, rng=5, **params)
     view = sketchot.make_kernel(torch.as_tensor(X), torch.as_tensor(Y), 0.5, backend, rng=5,
                                 **params)  # fmt: skip
@@ -212,7 +213,7 @@ def test_low_rank_factors_are_built_on_the_device(monkeypatch, backend, maps_nam
 
     rng = np.random.default_rng(14)
     X, Y = rng.random((80, 3)), rng.random((60, 3))
-    params = {**sketchot.get_backend(backend).test_params, **variant, "dtype": dtype}
+    params = {**contract_params(backend), **variant, "dtype": dtype}
     reference = sketchot.make_kernel(X, Y, 0.5, backend, rng=5, **params)
     module = importlib.import_module(f"sketchot.kernels.{backend}")
     host_maps = getattr(module, maps_name)
@@ -403,7 +404,7 @@ def test_auto_predicts_the_exact_iteration_on_the_device_without_timing(monkeypa
     (:mod:`sketchot.kernels.cost`), never from a timed block: a random clock changes
     nothing, and the prediction is the entries over the rate of the passes that run."""
     from sketchot.kernels import cost
-    from sketchot.kernels.auto import exact_iteration_seconds
+    from sketchot.policy.ladder import exact_iteration_seconds
 
     host, device = pair(n=400, m=300)
     first = [exact_iteration_seconds(device, stored=stored) for stored in (True, False)]
@@ -456,7 +457,7 @@ def test_auto_takes_the_exact_kernel_when_the_device_makes_it_cheap(monkeypatch,
     """``auto`` on the caller's device: the exact kernel directly when its predicted
     iterations are cheap there (a GPU's fused passes), the ladder as on the host otherwise
     (predictions faked: a test never compares a machine's speed)."""
-    from sketchot.kernels import auto
+    from sketchot.policy import ladder as auto
 
     monkeypatch.setattr(auto, "DIRECT_DENSE_ENTRIES", 0)
     monkeypatch.setattr(auto, "exact_iteration_seconds", lambda geometry, stored: seconds)

@@ -10,9 +10,12 @@ import pytest
 import sketchot
 from sketchot.color import load_image, sample_pixels
 from sketchot.kernels import available_backends, get_backend
+from sketchot.kernels.judge import Verdict, kernel_error
 from sketchot.kernels.local import rtol_for
+from sketchot.kernels.registry import LOW_RANK_KIND
+from sketchot.policy import auto_rule, register_auto, unregister_auto
 
-kernels_auto = importlib.import_module("sketchot.kernels.auto")
+ladder = importlib.import_module("sketchot.policy.ladder")
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +39,8 @@ def photo():
 
 def as_if_large(monkeypatch):
     """``auto`` skips the stored exact kernel, as if ``n x m`` were huge."""
-    monkeypatch.setattr(kernels_auto, "dense_budget_bytes", lambda: 0)
-    monkeypatch.setattr(kernels_auto, "DIRECT_DENSE_ENTRIES", 0)
+    monkeypatch.setattr(ladder, "dense_budget_bytes", lambda: 0)
+    monkeypatch.setattr(ladder, "DIRECT_DENSE_ENTRIES", 0)
 
 
 def test_a_problem_that_fits_is_solved_exactly(clouds):
@@ -49,7 +52,7 @@ def test_a_problem_that_fits_is_solved_exactly(clouds):
 
 def test_large_reg_takes_a_low_rank_kernel(clouds, monkeypatch, capsys):
     X, Y = clouds
-    monkeypatch.setattr(kernels_auto, "dense_budget_bytes", lambda: 0)  # as if n x m were huge
+    monkeypatch.setattr(ladder, "dense_budget_bytes", lambda: 0)  # as if n x m were huge
     res = sketchot.sinkhorn(None, None, X, Y, reg=1.0, rng=0, verbose=True)
     assert res.backend == "nystrom" and res.accuracy_met
     assert res.attempts and res.attempts[-1].accepted
@@ -77,7 +80,7 @@ def test_a_local_kernel_predicted_costlier_is_not_solved(photo, monkeypatch):
     entries), the block-local kernel is built but not solved, the note says why, and the
     exact kernel is used: the one outcome of these inputs."""
     X, Y = photo
-    monkeypatch.setattr(kernels_auto, "DIRECT_DENSE_ENTRIES", 0)  # stored, after the ladder
+    monkeypatch.setattr(ladder, "DIRECT_DENSE_ENTRIES", 0)  # stored, after the ladder
     res = sketchot.sinkhorn(None, None, X, Y, reg=0.01, rng=0)
     local = [a for a in res.attempts if a.backend == "polyts_local"]
     assert len(local) == 1 and not local[0].accepted and "not solved" in local[0].note
@@ -116,14 +119,14 @@ def test_a_hopeless_rank_is_rejected_on_a_sample_without_its_full_build(photo, m
     """Above ``SAMPLE_ABOVE`` points a low-rank rung is first built on ``SAMPLE_POINTS`` points
     of each cloud; photo colours at reg = 0.01 are far beyond low rank, so the ladder ends
     on the sample's errors and no rung is built at full size (sizes scaled down here)."""
-    monkeypatch.setattr(kernels_auto, "SAMPLE_ABOVE", 1000)
-    monkeypatch.setattr(kernels_auto, "SAMPLE_POINTS", 1200)  # ranks 64 and 128 sampled
+    monkeypatch.setattr(ladder, "SAMPLE_ABOVE", 1000)
+    monkeypatch.setattr(ladder, "SAMPLE_POINTS", 1200)  # ranks 64 and 128 sampled
     as_if_large(monkeypatch)
     X, Y = photo
     res = sketchot.sinkhorn(None, None, X, Y, reg=0.01, rng=0)
     low_rank = [a for a in res.attempts if a.params.get("rank")]
     assert low_rank and all("on 1200 points of each cloud" in a.note for a in low_rank)
-    assert all(a.error > kernels_auto.HOPELESS_FACTOR * 1e-3 for a in low_rank)
+    assert all(a.error > ladder.HOPELESS_FACTOR * 1e-3 for a in low_rank)
     assert res.backend == "polyts_local" and res.accuracy_met
 
 
@@ -131,17 +134,17 @@ def test_a_sample_within_reach_goes_on_to_the_full_build(clouds, monkeypatch):
     """At reg = 1 the sample's rank-64 error is small: the rung is built at full size and
     judged there (the sample never accepts a kernel)."""
     X, Y = clouds
-    monkeypatch.setattr(kernels_auto, "SAMPLE_ABOVE", 500)
-    monkeypatch.setattr(kernels_auto, "SAMPLE_POINTS", 550)  # 8 x 64 <= 550: rank 64 sampled
-    monkeypatch.setattr(kernels_auto, "dense_budget_bytes", lambda: 0)
+    monkeypatch.setattr(ladder, "SAMPLE_ABOVE", 500)
+    monkeypatch.setattr(ladder, "SAMPLE_POINTS", 550)  # 8 x 64 <= 550: rank 64 sampled
+    monkeypatch.setattr(ladder, "dense_budget_bytes", lambda: 0)
     sampled = []
-    original = kernels_auto.GibbsGeometry.sample
+    original = ladder.GibbsGeometry.sample
 
     def spy(geometry, size, generator):
         sampled.append(size)
         return original(geometry, size, generator)
 
-    monkeypatch.setattr(kernels_auto.GibbsGeometry, "sample", spy)
+    monkeypatch.setattr(ladder.GibbsGeometry, "sample", spy)
     res = sketchot.sinkhorn(None, None, X, Y, reg=1.0, rng=0)
     assert sampled == [550], "the rung must have been tried on the sample first"
     assert res.backend == "nystrom" and res.accuracy_met
@@ -156,7 +159,7 @@ def test_the_block_local_kernel_is_built_for_the_requested_accuracy(monkeypatch)
     rng = np.random.default_rng(5)
     X, Y = rng.random((1500, 3)), rng.random((1500, 3))
     as_if_large(monkeypatch)
-    monkeypatch.setattr(kernels_auto, "exact_iteration_seconds", lambda *a, **k: np.inf)
+    monkeypatch.setattr(ladder, "exact_iteration_seconds", lambda *a, **k: np.inf)
     res = sketchot.sinkhorn(None, None, X, Y, reg=0.01, rng=0, accuracy=1e-6)
     assert res.backend == "polyts_local" and res.accuracy_met
     assert res.kernel.expansion.rtol == rtol_for(1e-6)
@@ -165,8 +168,8 @@ def test_the_block_local_kernel_is_built_for_the_requested_accuracy(monkeypatch)
 def test_above_the_local_dimension_limit_it_streams_the_exact_kernel(monkeypatch):
     rng = np.random.default_rng(12)
     X, Y = rng.random((300, 5)), rng.random((250, 5))
-    monkeypatch.setattr(kernels_auto, "dense_budget_bytes", lambda: 0)
-    monkeypatch.setattr(kernels_auto, "DIRECT_DENSE_ENTRIES", 0)
+    monkeypatch.setattr(ladder, "dense_budget_bytes", lambda: 0)
+    monkeypatch.setattr(ladder, "DIRECT_DENSE_ENTRIES", 0)
     res = sketchot.sinkhorn(None, None, X, Y, reg=0.005, rng=0)
     assert res.backend == "exact" and "streamed" in res.reason and res.accuracy_met
     assert all(a.backend == "nystrom" for a in res.attempts)
@@ -175,10 +178,10 @@ def test_above_the_local_dimension_limit_it_streams_the_exact_kernel(monkeypatch
 def test_make_kernel_auto(clouds, monkeypatch):
     X, Y = clouds
     assert sketchot.make_kernel(X, Y, 0.5).info.backend == "exact"
-    monkeypatch.setattr(kernels_auto, "dense_budget_bytes", lambda: 0)
+    monkeypatch.setattr(ladder, "dense_budget_bytes", lambda: 0)
     kernel = sketchot.make_kernel(X, Y, 1.0, rng=0)
     assert kernel.info.backend == "nystrom" and "sampled kernel error" in kernel.info.reason
-    assert kernels_auto.kernel_error(kernel, rng=1) <= 1e-3 * 10  # another sample, same order
+    assert kernel_error(kernel, rng=1) <= 1e-3 * 10  # another sample, same order
     with pytest.raises(TypeError, match="chooses its own parameters"):
         sketchot.make_kernel(X, Y, 1.0, "auto", n_landmarks=5)
 
@@ -201,7 +204,7 @@ def test_rank_auto_for_every_low_rank_backend(clouds, backend):
 
 
 def kernel_auto_error(kernel) -> float:
-    return kernels_auto.kernel_error(kernel, rng=123)
+    return kernel_error(kernel, rng=123)
 
 
 def test_auto_rejects_backend_parameters(clouds):
@@ -233,7 +236,7 @@ def test_a_low_rank_attempt_with_a_non_positive_denominator_is_dropped_at_once()
 def test_the_block_local_kernel_is_its_own_record_and_the_polyts_variant_an_alias(clouds):
     X, Y = clouds
     record = get_backend("polyts_local")
-    assert record.kind == "local" and record.max_dimension == 4
+    assert record.kind == "local" and auto_rule("polyts_local").max_dimension == 4
     assert {"tau", "rtol", "max_features"} <= set(record.defaults)
     kernel = sketchot.make_kernel(X, Y, 0.05, "polyts_local", tau=2.0, rtol=1e-6, rng=0)
     assert kernel.info.backend == "polyts_local"
@@ -247,9 +250,9 @@ def test_the_block_local_kernel_is_its_own_record_and_the_polyts_variant_an_alia
 
 
 def test_auto_tries_what_the_records_declare(clouds, monkeypatch):
-    """A registered low-rank backend with an ``auto_order`` before Nystrom's is kept (at equal
-    sampled error the earlier record wins); without one, ``auto`` never tries it: the strategy
-    reads the records, not names."""
+    """A registered low-rank backend whose policy rule orders it before Nystrom is kept (at
+    equal sampled error the earlier rule wins); without a rule, ``auto`` never tries it: the
+    strategy reads the policy table, not names."""
     from sketchot.kernels.registry import build_backend
 
     X, Y = clouds
@@ -259,15 +262,16 @@ def test_auto_tries_what_the_records_declare(clouds, monkeypatch):
         kernel.info.backend = "landmark_rows"
         return kernel
 
-    monkeypatch.setattr(kernels_auto, "dense_budget_bytes", lambda: 0)  # as if n x m were huge
+    monkeypatch.setattr(ladder, "dense_budget_bytes", lambda: 0)  # as if n x m were huge
     for order, expected in ((-1, "landmark_rows"), (None, "nystrom")):
-        sketchot.register_backend(
-            "landmark_rows", landmark_rows, rank_parameter="n_rows", auto_order=order
-        )
+        sketchot.register_backend("landmark_rows", landmark_rows, rank_parameter="n_rows")
+        if order is not None:
+            register_auto("landmark_rows", order=order)
         try:
             kernel = sketchot.make_kernel(X, Y, 1.0, rng=0)
             res = sketchot.sinkhorn(None, None, X, Y, reg=1.0, rng=0)
         finally:
+            unregister_auto("landmark_rows")
             sketchot.unregister_backend("landmark_rows")
         assert kernel.info.backend == expected and res.backend == expected
         assert res.attempts[0].backend == expected and res.attempts[-1].accepted
@@ -297,11 +301,11 @@ def test_a_float32_rung_that_goes_non_positive_ends_its_climb(clouds, monkeypatc
     geometry = sketchot.gibbs.GibbsGeometry(X, Y, 1.0)
 
     def judge(kernel, kind, error):
-        if kind == kernels_auto.LOW_RANK_KIND:
-            return kernels_auto.Verdict(np.inf, False, "a denominator went non-positive")
-        return kernels_auto.Verdict(0.0, True, "accepted", kernel)
+        if kind == LOW_RANK_KIND:
+            return Verdict(np.inf, False, "a denominator went non-positive")
+        return Verdict(0.0, True, "accepted", kernel)
 
-    choice = kernels_auto.choose(geometry, judge, accuracy=1e-3, rng=0, dtype=dtype)
+    choice = ladder.choose(geometry, judge, accuracy=1e-3, rng=0, dtype=dtype)
     low_rank = [a for a in choice.attempts if a.backend == "nystrom"]
     assert len(low_rank) == 1 if dtype == np.float32 else len(low_rank) > 1
     assert choice.kernel.info.backend != "nystrom"

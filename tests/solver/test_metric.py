@@ -167,7 +167,7 @@ def test_auto_builds_only_backends_that_support_the_metric(monkeypatch, d, reg):
     when Nystrom misses at small reg, the improved sketch beside Nystrom in dimension 20);
     for a cityblock cost it builds only exact and Nystrom, and meets the accuracy against
     the cityblock kernel."""
-    import sketchot.kernels.auto as auto
+    import sketchot.policy.ladder as auto
 
     monkeypatch.setattr(auto, "DIRECT_DENSE_ENTRIES", 0)
     rng = np.random.default_rng(3)

@@ -4,12 +4,13 @@ plan products of every backend: tests/kernels/test_contract.py)."""
 
 import numpy as np
 import pytest
+from backend_params import contract_params
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sketchot
 from sketchot._parallel import thread_limit
-from sketchot.kernels import available_backends, get_backend
+from sketchot.kernels import available_backends
 from sketchot.solver import make_problem, plan_summary, plans
 from sketchot.solver.engine import iterate
 from sketchot.solver.plans import first_moments, value_error_estimate
@@ -156,7 +157,7 @@ def test_first_moments_are_the_plans_products(colours, backend):
     approximations, both tried) equal the dense plan's, to 1e-9 relative (rounding of sums
     over 120 x 90 entries)."""
     X, Y = colours
-    kernel = sketchot.make_kernel(X, Y, 0.5, backend, rng=1, **get_backend(backend).test_params)
+    kernel = sketchot.make_kernel(X, Y, 0.5, backend, rng=1, **contract_params(backend))
     rng = np.random.default_rng(4)
     log_u, log_v = rng.normal(size=120), rng.normal(size=90)
     plan = np.exp(log_u)[:, None] * kernel.to_dense() * np.exp(log_v)[None, :]

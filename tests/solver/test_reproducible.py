@@ -20,7 +20,7 @@ import pytest
 import sketchot
 from sketchot.color import load_image, sample_pixels
 
-kernels_auto = importlib.import_module("sketchot.kernels.auto")
+ladder = importlib.import_module("sketchot.policy.ladder")
 
 #: Each scenario: the data, reg, what ``auto`` is told about the machine, and the one kernel
 #: it must choose there (the cost model's predictions are far apart in each: a flip would
@@ -51,7 +51,7 @@ def data():
 def scenario(request, data, monkeypatch):
     kind, reg, machine, expected = SCENARIOS[request.param]
     for name, value in machine.items():
-        monkeypatch.setattr(kernels_auto, name, value)
+        monkeypatch.setattr(ladder, name, value)
     X, Y = data[kind]
     return X, Y, reg, expected
 
@@ -146,12 +146,12 @@ def test_tau_auto_named_is_reproducible(monkeypatch):
 def test_the_dense_budget_reads_the_machine_not_its_load(monkeypatch):
     """Whether the exact kernel may be stored depends on the machine's total memory, not on
     the memory free now (another process's allocation changed the choice)."""
-    before = kernels_auto.dense_budget_bytes()
+    before = ladder.dense_budget_bytes()
     memory = importlib.import_module("sketchot._memory")
     # 1 MiB free: the budget a load-dependent rule would shrink (also where auto imported it)
     monkeypatch.setattr(memory, "available_bytes", lambda: 1 << 20)
-    monkeypatch.setattr(kernels_auto, "available_bytes", lambda: 1 << 20, raising=False)
-    assert kernels_auto.dense_budget_bytes() == before > 1 << 20
+    monkeypatch.setattr(ladder, "available_bytes", lambda: 1 << 20, raising=False)
+    assert ladder.dense_budget_bytes() == before > 1 << 20
 
 
 def test_dask_and_numpy_stop_at_the_same_iteration():

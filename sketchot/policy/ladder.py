@@ -1,25 +1,21 @@
-"""``'auto'``: the one strategy that chooses a kernel, reading what each backend's record
-declares (:class:`~sketchot.kernels.registry.Backend`) and measuring the rest.
+"""``'auto'``: the one strategy that chooses a kernel and its parameters, reading the
+policy table (:mod:`.table`) and the backends' records, and measuring the rest.
 
 Every ``'auto'`` of sketchot runs :func:`choose`: ``make_kernel(..., backend='auto')``,
-``sinkhorn(..., backend='auto')`` (:mod:`sketchot.solver.auto` passes a judge that solves),
-and both on Dask (:mod:`sketchot.distributed.builders`, limited to the records that run
-there); :func:`adaptive_rank` (``rank='auto'``) is its low-rank rung for one backend. The
-ladder, cheapest first, over the records ``'auto'`` may try (``auto_order`` set, the
-dimension within ``min_dimension``/``max_dimension``):
+``sinkhorn(..., backend='auto')`` (:mod:`.solve` passes a judge that solves), and both on
+Dask (:mod:`sketchot.distributed.builders`, limited to the backends that run there);
+:func:`adaptive_rank` (``rank='auto'``) is its low-rank rung for one backend. The ladder,
+cheapest first, over the backends with a rule in the table (the dimension within the
+rule's bounds), is :func:`sketchot.policy.describe.ladder` (the docs print it from there):
 
 1. the ``'exact'`` kind stored, when ``n x m`` is small (:data:`DIRECT_DENSE_ENTRIES`) and
-   fits the dense budget: a 2000-point problem is simply solved exactly;
-2. the ``'low_rank'`` kinds at ranks 64, 128, ... while an iteration stays cheaper than an
-   exact one (:func:`low_rank_ladder`); at each rank every such record is built and the one
-   with the smallest sampled kernel error (:func:`kernel_error`) is judged; the ladder stops
-   as soon as the measured rate of the error per doubling cannot reach the target
-   (:func:`worth_doubling`); on a large problem each rank is first built on a sample of the
-   clouds (:data:`SAMPLE_ABOVE`) and at full size only when the sample's error is not
-   hopeless;
-3. the ``'local'`` kinds, when one of their iterations (the record's ``iteration_cost``)
-   is predicted cheaper than one of the exact kernel (:func:`exact_iteration_seconds`);
-4. the ``'exact'`` kind, stored when ``n x m`` fits the dense budget, streamed (its record's
+   fits the dense budget;
+2. the ``'low_rank'`` kinds at doubling ranks (:func:`low_rank_ladder`), the one with the
+   smallest sampled kernel error judged at each rank, while doubling can reach the target
+   (:func:`worth_doubling`);
+3. the ``'local'`` kinds, when one of their iterations (the rule's ``iteration_cost``) is
+   predicted cheaper than one of the exact kernel (:func:`exact_iteration_seconds`);
+4. the ``'exact'`` kind, stored when ``n x m`` fits the dense budget, streamed (the rule's
    ``streamed_params``) otherwise.
 
 A candidate is judged by the caller: the sampled kernel error for a kernel
@@ -27,8 +23,8 @@ A candidate is judged by the caller: the sampled kernel error for a kernel
 what was chosen, why (``reason``), every rung tried (``attempts``) and the backend and
 parameters that build the chosen kernel again (``replay``).
 
-Reproducible: every comparison of costs reads the cost model (:mod:`.cost`: counted work
-times committed constants) and declared facts (the problem's sizes, the machine's total
+Reproducible: every comparison of costs reads the cost model (:mod:`sketchot.kernels.cost`:
+counted work times committed constants) and declared facts (the problem's sizes, the machine's total
 memory, whether the fused device passes are installed), never a clock, the load or the
 number of threads, and every draw comes from ``rng``; each candidate is built and judged with
 the caller's ``rng`` as given (a seed: each candidate draws afresh from it, as an explicit
@@ -37,37 +33,35 @@ the caller's ``rng`` as given (a seed: each candidate draws afresh from it, as a
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .._defaults import DEFAULT_ACCURACY, DEFAULT_MAX_DENSE_BYTES
-from .._memory import USABLE_FRACTION
+from .._defaults import DEFAULT_ACCURACY
+from .._memory import dense_budget_bytes
 from .._validation import check_rng
 from ..gibbs import GibbsGeometry
-from .base import KernelOperator
-from .cost import exact_iteration_cost
-from .device import device_exact_iteration_cost, runs_on_device
-from .registry import (
-    EXACT_KIND,
-    LOCAL_KIND,
-    LOW_RANK_KIND,
-    Backend,
-    auto_backends,
-    build_backend,
-    get_backend,
-    rebuild_parameters,
+from ..kernels import KernelOperator
+from ..kernels.cost import exact_iteration_cost
+from ..kernels.device import device_exact_iteration_cost, runs_on_device
+from ..kernels.judge import (
+    Attempt,
+    Choice,
+    Judge,
+    Verdict,
+    candidate_rng,
+    kernel_error,
+    kernel_judge,
+    replay_parameters,
 )
+from ..kernels.registry import EXACT_KIND, LOCAL_KIND, LOW_RANK_KIND, Backend, build_backend
+from .table import auto_backends
 
 #: The first rank of the low-rank rungs (doubled at each rung).
 FIRST_RANK = 64
 
-#: Rows and columns on which a kernel's products are compared with the true kernel.
-KERNEL_CHECK_ROWS = 64
 
 #: A low-rank rung whose error falls by less than this factor when the rank doubles is
 #: considered stalled: the kernel is beyond low rank at this reg (the error of a global
@@ -99,116 +93,10 @@ DIRECT_EXACT_SECONDS = 2.0
 HOPELESS_FACTOR = 10.0
 
 
-@dataclass(frozen=True)
-class Attempt:
-    """One rung tried by ``'auto'``: what was built and what was measured."""
-
-    backend: str
-    params: dict[str, Any]
-    error: float
-    seconds: float
-    accepted: bool
-    note: str = ""
-
-    def __str__(self) -> str:
-        params = ", ".join(f"{k}={v}" for k, v in self.params.items())
-        verdict = "accepted" if self.accepted else "rejected"
-        return (
-            f"{self.backend}({params}): error {self.error:.2g}, {self.seconds:.2f} s, {verdict}"
-            + (f" ({self.note})" if self.note else "")
-        )
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """A judge's answer on one candidate: the measured error, whether it is accepted, what
-    was measured (``note``), and the outcome (the kernel, or the solve's result; ``None``
-    when nothing came out)."""
-
-    error: float
-    accepted: bool
-    note: str
-    outcome: Any = None
-
-
-@dataclass(frozen=True)
-class Choice:
-    """What :func:`choose` chose: the outcome of the accepted (or final) candidate, its
-    kernel, why, every rung tried, and ``replay``: ``{'backend': name, **parameters}``, the
-    explicit call that builds the same kernel (with the same ``rng``)."""
-
-    outcome: Any
-    kernel: KernelOperator
-    reason: str
-    attempts: tuple[Attempt, ...] = field(default_factory=tuple)
-    replay: dict[str, Any] = field(default_factory=dict)
-
-
-def replay_parameters(kernel: KernelOperator) -> dict[str, Any]:
-    """``{'backend': name, 'dtype': ..., **parameters}``: what builds ``kernel`` again by an
-    explicit ``backend=`` call with the same ``rng`` (its builder's parameters among
-    ``info.params``: a rank that ``'auto'`` chose, ``tau``, a tolerance)."""
-    name = kernel.info.backend
-    return {
-        "backend": name,
-        "dtype": np.dtype(kernel.dtype).name,
-        **rebuild_parameters(name, kernel.info.params),
-    }
-
-
-def candidate_rng(rng: Any, generator: np.random.Generator) -> Any:
-    """The ``rng`` each candidate is built and judged with: the caller's seed as given (each
-    candidate draws afresh from it, as an explicit ``backend=`` call would, so that the
-    chosen one replays bit for bit), or the caller's own Generator (its draws go on)."""
-    if isinstance(rng, (np.random.Generator, np.random.BitGenerator)):
-        return generator
-    return rng
-
-
-#: ``judge(kernel, kind, error) -> Verdict``: ``kind`` is the record's kind, ``error`` the
-#: sampled kernel error (``nan`` when not measured); ``kind=None`` is the final exact kernel,
-#: used whatever it measures.
-Judge = Callable[[KernelOperator, "str | None", float], Verdict]
-
-
-def total_memory_bytes() -> int:
-    """The machine's physical memory (a declared fact, not the load: ``'auto'`` reads this,
-    never the memory available now)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30
-
-
-def dense_budget_bytes() -> float:
-    """Bytes the exact kernel may take when stored: 1 GiB, or less on a machine with little
-    memory (:data:`~sketchot._memory.USABLE_FRACTION` of its total: a function of the
-    machine, not of its load, so that ``'auto'`` chooses the same on a busy machine)."""
-    return min(DEFAULT_MAX_DENSE_BYTES, USABLE_FRACTION * total_memory_bytes())
-
-
 def max_useful_rank(n: int, m: int) -> int:
     """Largest rank whose iteration (``~4 (n + m) r`` flops) is cheaper than an exact one
     (``~2 n m`` for a stored kernel, several times more streamed): ``n m / (n + m)``."""
     return max(1, (n * m) // (n + m))
-
-
-def kernel_error(kernel: KernelOperator, rng: Any = None, n_rows: int = KERNEL_CHECK_ROWS) -> float:
-    """Largest relative error of ``K~ v`` and ``K~^T u`` against the true kernel on sampled rows
-    and columns, for an all-ones and a random positive vector (``O(n_rows (n + m) d)``)."""
-    generator = check_rng(rng)
-    g = kernel.geometry
-    n, m = kernel.shape
-    worst = 0.0
-    for transpose, size, other in ((False, n, m), (True, m, n)):
-        index = np.sort(generator.choice(size, size=min(n_rows, size), replace=False))
-        probes = np.column_stack([np.ones(other), generator.random(other) + 0.1])
-        truth = g.matmat(index, probes, transpose=transpose)
-        approx = kernel.rmatmat(probes) if transpose else kernel.matmat(probes)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            error = np.abs(approx[index] - truth) / truth
-        worst = max(worst, float(np.nanmax(np.where(np.isfinite(error), error, np.inf))))
-    return worst
 
 
 def low_rank_ladder(n: int, m: int) -> list[int]:
@@ -243,21 +131,6 @@ def exact_iteration_seconds(geometry: GibbsGeometry, *, stored: bool) -> float:
     if runs_on_device(geometry):
         return device_exact_iteration_cost(geometry)
     return exact_iteration_cost(n, m, geometry.Xc.shape[1], stored=stored)
-
-
-def kernel_judge(accuracy: float, rng: Any = None, measure: Callable = kernel_error) -> Judge:
-    """The judge of a kernel alone: its sampled product error (``measure(kernel, rng)``, unless
-    the ladder measured it already) against ``accuracy``."""
-    generator = check_rng(rng)
-
-    def judge(kernel: KernelOperator, kind: str | None, error: float) -> Verdict:
-        if kind is None:
-            return Verdict(np.nan, True, "the exact kernel", kernel)
-        if np.isnan(error):
-            error = measure(kernel, generator)
-        return Verdict(error, bool(error <= accuracy), "sampled kernel error", kernel)
-
-    return judge
 
 
 def adaptive_rank(
@@ -415,46 +288,6 @@ def _sample_error(sample, candidates, rank, target, generator, dtype, build, mea
     return best
 
 
-def escalate(
-    candidates: list[tuple[str, Callable[[], KernelOperator]]],
-    judge: Judge,
-    *,
-    skip: tuple[type[Exception], ...] = (),
-) -> Choice:
-    """The first candidate the judge accepts, in order, else the first one built: the ladder
-    of a backend's own ``'auto'`` (``polyts``'s ``variant='auto'``).
-
-    ``candidates`` are ``(backend, build)`` pairs, ``build()`` returning a kernel of that
-    registered backend (the judge is told its record's kind); a build that raises one of
-    ``skip`` (e.g. nothing to fit) is recorded and skipped, and raised again when no
-    candidate could be built.
-    """
-    attempts: list[Attempt] = []
-    first, failure = None, None
-    for name, build in candidates:
-        start = time.perf_counter()
-        try:
-            kernel = build()
-        except skip as error:
-            failure = failure or error
-            attempts.append(Attempt(name, {}, np.nan, time.perf_counter() - start, False,
-                                    f"not built: {error}"))  # fmt: skip
-            continue
-        verdict = judge(kernel, get_backend(name).kind, np.nan)
-        attempts.append(Attempt(name, {}, verdict.error, time.perf_counter() - start,
-                                verdict.accepted, verdict.note))  # fmt: skip
-        if verdict.accepted:
-            reason = f"{name}: {verdict.note} {verdict.error:.2g}, accepted"
-            return Choice(verdict.outcome, kernel, reason, tuple(attempts))
-        first = first or (kernel, verdict)
-    if first is None:
-        raise failure
-    kernel, verdict = first
-    tried = "; ".join(str(attempt) for attempt in attempts)
-    reason = f"{kernel.info.backend}: no candidate accepted ({tried}), the first one built"
-    return Choice(verdict.outcome, kernel, reason, tuple(attempts))
-
-
 def choose(
     geometry: GibbsGeometry,
     judge: Judge,
@@ -504,7 +337,7 @@ def choose(
         outcome = judge(kernel, None, np.nan).outcome
         return Choice(outcome, kernel, reason, tuple(attempts), replay_parameters(kernel))
 
-    exact = auto_backends(EXACT_KIND, d, among, geometry.cost)[0]
+    exact, exact_rule = auto_backends(EXACT_KIND, d, among, geometry.cost)[0]
     size = f"n x m = {n} x {m} ({n * m * itemsize / 2**20:.0f} MiB)"
     dense_fits = store and n * m * itemsize <= dense_budget_bytes()
     if dense_fits and n * m <= DIRECT_DENSE_ENTRIES:
@@ -515,7 +348,7 @@ def choose(
     if runs_on_device(geometry):
         exact_seconds = exact_iteration_seconds(geometry, stored=dense_fits)
         if exact_seconds * DIRECT_EXACT_ITERATIONS <= DIRECT_EXACT_SECONDS:
-            streamed = {} if dense_fits else exact.streamed_params
+            streamed = {} if dense_fits else exact_rule.streamed_params
             kernel = build(geometry, exact.name, dtype=dtype, accuracy=accuracy, **streamed)
             reason = (
                 f"{DIRECT_EXACT_ITERATIONS} exact iterations are predicted to take "
@@ -525,7 +358,8 @@ def choose(
             return final(exact, kernel, reason)
 
     candidates = [
-        (r.name, dict(r.auto_params)) for r in auto_backends(LOW_RANK_KIND, d, among, geometry.cost)
+        (record.name, dict(rule.params))
+        for record, rule in auto_backends(LOW_RANK_KIND, d, among, geometry.cost)
     ]
     if candidates:
         kernel, verdict, rank = _low_rank(
@@ -544,15 +378,15 @@ def choose(
     local = auto_backends(LOCAL_KIND, d, among, geometry.cost)
     if exact_seconds is None:
         exact_seconds = exact_iteration_seconds(geometry, stored=dense_fits) if local else np.inf
-    for record in local:
+    for record, rule in local:
         start = time.perf_counter()
         # the target reaches builders that size themselves by it (the block-local kernel's
         # entries: a fiftieth of it)
         kernel = build(
             geometry, record.name, rng=seed, dtype=dtype, accuracy=accuracy,
-            **record.auto_params,
+            **rule.params,
         )  # fmt: skip
-        seconds = record.iteration_cost(kernel) if record.iteration_cost is not None else 0.0
+        seconds = rule.iteration_cost(kernel) if rule.iteration_cost is not None else 0.0
         if seconds < exact_seconds:
             say(f"{record.name}: an iteration predicted at {seconds:.2g} s (one core)")
             verdict = judge(kernel, record.kind, np.nan)
@@ -563,7 +397,7 @@ def choose(
                 f"{exact_seconds:.2g} s for the exact kernel (cost model, one core)",
             )  # fmt: skip
         attempts.append(
-            Attempt(record.name, dict(record.auto_params), verdict.error,
+            Attempt(record.name, dict(rule.params), verdict.error,
                     time.perf_counter() - start, verdict.accepted, verdict.note)
         )  # fmt: skip
         say(str(attempts[-1]))
@@ -584,7 +418,8 @@ def choose(
             "kernel, stored"
         )
         return final(exact, kernel, reason)
-    kernel = build(geometry, exact.name, dtype=dtype, accuracy=accuracy, **exact.streamed_params)
+    streamed = exact_rule.streamed_params
+    kernel = build(geometry, exact.name, dtype=dtype, accuracy=accuracy, **streamed)
     # one estimate everywhere: a pass each way (as the solve's own announcement says)
     if kernel.info.seconds_per_pass is not None:
         say(f"the exact kernel streamed: about {2 * kernel.info.seconds_per_pass:.2g} s per "

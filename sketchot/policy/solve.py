@@ -1,8 +1,8 @@
-"""``backend='auto'`` for a solve: the one strategy of :mod:`sketchot.kernels.auto`, each
+"""``backend='auto'`` for a solve: the one strategy of :mod:`.ladder`, each
 candidate judged by the TRUE-kernel marginal error of its solved scalings (the user's
 ``accuracy``).
 
-The strategy reads the backends' records and names none; this module only says how a
+The strategy reads the policy table and names no backend; this module only says how a
 candidate is solved and judged:
 
 * a low-rank candidate runs quietly, its iterations Anderson-mixed unless the caller fixed
@@ -30,12 +30,12 @@ import numpy as np
 from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_rng
 from ..gibbs import GibbsGeometry
-from ..kernels.auto import Verdict, candidate_rng, choose
-from ..kernels.registry import LOCAL_KIND, LOW_RANK_KIND, get_backend
-from .errors import NonPositiveKernelError
-from .options import DEFAULT_ANDERSON_MEMORY, SolverOptions
-from .problem import Problem
-from .result import SinkhornResult
+from ..kernels import get_backend
+from ..kernels.judge import Verdict, candidate_rng
+from ..kernels.registry import LOCAL_KIND, LOW_RANK_KIND
+from ..solver import NonPositiveKernelError, Problem, SinkhornResult, SolverOptions
+from ..solver.options import DEFAULT_ANDERSON_MEMORY
+from .ladder import choose
 
 
 def solve_auto(

@@ -1,0 +1,399 @@
+"""The Gibbs kernel of a cost matrix ``M`` given by the caller: ``K = exp(-M / reg)``,
+with no point cloud behind it (POT's ``ot.sinkhorn(a, b, M, reg)``).
+
+:class:`CostMatrixGeometry` offers the contract of :class:`~sketchot.gibbs.GibbsGeometry`
+that kernels and the solver read for TRUE kernel values (``shape``, ``reg``, ``cost``,
+``context``, ``max_cost``, ``at_reg``, ``sample``, ``block``, ``log_block``, ``cost_block``,
+``matmat``, ``log_matvec``, ``softmax_average`` of the fitted rows, ``computes_on_device``),
+each read from ``M`` block by block, plus :meth:`~CostMatrixGeometry.dual_lower_bound`. What
+only points give (``X``, ``Y``, their centred forms and norms, ``center``, ``rows``,
+``union_rows``, ``fit_clouds``, new points in ``softmax_average``) raises
+:class:`PointsRequiredError`, naming what needs points. :func:`has_points` tells callers
+that read coordinates (a plan's moments, barycentric maps) which geometry they have.
+
+``M`` is held as given when it is a C-contiguous float64 array (no copy: the caller keeps
+it unchanged while a solve runs), otherwise converted once. Every block is ``-M[rows] /
+reg`` read from it, so the entries agree bit for bit with a point-cloud geometry whose
+cost blocks gave ``M``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._arrays import NUMPY
+from ._parallel import Part, run_parts
+from ._validation import check_float, describe, refuse_masked
+from .gibbs import FLOAT64, THREADED_LOG_ENTRIES, block_rows, row_slices
+
+#: The ``dim`` of :func:`~sketchot.gibbs.block_rows` for blocks of ``M``: its entries are
+#: read, not computed from coordinates, so cache-sized blocks keep the elementwise steps
+#: (scale, shifts, exp, sums) in cache, as for low-dimensional points.
+BLOCK_DIM = 0
+
+
+class PointsRequiredError(AttributeError):
+    """An operation that needs point coordinates was asked of a geometry given by a cost
+    matrix (an ``AttributeError``, so that ``getattr(geometry, 'X', None)`` reads "no
+    points")."""
+
+
+@dataclass(frozen=True)
+class MatrixCost:
+    """The cost of a :class:`CostMatrixGeometry`: the given matrix (scikit-learn's
+    ``metric='precomputed'``). It has the attributes callers read of a
+    :class:`~sketchot.gibbs.Cost`; none of the point-cloud shortcuts applies."""
+
+    shape: tuple[int, int]
+
+    metric = "precomputed"
+    name = "precomputed"
+    p = 2.0
+    #: Not ``||x - y||^2``: no moment expansion of the plan's cost.
+    sqeuclidean = False
+    #: No coordinates to translate (no coarse-to-fine start from clusters).
+    translation_invariant = False
+
+    def __str__(self) -> str:
+        return f"a cost matrix M of shape {self.shape}"
+
+    def transposed(self) -> MatrixCost:
+        """The cost of ``M^T``."""
+        return MatrixCost((self.shape[1], self.shape[0]))
+
+
+def check_cost_matrix(M: Any, name: str = "M") -> np.ndarray:
+    """Validate a dense cost matrix: 2-D, non-empty, real, finite and ``>= 0``; returned as
+    C-contiguous float64 (``M`` itself when it already is). Errors name ``name``, say what
+    was expected and what was received (:func:`~sketchot.gibbs.check_cost_block`'s
+    wording)."""
+    refuse_masked(
+        M, name, f"fill the masked entries ({name}.filled(c) with a finite cost c >= 0) first"
+    )
+    if hasattr(M, "tocsr") or hasattr(M, "toarray"):  # a SciPy sparse matrix
+        raise TypeError(
+            f"{name} must be a dense 2-D array of costs (n, m); got {describe(M)}: a sparse "
+            f"matrix of allowed pairs is not supported yet ({name}.toarray() gives zeros, not "
+            "forbidden pairs)"
+        )
+    try:
+        array = np.asarray(M)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"{name} must be a 2-D array of real costs (n, m); got {describe(M)}"
+        ) from exc
+    if array.dtype.kind not in "biuf":
+        raise TypeError(
+            f"{name} must be a 2-D array of real costs (n, m); got dtype {array.dtype} from "
+            f"{describe(M)}"
+        )
+    if array.ndim != 2:
+        raise ValueError(
+            f"{name} must be a 2-D cost matrix of shape (n, m) (n rows of a, m of b); got "
+            f"{array.ndim}-D input of shape {array.shape}"
+        )
+    if 0 in array.shape:
+        raise ValueError(f"{name} must be non-empty; got shape {array.shape}")
+    out = np.ascontiguousarray(array, dtype=np.float64)
+    finite = np.isfinite(out)
+    if not finite.all():
+        nan = int(np.isnan(out).sum())
+        if nan:
+            raise ValueError(
+                f"{name} must contain finite costs >= 0; got NaN for {nan} of its {out.size} "
+                "entries"
+            )
+        plus = int(np.count_nonzero(out == np.inf))
+        minus = int(np.count_nonzero(out == -np.inf))
+        raise ValueError(
+            f"{name} must contain finite costs >= 0; got {plus} entries +inf and {minus} "
+            f"-inf of its {out.size} (forbidden pairs are not supported yet): give forbidden "
+            "pairs a large finite cost instead (e.g. 1e3 times the largest allowed cost), or "
+            "use POT with this M"
+        )
+    smallest = float(out.min())
+    if smallest < 0.0:
+        raise ValueError(
+            f"{name} must contain costs >= 0; got {int(np.count_nonzero(out < 0))} negative "
+            f"entries (smallest {smallest:.6g}): subtract the smallest cost c from {name} "
+            f"(for balanced transport the plan of {name} - c equals the plan of {name}; the "
+            "value shifts by c times the mass)"
+        )
+    return out
+
+
+def has_points(geometry: Any) -> bool:
+    """Whether the geometry has point coordinates (every geometry but
+    :class:`CostMatrixGeometry`): plans' moments, barycentric maps, out-of-sample products
+    and sketches fitted on points need them."""
+    return not isinstance(geometry, CostMatrixGeometry)
+
+
+def block_dim(geometry: Any) -> int:
+    """The ``dim`` that sizes row blocks of the geometry's entries
+    (:func:`~sketchot.gibbs.block_rows`): the points' dimension, or :data:`BLOCK_DIM` for a
+    cost matrix."""
+    return geometry.Xc.shape[1] if has_points(geometry) else BLOCK_DIM
+
+
+def require_points(geometry: Any, what: str) -> None:
+    """Raise :class:`PointsRequiredError` when ``geometry`` has no points, naming ``what``."""
+    if not has_points(geometry):
+        raise PointsRequiredError(
+            f"{what} needs point clouds X, Y; this kernel was built on {geometry.cost} (no "
+            "coordinates): solve on the clouds (sketchot.sinkhorn(a, b, X, Y, reg)), or use "
+            "the plan's products with your own coordinates, e.g. "
+            "result.lazy_plan.matmat(Y) / result.marginal_a[:, None] for the barycentric map"
+        )
+
+
+def _positions(index: Any, size: int) -> tuple[np.ndarray, bool]:
+    """``index`` (a slice, integers or a mask over ``range(size)``) as sorted-or-not int
+    positions, and whether they are one contiguous increasing run (blocks are then views)."""
+    positions = np.atleast_1d(np.arange(size)[index])
+    run = positions.size == 0 or bool(
+        positions[-1] - positions[0] + 1 == positions.size and np.all(np.diff(positions) == 1)
+    )
+    return positions, run
+
+
+def _part(positions: np.ndarray, run: bool, rows: slice) -> Any:
+    """The positions ``positions[rows]``: a slice when they are contiguous."""
+    if run and positions.size:
+        start = int(positions[0])
+        return slice(start + rows.start, start + rows.stop)
+    return positions[rows]
+
+
+class CostMatrixGeometry:
+    """A cost matrix ``M`` and ``reg``: the TRUE Gibbs kernel ``K_ij = exp(-M_ij / reg)``.
+
+    Parameters
+    ----------
+    M : array_like, shape (n, m)
+        Costs, finite and ``>= 0`` (:func:`check_cost_matrix`); any cost, not only one a
+        point cloud gives (not symmetric, no triangle inequality needed).
+    reg : float
+        Entropic regularisation, ``> 0``.
+
+    Attributes
+    ----------
+    M : ndarray, shape (n, m)
+        The costs, C-contiguous float64.
+    reg : float
+    cost : MatrixCost
+        What callers read of the cost (``sqeuclidean`` and ``translation_invariant`` are
+        False).
+    context : ArrayContext
+        NumPy on the host (the kernels of this geometry run there).
+
+    Notes
+    -----
+    Blocks of ``M`` are read row by row (``O(rows m)`` each, no ``n x m`` temporary); the
+    column side (``transpose=True``) reads strided columns. ``max_cost`` is the largest
+    entry, found once (``O(n m)``) and kept by :meth:`at_reg` and shared by nothing else.
+    """
+
+    def __init__(self, M: Any, reg: Any) -> None:
+        self.M = check_cost_matrix(M)
+        self.reg = check_float(reg, "reg", positive=True)
+        self.cost = MatrixCost(self.M.shape)
+        self.context = NUMPY
+        self._max_cost = float(self.M.max())
+        self._check_reg()
+
+    @classmethod
+    def _checked(cls, M: np.ndarray, reg: float, max_cost: float) -> CostMatrixGeometry:
+        """A geometry of an already validated ``M`` (another ``reg``, a sub-matrix)."""
+        geometry = cls.__new__(cls)
+        geometry.M, geometry.reg = M, float(reg)
+        geometry.cost = MatrixCost(M.shape)
+        geometry.context = NUMPY
+        geometry._max_cost = max_cost
+        geometry._check_reg()
+        return geometry
+
+    def _check_reg(self) -> None:
+        with np.errstate(over="ignore", divide="ignore"):
+            scale = self._max_cost / self.reg
+            inverse = 1.0 / self.reg
+        if not (np.isfinite(scale) and np.isfinite(inverse)):
+            raise ValueError(
+                f"reg={self.reg:g} is too small for this cost matrix: max(M) / reg = "
+                f"{scale:g} is not a finite float64 (reg must be a normal positive number "
+                "well above 1e-300 times the largest cost)"
+            )
+
+    def __repr__(self) -> str:
+        n, m = self.shape
+        return f"<CostMatrixGeometry {n}x{m} reg={self.reg:g} max_cost={self._max_cost:.6g}>"
+
+    # ------------------------------------------------------------ the contract
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(n, m)``."""
+        return self.M.shape
+
+    @property
+    def metric(self) -> str:
+        """``'precomputed'`` (the cost is the matrix)."""
+        return self.cost.metric
+
+    def max_cost(self) -> float:
+        """The largest entry of ``M`` (exact, not a bound)."""
+        return self._max_cost
+
+    def at_reg(self, reg: float) -> CostMatrixGeometry:
+        """The same ``M`` (not copied) at another ``reg``."""
+        return CostMatrixGeometry._checked(self.M, reg, self._max_cost)
+
+    def sample(self, size: int, generator: np.random.Generator) -> CostMatrixGeometry:
+        """The sub-matrix of at most ``size`` rows and ``size`` columns drawn uniformly without
+        replacement (rows first, as :meth:`GibbsGeometry.sample
+        <sketchot.gibbs.GibbsGeometry.sample>` draws its points), at the same ``reg``."""
+        n, m = self.shape
+        rows = np.sort(generator.choice(n, size=min(size, n), replace=False))
+        cols = np.sort(generator.choice(m, size=min(size, m), replace=False))
+        sub = np.ascontiguousarray(self.M[np.ix_(rows, cols)])
+        return CostMatrixGeometry._checked(sub, self.reg, float(sub.max()))
+
+    def computes_on_device(self, cost: Any = None) -> bool:
+        """Never: the matrix is a NumPy array on the host."""
+        del cost
+        return False
+
+    def _oriented(self, transpose: bool) -> np.ndarray:
+        return self.M.T if transpose else self.M
+
+    def _neg_cost(
+        self, C: np.ndarray, rows: Any, over: Any = None, dtype: np.dtype = FLOAT64
+    ) -> np.ndarray:
+        """``-C[rows][:, over] / reg`` in ``dtype`` (a new array)."""
+        if over is None:
+            block = C[rows]
+        elif isinstance(rows, slice):
+            block = C[rows, over]
+        else:
+            block = C[np.ix_(rows, np.arange(C.shape[1])[over])]
+        out = np.array(block, dtype=dtype)
+        out *= -1.0 / self.reg
+        return out
+
+    def log_block(self, rows: Any, dtype: np.dtype = FLOAT64) -> np.ndarray:
+        """``-M[rows, :] / reg`` in ``dtype`` (float64 by default)."""
+        return self._neg_cost(self.M, rows, dtype=dtype)
+
+    def block(self, index: Any) -> np.ndarray:
+        """True rows ``K[index, :] = exp(-M[index, :] / reg)``."""
+        out = self.log_block(index)
+        return np.exp(out, out=out)
+
+    def cost_block(self, rows: Any) -> np.ndarray:
+        """The cost rows ``M[rows, :]`` (a new float64 array)."""
+        return np.array(self.M[rows], dtype=np.float64)
+
+    def matmat(self, index: Any, V: np.ndarray, *, transpose: bool = False) -> np.ndarray:
+        """``K[index, :] @ V`` (or ``K[:, index].T @ V``), ``O(len(index) m)``."""
+        C = self._oriented(transpose)
+        positions, run = _positions(index, C.shape[0])
+        out = np.empty((positions.size, *V.shape[1:]))
+        for rows in row_slices(positions.size, block_rows(C.shape[1], dim=BLOCK_DIM)):
+            block = self._neg_cost(C, _part(positions, run, rows))
+            np.exp(block, out=block)
+            out[rows] = block @ V
+        return out
+
+    def log_matvec(
+        self, index: Any, log_v: np.ndarray, *, transpose: bool = False, over: Any = None
+    ) -> np.ndarray:
+        """``log (K[index, :] @ exp(log_v))`` (or the transposed form, ``K[:, index].T``),
+        stable for any reg: a per-row maximum shift; ``-inf`` for a row whose weights are
+        all zero. ``over`` restricts the sum to those entries of the other side (``log_v``
+        then has one entry per entry of ``over``). Large products run on the pool's threads
+        (row blocks are independent: the same bits with any number of threads)."""
+        C = self._oriented(transpose)
+        positions, run = _positions(index, C.shape[0])
+        width = C.shape[1] if over is None else np.arange(C.shape[1])[over].size
+        out = np.empty(positions.size)
+
+        def rows_of(part: Part[slice]) -> None:
+            for rows in part:
+                logits = self._neg_cost(C, _part(positions, run, rows), over)
+                logits += log_v[None, :]
+                top = logits.max(axis=1)
+                shift = np.where(np.isfinite(top), top, 0.0)
+                logits -= shift[:, None]
+                np.exp(logits, out=logits)
+                with np.errstate(divide="ignore"):
+                    out[rows] = shift + np.log(logits.sum(axis=1))
+
+        slices = list(row_slices(positions.size, block_rows(width, dim=BLOCK_DIM)))
+        run_parts(rows_of, slices, positions.size * width >= THREADED_LOG_ENTRIES)
+        return out
+
+    def softmax_average(
+        self,
+        points: np.ndarray | None,
+        log_weights: np.ndarray,
+        values: np.ndarray,
+        *,
+        transpose: bool = False,
+    ) -> np.ndarray:
+        """``sum_j softmax_j(log_w_j - M_ij / reg) values_j`` for every row ``i`` (every
+        column when ``transpose``); ``points`` must be ``None`` (new points need
+        coordinates)."""
+        if points is not None:
+            require_points(self, "softmax_average at new points")
+        C = self._oriented(transpose)
+        out = np.empty((C.shape[0], *values.shape[1:]))
+        for rows in row_slices(C.shape[0], block_rows(C.shape[1], dim=BLOCK_DIM)):
+            logits = self._neg_cost(C, rows)
+            logits += log_weights[None, :]
+            logits -= logits.max(axis=1, keepdims=True)
+            np.exp(logits, out=logits)
+            logits /= logits.sum(axis=1, keepdims=True)
+            out[rows] = logits @ values
+        return out
+
+    def dual_lower_bound(self, f: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
+        """A lower bound of the unregularised OT cost ``min <P, M>`` over couplings of
+        ``a`` and ``b`` (equal masses) from any source potential ``f`` finite where ``a >
+        0``: with ``g_j = min_{a_i > 0} (M_ij - f_i)``, ``<f, a> + <g, b>`` (weak duality,
+        as :func:`sketchot.gibbs.dual_lower_bound` for points). ``O(n m)``."""
+        active = np.flatnonzero(a > 0)
+        fa = f[active]
+        g = np.full(self.shape[1], np.inf)
+        for rows in row_slices(active.size, block_rows(self.shape[1], dim=BLOCK_DIM)):
+            block = self.M[active[rows]] - fa[rows, None]
+            np.minimum(g, block.min(axis=0), out=g)
+        return float(fa @ a[active] + g @ b)
+
+    # ------------------------------------------------------ what needs points
+    def _no_points(self, what: str) -> Any:
+        require_points(self, what)
+
+    X = property(lambda self: self._no_points("the source points X"))
+    Y = property(lambda self: self._no_points("the target points Y"))
+    Xc = property(lambda self: self._no_points("the centred source points Xc"))
+    Yc = property(lambda self: self._no_points("the centred target points Yc"))
+    x_sq = property(lambda self: self._no_points("the squared norms x_sq"))
+    y_sq = property(lambda self: self._no_points("the squared norms y_sq"))
+    center = property(lambda self: self._no_points("the points' centre"))
+
+    def rows(self, side: str, index: Any) -> np.ndarray:
+        """Refused: a sketch fitted on points needs them."""
+        del side, index
+        return self._no_points("a sketch fitted on points (rows)")
+
+    def union_rows(self, index: Any = None) -> np.ndarray:
+        """Refused: landmarks among the points need them."""
+        del index
+        return self._no_points("landmarks among the points (union_rows)")
+
+    def fit_clouds(self, generator: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Refused: a data-dependent sketch needs the clouds."""
+        del generator
+        return self._no_points("a data-dependent sketch (fit_clouds)")
