@@ -19,7 +19,6 @@ that ``import sketchot`` never imports torch) on top of it.
 import functools as _functools
 
 from . import loss as _loss
-from . import policy as _policy  # noqa: F401  (installs 'auto' in the kernels' and solver's seam)
 from ._parallel import get_num_threads, set_num_threads, thread_limit
 from .api import (
     make_kernel,
@@ -50,6 +49,7 @@ from .kernels import (
     unregister_backend,
 )
 from .loss import DivergenceResult, SinkhornDivergence
+from .matrix import solve
 from .solver import (
     AccuracyWarning,
     InvalidResultError,
@@ -146,6 +146,7 @@ __all__ = [
     "sinkhorn_divergence",
     "sinkhorn_kernel",
     "sinkhorn_unbalanced",
+    "solve",
     "solve_sample",
     "solve_sample_batch",
     "thread_limit",

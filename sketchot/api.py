@@ -21,14 +21,15 @@ from typing import Any
 
 import numpy as np
 
+from . import policy
 from ._arrays import array_context, in_user_arrays
 from ._dask import any_dask, require_dask
 from ._validation import RenamableError, check_dtype, unknown_names
+from .kernels import EXACT_BACKEND
 from .kernels import make_kernel as make_kernel_in_memory
-from .solver import SolverOptions
+from .solver import ResultView, SolverOptions, in_points_dtype
 from .solver import sinkhorn as sinkhorn_in_memory
 from .solver import sinkhorn_kernel as sinkhorn_kernel_in_memory
-from .solver.result import ResultView, in_points_dtype
 
 #: The options' defaults, read from their one definition.
 _DEFAULT = SolverOptions()
@@ -197,8 +198,8 @@ def sinkhorn(
         Source points (integer arrays such as pixels are converted to float). NumPy float32
         points give float32 arrays and values (POT's convention; the solve runs in float64).
     Y : array-like, shape (m, d)
-        Target points. sketchot takes point clouds; for a precomputed cost matrix use POT's
-        ``ot.sinkhorn(a, b, M, reg)``.
+        Target points. For a precomputed cost matrix ``M`` use :func:`sketchot.solve`
+        (``sketchot.solve(M, a, b, reg=...)``, POT's ``ot.solve`` names).
     reg : float
         Entropic regularisation (> 0), required as in POT's ``ot.sinkhorn(a, b, M, reg)``
         (a ``TypeError`` names it when missing). The paper's ``gamma`` is ``1 / reg``.
@@ -296,12 +297,12 @@ def sinkhorn(
     if any_dask(a, b, X, Y):
         _refuse_on_dask(metric, warmstart, options.coarse_to_fine)
         return _distributed().sinkhorn_dask(
-            a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, **options.as_dict(), **build,
-            **backend_params,
+            a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, policy=policy, **options.as_dict(),
+            **build, **backend_params,
         )  # fmt: skip
     return sinkhorn_in_memory(
         a, b, X, Y, reg, backend, options=options, reg_m=reg_m, metric=metric, p=p,
-        warmstart=warmstart, rng=rng, **build, **backend_params,
+        warmstart=warmstart, rng=rng, policy=policy, **build, **backend_params,
     )  # fmt: skip
 
 
@@ -412,7 +413,7 @@ def _public_solve(core):
         wanted = [name for name, value in tensors.items() if _requires_grad(value)]
         forced = bool(wanted) and arguments.get("backend", "auto") == "auto"
         if forced:
-            arguments["backend"] = "exact"  # the only kernel whose value has this gradient
+            arguments["backend"] = EXACT_BACKEND  # the only kernel whose value has this gradient
         context = array_context(**{name: arguments.get(name) for name in _ARRAYS})
         result = core(*bound.args, **bound.kwargs)
         view = in_points_dtype(result, context, arguments.get("X"), arguments.get("Y"))
@@ -840,10 +841,10 @@ def make_kernel(
     if any_dask(X, Y):
         _refuse_on_dask(metric)
         return _distributed().make_kernel_dask(
-            X, Y, reg, backend, rng=rng, dtype=dtype, rank=rank, accuracy=accuracy,
+            X, Y, reg, backend, rng=rng, dtype=dtype, rank=rank, accuracy=accuracy, policy=policy,
             **backend_params,
         )  # fmt: skip
     return make_kernel_in_memory(
         X, Y, reg, backend, rng=rng, dtype=dtype, rank=rank, metric=metric, p=p,
-        accuracy=accuracy, **backend_params,
+        accuracy=accuracy, policy=policy, **backend_params,
     )  # fmt: skip

@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from . import policy
 from ._arrays import in_user_arrays
 from ._defaults import DEFAULT_ACCURACY
 from ._validation import (
@@ -62,13 +63,15 @@ from ._validation import (
     describe,
     user_stacklevel,
 )
-from .kernels import build_kernel
-from .kernels.registry import rebuild_parameters
-from .policy.solve import solve_auto
-from .solver.options import SolverOptions
-from .solver.problem import make_problem
-from .solver.result import SinkhornResult
-from .solver.sinkhorn import check_backend_params, check_problem, solve
+from .kernels import build_kernel, rebuild_parameters
+from .solver import (
+    SinkhornResult,
+    SolverOptions,
+    check_backend_params,
+    check_problem,
+    make_problem,
+    solve,
+)
 
 #: ``lambdas`` must sum to 1 up to this (relative) rounding.
 LAMBDA_RTOL = 1e-6
@@ -353,8 +356,9 @@ class _Solver:
         if reused:
             name, params = (self.backend, {}) if self.backend != "auto" else self.choices[k]
             kernel = build_kernel(
-                geometry, name, rng=self.generator, accuracy=accuracy, **self.params, **params
-            )
+                geometry, name, rng=self.generator, accuracy=accuracy, policy=policy,
+                **self.params, **params,
+            )  # fmt: skip
             start = (None, None) if warm is None else warm_potentials(kernel, c, warm[1])
             problem = make_problem(c, b, geometry.shape, reg, log_u0=start[0], log_v0=start[1])
             result = solve(problem, kernel, options, rng=self.generator)
@@ -364,7 +368,7 @@ class _Solver:
                 f"cloud {k}: the reused kernel {name!r} missed the accuracy; chosen again"
             )
         problem = make_problem(c, b, geometry.shape, reg)
-        result = solve_auto(
+        result = policy.solve_auto(
             problem, geometry, options, rng=self.generator, solve=solve, **self.params
         )
         self.choices[k] = (

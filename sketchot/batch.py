@@ -13,17 +13,17 @@ import numpy as np
 
 from ._arrays import in_user_arrays
 from ._validation import user_stacklevel
-from .solver import AccuracyWarning
-from .solver.batch import (
+from .solver import (
+    MASS_RTOL,
+    AccuracyWarning,
     BatchResult,
     check_batch_keywords,
     check_clouds,
     check_stacked_weights,
     sinkhorn_batch,
     solve_batch,
+    value_error_estimate,
 )
-from .solver.plans import value_error_estimate
-from .solver.problem import MASS_RTOL
 
 
 @in_user_arrays("X_a", "X_b", "a", "b", refuse_gradients=True)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from ot.da import BaseTransport, distribution_estimation_uniform
 
+from . import policy
 from ._validation import (
     RenamableError,
     check_bool,
@@ -241,6 +242,7 @@ class SketchSinkhornTransport(BaseTransport):
             backend=self.backend,
             options=options,
             rng=self.rng,
+            policy=policy,
             **self.backend_params,
         )
         log_u, log_v = self.result_.potentials

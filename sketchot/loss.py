@@ -72,7 +72,7 @@ from ._validation import (
 )
 from .api import make_kernel, sinkhorn
 from .gibbs import Cost, make_cost
-from .kernels.registry import rebuild_parameters
+from .kernels import rebuild_parameters
 from .solver import (
     AccuracyWarning,
     InvalidResultError,
@@ -80,11 +80,11 @@ from .solver import (
     NonPositiveKernelError,
     SinkhornResult,
     SolverOptions,
+    check_reg_m,
     make_problem,
+    solve,
+    value_error_estimate,
 )
-from .solver.plans import value_error_estimate
-from .solver.problem import check_reg_m
-from .solver.sinkhorn import solve
 
 #: Pairs of the divergence: the cross problem and the two symmetric ones, with their sign.
 TERMS = (("ab", 1.0), ("aa", -0.5), ("bb", -0.5))

@@ -1,8 +1,11 @@
 """The layout shows the architecture: imports only point down, no import circle, no private
 name across packages, the solver knows kernels only through the operator contract (no
 backend module, no private attribute, no Dask), the choice of ``'auto'`` lives in
-:mod:`sketchot.policy` (above the solver, below the jobs), and Dask inputs part from
-in-memory ones in one place, :mod:`sketchot.api`.
+:mod:`sketchot.policy` (above the solver, below the jobs, passed down by its callers), and
+Dask inputs part from in-memory ones in one place, :mod:`sketchot.api`. The jobs reach the
+layers below through the packages' namespaces only (``sketchot.solver``, never
+``sketchot.solver.sinkhorn``), never import one another sideways, touch no other object's
+private attribute, and name no backend.
 
 Every import counts, module level or inside a function, except those under
 ``if TYPE_CHECKING:`` (never executed: annotations only).
@@ -20,12 +23,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "sketchot"
 #: Layer of each part of the package, bottom up.
 LAYERS = {
     "_validation": 0, "_memory": 0, "_dask": 0, "_defaults": 0, "_arrays": 0, "_autograd": 0,
-    "_auto": 0,
     "_parallel": 1,
     "gibbs": 1, "cost_matrix": 1, "fused": 1, "sketch": 1,
     "distributed.geometry": 1, "kernels": 2, "distributed.kernels": 2,
     "distributed.builders": 2, "solver": 3, "distributed.solver": 3, "distributed": 3,
-    "policy": 4, "da": 5, "color": 5, "api": 6, "barycenter": 7, "batch": 7, "loss": 7, "nn": 8,
+    "policy": 4, "da": 5, "color": 5, "api": 6, "matrix": 6,
+    "barycenter": 7, "batch": 7, "loss": 7, "nn": 8,
 }  # fmt: skip
 BACKEND_MODULES = {"exact", "rff", "nystrom", "polyts", "local"}
 SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent != PACKAGE)
@@ -233,7 +236,6 @@ def test_the_solver_and_the_auto_strategy_name_no_backend():
         *sorted((PACKAGE / "solver").glob("*.py")),
         *(PACKAGE / "policy" / name for name in strategy),
         PACKAGE / "kernels" / "judge.py",
-        PACKAGE / "_auto.py",
     ]
     assert [hit for path in paths for hit in _backend_literals(path, names)] == []
 
@@ -254,11 +256,13 @@ def test_the_backend_literal_check_sees_a_selection(tmp_path):
 
 def test_the_policy_is_one_package_above_the_solver_below_the_jobs():
     """Only :mod:`sketchot.policy` chooses: no other module defines the ladder's entry points,
-    the kernels and the solver reach it through the seam :mod:`sketchot._auto` (which imports
-    nothing of sketchot), and the policy imports no job."""
+    no module below it imports it (the kernels and the solver get it as ``policy=`` from
+    their callers), nothing installs it at import time, and the policy imports no job."""
     graph = import_graph()
     assert LAYERS["solver"] < LAYERS["policy"] < min(LAYERS[j] for j in ("barycenter", "loss"))
-    assert graph["_auto"] == set()
+    below = [n for n in graph if n.split(".")[0] in ("kernels", "solver", "gibbs", "sketch")]
+    assert not [n for n in below if any(t.startswith("policy") for t in graph[n])]
+    assert not (PACKAGE / "_auto.py").exists()
     jobs = ("api", "barycenter", "batch", "loss", "nn", "da", "color")
     for name, targets in graph.items():
         if name.startswith("policy"):
@@ -269,4 +273,139 @@ def test_the_policy_is_one_package_above_the_solver_below_the_jobs():
         for node in ast.parse(path.read_text()).body
         if isinstance(node, ast.FunctionDef) and node.name in ("choose", "solve_auto")
     }
-    assert defining == {"_auto", "policy.ladder", "policy.solve"}
+    assert defining == {"policy.ladder", "policy.solve"}
+
+
+#: The jobs: the public entries (:mod:`sketchot.api`, :mod:`sketchot.matrix`) and what is
+#: built on the solver and the policy (the estimator, colour transfer, the divergence,
+#: barycentres, batches, the PyTorch face), with the Dask placement of the solve.
+JOBS = ("api", "matrix", "barycenter", "batch", "loss", "nn", "da", "color", "distributed.solver")
+#: The packages a job reaches through their namespace only.
+ENTRY_PACKAGES = ("solver", "policy", "kernels")
+#: The job-to-job imports there are: the divergence is built on the public solves, the
+#: PyTorch face on the divergence. Any other job importing a job is sideways.
+JOB_ON_JOB = {("loss", "api"), ("nn", "loss")}
+
+
+def job_of(name: str) -> str | None:
+    """The job a module (dotted name below the package) belongs to, or ``None``."""
+    return next((j for j in JOBS if name == j or name.startswith(j + ".")), None)
+
+
+def entry_violations(path: Path) -> list[str]:
+    """Imports in ``path`` of a submodule of :data:`ENTRY_PACKAGES` (``sketchot.solver.plans``)
+    or of a name the package does not export (its ``__all__``): an import of a package's
+    namespace is ``from sketchot.solver import name`` or ``from sketchot import solver``."""
+    import importlib
+
+    found = []
+    for parts, names in imports(path):
+        if not parts or parts[0] not in ENTRY_PACKAGES:
+            continue
+        if len(parts) > 1:
+            found.append(f"{path.name} imports {'.'.join(parts)}")
+            continue
+        exported = importlib.import_module(f"sketchot.{parts[0]}").__all__
+        found += [f"{path.name} imports {parts[0]}.{n}" for n in names if n not in exported]
+    return found
+
+
+def test_jobs_import_the_solver_policy_and_kernels_packages_not_their_submodules():
+    """The solver's entry is its package's namespace (validate, solve, certify: see
+    :mod:`sketchot.solver`); the jobs never reach into its modules, nor the policy's or the
+    kernels'."""
+    found = [v for name, path in MODULES.items() if job_of(name) for v in entry_violations(path)]
+    assert found == []
+
+
+def test_the_entry_check_sees_a_deep_import(tmp_path, monkeypatch):
+    example = tmp_path / "sketchot" / "loss.py"
+    example.parent.mkdir()
+    example.write_text(
+        "from .solver.plans import value_error_estimate\n"
+        "from .solver import solve, not_exported\n"
+        "from . import policy\n"
+        "import sketchot.kernels.registry\n"
+    )
+    monkeypatch.setitem(globals(), "PACKAGE", example.parent)
+    assert entry_violations(example) == [
+        "loss.py imports solver.plans",
+        "loss.py imports solver.not_exported",
+        "loss.py imports kernels.registry",
+    ]
+
+
+def test_no_sideways_import_between_jobs():
+    """A job imports another job only along :data:`JOB_ON_JOB`: barycentres, batches, the
+    estimator and colour transfer stand side by side on the solver and the policy."""
+    graph = import_graph()
+    edges = {
+        (job_of(name), job_of(target))
+        for name, targets in graph.items()
+        for target in targets
+        if job_of(name) and job_of(target) and job_of(name) != job_of(target)
+    }
+    assert edges <= JOB_ON_JOB, edges - JOB_ON_JOB
+
+
+#: Underscore attributes that are public APIs of the standard library, not private state.
+PUBLIC_UNDERSCORE = {
+    "_exit": "os._exit, leaving a forked child without running the parent's handlers",
+    "_replace": "namedtuple._replace",
+    "_asdict": "namedtuple._asdict",
+    "_fields": "namedtuple._fields",
+}
+
+
+def private_attributes(path: Path) -> list[str]:
+    """``obj._name`` in ``path`` on anything but ``self`` or ``cls`` (another object's private
+    state), less :data:`PUBLIC_UNDERSCORE`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")):
+            continue
+        owner = node.value.id if isinstance(node.value, ast.Name) else ""
+        if node.attr.startswith("__") or owner in ("self", "cls"):
+            continue
+        if node.attr not in PUBLIC_UNDERSCORE:
+            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_jobs_and_the_solver_touch_no_private_attribute():
+    """Jobs and solvers (in memory and on Dask) use other objects through their public
+    attributes and methods only."""
+    paths = [path for name, path in MODULES.items() if job_of(name) or name.startswith("solver")]
+    assert [hit for path in paths for hit in private_attributes(path)] == []
+
+
+def test_the_private_attribute_check_sees_one(tmp_path):
+    source = tmp_path / "example.py"
+    source.write_text("self._a\ncls._b\nkernel._c\nself.kernel._d\nrow._replace(x=1)\n")
+    assert [hit.split(": ")[1] for hit in private_attributes(source)] == [
+        "kernel._c", "self.kernel._d",
+    ]  # fmt: skip
+
+
+#: Modules outside ``kernels/`` and ``policy/`` that may name a backend, and why.
+NAMING_BACKENDS = {
+    "distributed.kernels": "the kernel layer on Dask: its exact operator's record names itself",
+}
+
+
+def test_no_backend_named_outside_the_kernels_and_the_policy():
+    """Only the kernels (each registers its own name) and the policy's table (which names the
+    backends ``'auto'`` tries) select a backend by its name; the jobs, the solver and the
+    public entries take names from their callers or from :mod:`sketchot.kernels`
+    (``EXACT_BACKEND``). Docstrings, messages and the safeguard's ``'exact'`` policy are not
+    selections (:func:`_backend_literals`)."""
+    import sketchot
+
+    names = set(sketchot.available_backends())
+    hits = [
+        f"{name}: {hit}"
+        for name, path in MODULES.items()
+        if name.split(".")[0] not in ("kernels", "policy") and name not in NAMING_BACKENDS
+        for hit in _backend_literals(path, names)
+    ]
+    assert hits == []

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ..solver.progress import Progress
+from ..solver import Progress
 
 
 class Steps:

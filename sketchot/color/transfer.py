@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import policy
 from .._validation import check_bool, check_float, check_int, check_rng, describe
 from ..kernels import get_backend
 from ..solver import (
@@ -420,6 +421,7 @@ def transfer_colors(
         backend=backend,
         options=options,
         rng=generator,
+        policy=policy,
         **params,
     )
     timings["build"] = result.timings["build"]

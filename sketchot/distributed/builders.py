@@ -20,11 +20,10 @@ import dask
 import dask.array as da
 import numpy as np
 
-from .._auto import adaptive_rank, choose
 from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_dtype, check_float, check_rng
 from ..gibbs import gibbs_matmat
-from ..kernels import KernelOperator, available_backends, get_backend
+from ..kernels import KernelOperator, available_backends, get_backend, require_policy
 from ..kernels.judge import KERNEL_CHECK_ROWS, Attempt, kernel_judge
 from ..kernels.registry import resolve_parameters
 from .geometry import DaskGibbsGeometry, check_reg_and_clouds
@@ -88,14 +87,16 @@ def build_dask_kernel(
     dtype: Any = np.float64,
     rank: int | str | None = None,
     accuracy: float = DEFAULT_ACCURACY,
+    policy: Any = None,
     **params: Any,
 ) -> KernelOperator:
     """:func:`build_dask_backend`, or with ``rank='auto'`` the doubling-rank ladder of
-    :func:`~sketchot.policy.ladder.adaptive_rank` checked on the cluster."""
+    ``policy.adaptive_rank`` (:func:`sketchot.policy.adaptive_rank`, passed in by a layer
+    above) checked on the cluster."""
     if isinstance(rank, str) and rank == "auto":
         dtype = check_dtype(dtype)
         resolve_parameters(backend, params, rank=rank)
-        return adaptive_rank(
+        return require_policy(policy, "rank='auto'").adaptive_rank(
             geometry, backend, accuracy=accuracy, rng=rng, dtype=dtype,
             build=build_dask_backend, measure=dask_kernel_error, **params,
         )  # fmt: skip
@@ -111,12 +112,14 @@ def choose_dask_kernel(
     rng: Any = None,
     dtype: Any = np.float64,
     verbose: bool = False,
+    policy: Any = None,
 ) -> tuple[KernelOperator, str, list[Attempt]]:
-    """``backend='auto'`` on Dask: :func:`~sketchot.policy.ladder.choose` over the backends that
-    run on Dask, without the stored exact kernel, each candidate judged by its sampled kernel
-    error on the cluster. Returns ``(kernel, reason, attempts)``."""
+    """``backend='auto'`` on Dask: ``policy.choose`` (:func:`sketchot.policy.choose`, passed
+    in by a layer above) over the backends that run on Dask, without the stored exact kernel,
+    each candidate judged by its sampled kernel error on the cluster. Returns ``(kernel,
+    reason, attempts)``."""
     generator = check_rng(rng)
-    choice = choose(
+    choice = require_policy(policy, "backend='auto'").choose(
         geometry, kernel_judge(accuracy, generator, dask_kernel_error), accuracy=accuracy,
         rng=generator, dtype=check_dtype(dtype), build=build_dask_backend,
         measure=dask_kernel_error, store=False, among=dask_backends(), verbose=verbose,
@@ -133,9 +136,11 @@ def make_kernel_dask(
     rng: Any = None,
     dtype: Any = np.float64,
     rank: int | str | None = None,
+    policy: Any = None,
     **params: Any,
 ) -> KernelOperator:
-    """:func:`sketchot.make_kernel` on Dask clouds (same parameters; it dispatches here)."""
+    """:func:`sketchot.make_kernel` on Dask clouds (same parameters; it dispatches here, and
+    passes the policy that ``'auto'`` needs)."""
     geometry = check_reg_and_clouds(X, Y, reg)
     accuracy = check_float(params.pop("accuracy", DEFAULT_ACCURACY), "accuracy", positive=True)
     if backend == "auto":
@@ -144,12 +149,15 @@ def make_kernel_dask(
                 "backend='auto' chooses its own parameters; it accepts only accuracy= "
                 f"(got {', '.join(sorted(params)) or 'rank'})"
             )
-        kernel, reason, _ = choose_dask_kernel(geometry, accuracy=accuracy, rng=rng, dtype=dtype)
+        kernel, reason, _ = choose_dask_kernel(
+            geometry, accuracy=accuracy, rng=rng, dtype=dtype, policy=policy
+        )
         kernel.info.reason = reason
         return kernel
     return build_dask_kernel(
-        geometry, backend, rng=rng, dtype=dtype, rank=rank, accuracy=accuracy, **params
-    )
+        geometry, backend, rng=rng, dtype=dtype, rank=rank, accuracy=accuracy, policy=policy,
+        **params,
+    )  # fmt: skip
 
 
 def _true_products_chunk(other: np.ndarray, V: np.ndarray, own: np.ndarray, reg: float):

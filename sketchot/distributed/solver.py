@@ -24,19 +24,24 @@ import numpy as np
 
 from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_bool, check_int, check_rng, describe, unknown_names
-from ..kernels import KernelOperator
-from ..kernels.base import MIN_DENOMINATOR_RATIO
-from ..solver.engine import choose_strategy, iterate
-from ..solver.options import SolverOptions
-from ..solver.plans import TrueKernelCheck, check_from_masses, fixed_point_target, sample_indices
-from ..solver.problem import MASS_RTOL, Problem, check_reg_m
-from ..solver.progress import IterationTable
-from ..solver.result import SinkhornResult
-from ..solver.safeguard import Safeguard
-from ..solver.sinkhorn import (
+from ..kernels import MIN_DENOMINATOR_RATIO, KernelOperator
+from ..solver import (
+    MASS_RTOL,
     SAMPLED_CHECK_SIZE,
+    IterationTable,
+    Problem,
+    Safeguard,
+    SinkhornResult,
+    SolverOptions,
+    TrueKernelCheck,
     check_backend_params,
+    check_from_masses,
+    check_reg_m,
+    choose_strategy,
     finish_solve,
+    fixed_point_target,
+    iterate,
+    sample_indices,
 )
 from .builders import build_dask_kernel, choose_dask_kernel
 from .geometry import SPLIT_EVERY, check_reg_and_clouds
@@ -57,6 +62,7 @@ def sinkhorn_dask(
     *,
     reg_m: Any = None,
     rng: Any = None,
+    policy: Any = None,
     **kwargs: Any,
 ) -> DaskSinkhornResult:
     """:func:`sketchot.sinkhorn` on Dask arrays (it dispatches here for any Dask input).
@@ -70,7 +76,8 @@ def sinkhorn_dask(
     reg, backend, reg_m, rng, **kwargs
         As :func:`sketchot.sinkhorn`. ``backend='auto'`` builds Nystrom at a doubling rank
         checked against the true kernel on the cluster, else the exact kernel
-        (:func:`~.builders.choose_dask_kernel`). ``safeguard`` must be ``'raise'`` or
+        (:func:`~.builders.choose_dask_kernel`; ``policy``, :mod:`sketchot.policy` passed in
+        by :func:`sketchot.sinkhorn`, makes the choice). ``safeguard`` must be ``'raise'`` or
         ``'none'`` for a problem with non-positive approximate denominators (the repairs of
         ``'exact'`` and ``'clip'`` need the passes' values: such a solve raises and says so).
 
@@ -97,10 +104,13 @@ def sinkhorn_dask(
     reason, attempts = "", []
     if backend == "auto":
         kernel, reason, attempts = choose_dask_kernel(
-            geometry, accuracy=accuracy, rng=rng, verbose=options.verbose, **backend_params
-        )
+            geometry, accuracy=accuracy, rng=rng, verbose=options.verbose, policy=policy,
+            **backend_params,
+        )  # fmt: skip
     else:
-        kernel = build_dask_kernel(geometry, backend, rng=rng, accuracy=accuracy, **backend_params)
+        kernel = build_dask_kernel(
+            geometry, backend, rng=rng, accuracy=accuracy, policy=policy, **backend_params
+        )
     if options.verbose:
         print(f"sketchot.sinkhorn: built {kernel!r} in {kernel.info.build_time:.3f} s")
     return solve_dask(problem, kernel, options, rng=rng, reason=reason, attempts=attempts)

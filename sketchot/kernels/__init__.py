@@ -1,9 +1,16 @@
 """Gibbs-kernel operators: one contract, one backend per module, one record per backend."""
 
 from . import exact, local, nystrom, polyts, rff  # noqa: F401  (registration side effects)
-from .base import CAPABILITIES, DeferredPass, FusedPass, KernelInfo, KernelOperator
-from .build import build_kernel, make_kernel
-from .exact import ExactKernel, build_exact_from_cost
+from .base import (
+    CAPABILITIES,
+    MIN_DENOMINATOR_RATIO,
+    DeferredPass,
+    FusedPass,
+    KernelInfo,
+    KernelOperator,
+)
+from .build import build_kernel, make_kernel, require_policy
+from .exact import EXACT_BACKEND, ExactKernel, build_exact_from_cost
 from .lowrank import FactorMaps, LowRankKernel
 from .paper import comparable_parameters
 from .registry import (
@@ -11,12 +18,15 @@ from .registry import (
     available_backends,
     backend_parameters,
     get_backend,
+    rebuild_parameters,
     register_backend,
     unregister_backend,
 )
 
 __all__ = [
     "CAPABILITIES",
+    "EXACT_BACKEND",
+    "MIN_DENOMINATOR_RATIO",
     "Backend",
     "DeferredPass",
     "ExactKernel",
@@ -32,6 +42,8 @@ __all__ = [
     "comparable_parameters",
     "get_backend",
     "make_kernel",
+    "rebuild_parameters",
     "register_backend",
+    "require_policy",
     "unregister_backend",
 ]

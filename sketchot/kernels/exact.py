@@ -50,6 +50,10 @@ from .base import (
 from .device import device_block_bytes, runs_on_device
 from .registry import register_backend
 
+#: The exact Gibbs kernel's backend: the one kernel whose value has every gradient (the
+#: public entries force it for tensors that require a gradient).
+EXACT_BACKEND = "exact"
+
 #: Log of the floor of an absorbed kernel's entries: one unit above log(tiny) so that exp
 #: never rounds into denormals (denormal operands make BLAS products many times slower).
 LOG_FLOOR = {
@@ -775,7 +779,7 @@ class DeviceAbsorbedExactKernel(DeviceExactKernel):
 
 
 @register_backend(
-    "exact",
+    EXACT_BACKEND,
     signed=False,
     exact=True,
     metrics="any",

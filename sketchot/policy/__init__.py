@@ -5,16 +5,14 @@ which backends ``'auto'`` tries and how (the backends' records hold only their k
 facts); :mod:`.ladder` runs the choice, reading the cost model of
 :mod:`sketchot.kernels.cost` (counted work, committed constants: never a clock);
 :mod:`.solve` judges each candidate by a solve; :mod:`.describe` writes the ladder in words
-for the docs. Importing this package installs the choice in :mod:`sketchot._auto`, where the
-kernels' and the solver's ``'auto'`` entries reach it.
+for the docs. The layers below never import it: the callers above (:mod:`sketchot.api`,
+the jobs) pass this package as ``policy=`` to the kernels' and the solver's ``'auto'``
+entries, which call its ``choose``, ``adaptive_rank`` and ``solve_auto``.
 """
 
-from .._auto import install
 from .ladder import adaptive_rank, choose
 from .solve import solve_auto
 from .table import AutoRule, auto_backends, auto_rule, auto_rules, register_auto, unregister_auto
-
-install(choose=choose, adaptive_rank=adaptive_rank, solve_auto=solve_auto)
 
 __all__ = [
     "AutoRule",
@@ -24,5 +22,6 @@ __all__ = [
     "auto_rules",
     "choose",
     "register_auto",
+    "solve_auto",
     "unregister_auto",
 ]

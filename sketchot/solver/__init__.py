@@ -1,5 +1,29 @@
-"""Sinkhorn solver: owns the iteration; reaches kernels only through the operator contract."""
+"""Sinkhorn solver: owns the iteration; reaches kernels only through the operator contract.
 
+This package's namespace is the solver's one entry for the layers above it (the policy, the
+jobs, :mod:`sketchot.api`, the Dask placement): they import ``sketchot.solver``, never its
+submodules (``tests/test_architecture.py``). What they use, by what it does:
+
+- validate a problem: :func:`check_problem` (clouds, ``reg``, cost), :func:`make_problem`
+  (weights, penalty, warm start), :func:`check_reg_m`, :func:`check_backend_params`;
+- solve it: :func:`sinkhorn` (clouds in, the kernel built or, given a policy, chosen),
+  :func:`solve` (a validated problem on a built kernel), :func:`sinkhorn_kernel`,
+  :func:`sinkhorn_batch` and :func:`solve_batch` (many small problems at once);
+- certify and summarise the result: :func:`finish_solve`, :func:`check_from_masses`,
+  :func:`true_kernel_check`, :func:`plan_summary`, :func:`value_error_estimate`;
+- drive the iteration on another placement (:mod:`sketchot.distributed`):
+  :func:`choose_strategy`, :func:`iterate`, :class:`Safeguard`, :class:`IterationTable`.
+"""
+
+from .batch import (
+    BatchResult,
+    check_batch_keywords,
+    check_clouds,
+    check_stacked_weights,
+    sinkhorn_batch,
+    solve_batch,
+)
+from .engine import choose_strategy, iterate
 from .errors import (
     AccuracyWarning,
     InvalidResultError,
@@ -7,46 +31,82 @@ from .errors import (
     KernelSafeguardWarning,
     NonPositiveKernelError,
 )
+from .matrix import sinkhorn_matrix
 from .options import SAFEGUARD_POLICIES, SolverOptions
 from .plain import PlainRun, entropic_dual, plain_sinkhorn, plan_summaries
 from .plans import (
     LazyPlan,
     PlanSummary,
     TrueKernelCheck,
+    check_from_masses,
+    fixed_point_target,
     plan_summary,
+    sample_indices,
     sampled_true_kernel_check,
     true_kernel_check,
+    value_error_estimate,
 )
-from .problem import Problem, make_problem
-from .result import SinkhornResult
+from .problem import MASS_RTOL, Problem, check_reg_m, make_problem
+from .progress import IterationTable, Progress
+from .result import NumpyInDtype, ResultView, SinkhornResult, in_points_dtype
+from .safeguard import Safeguard
 from .sinkhorn import (
+    SAMPLED_CHECK_SIZE,
     check_backend_params,
+    check_problem,
+    finish_solve,
     sinkhorn,
     sinkhorn_kernel,
+    solve,
 )
 
 __all__ = [
+    "MASS_RTOL",
     "SAFEGUARD_POLICIES",
+    "SAMPLED_CHECK_SIZE",
     "AccuracyWarning",
+    "BatchResult",
     "InvalidResultError",
     "InvalidResultWarning",
+    "IterationTable",
     "KernelSafeguardWarning",
     "LazyPlan",
     "NonPositiveKernelError",
+    "NumpyInDtype",
     "PlainRun",
     "PlanSummary",
     "Problem",
+    "Progress",
+    "ResultView",
+    "Safeguard",
     "SinkhornResult",
     "SolverOptions",
     "TrueKernelCheck",
     "check_backend_params",
+    "check_batch_keywords",
+    "check_clouds",
+    "check_from_masses",
+    "check_problem",
+    "check_reg_m",
+    "check_stacked_weights",
+    "choose_strategy",
     "entropic_dual",
+    "finish_solve",
+    "fixed_point_target",
+    "in_points_dtype",
+    "iterate",
     "make_problem",
     "plain_sinkhorn",
     "plan_summaries",
     "plan_summary",
+    "sample_indices",
     "sampled_true_kernel_check",
     "sinkhorn",
+    "sinkhorn_batch",
     "sinkhorn_kernel",
+    "sinkhorn_matrix",
+    "solve",
+    "solve_batch",
     "true_kernel_check",
+    "value_error_estimate",
 ]

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from .._auto import solve_auto
 from .._defaults import DEFAULT_ACCURACY
 from .._validation import (
     RenamableTypeError,
@@ -32,7 +31,7 @@ from .._validation import (
 )
 from ..cost_matrix import has_points
 from ..gibbs import GibbsGeometry, dual_lower_bound, make_cost
-from ..kernels import KernelOperator, build_kernel, get_backend
+from ..kernels import KernelOperator, build_kernel, get_backend, require_policy
 from . import newton
 from .advice import advise
 from .engine import STALL_CHECKS, annealing_kernels, choose_strategy, is_symmetric, iterate
@@ -75,12 +74,15 @@ def sinkhorn(
     p: float = 2.0,
     warmstart: Any = None,
     rng: Any = None,
+    policy: Any = None,
     **backend_params: Any,
 ) -> SinkhornResult:
     """The in-memory body of :func:`sketchot.sinkhorn` (whose signature and documentation
     are the public ones): validate the problem, build the kernel (or let ``'auto'`` choose
-    it) and solve. ``backend_params`` holds ``dtype``, ``rank`` and the backend's own
-    parameters; anything else is rejected, naming what is accepted."""
+    it: ``policy.solve_auto``, the policy passed in by a layer above, see
+    :func:`~sketchot.kernels.require_policy`) and solve. ``backend_params`` holds ``dtype``,
+    ``rank`` and the backend's own parameters; anything else is rejected, naming what is
+    accepted."""
     check_backend_params("sinkhorn", backend, backend_params)
     geometry = check_problem(X, Y, reg, metric, p)
     if backend_params.get("dtype") is None and options.accuracy is None:
@@ -88,10 +90,14 @@ def sinkhorn(
     problem = make_problem(a, b, geometry.shape, geometry.reg, reg_m, **warm_start(warmstart))
     problem, coarse = coarse_start(problem, geometry, options, rng)
     if backend == "auto":
-        result = solve_auto(problem, geometry, options, rng=rng, solve=solve, **backend_params)
+        result = require_policy(policy, "backend='auto'").solve_auto(
+            problem, geometry, options, rng=rng, solve=solve, **backend_params
+        )
     else:
         accuracy = options.accuracy if options.accuracy is not None else DEFAULT_ACCURACY
-        kernel = build_kernel(geometry, backend, rng=rng, accuracy=accuracy, **backend_params)
+        kernel = build_kernel(
+            geometry, backend, rng=rng, accuracy=accuracy, policy=policy, **backend_params
+        )
         if options.verbose:
             print(f"sketchot.sinkhorn: built {kernel!r} in {kernel.info.build_time:.3f} s")
         result = solve(problem, kernel, options, rng=rng)
@@ -196,7 +202,27 @@ def check_backend_params(caller: str, backend: str, params: dict[str, Any]) -> N
 def check_problem(
     X: Any, Y: Any, reg: Any, metric: Any = "sqeuclidean", p: Any = 2.0
 ) -> GibbsGeometry:
-    """Validate the clouds, ``reg`` and the cost once; return their geometry."""
+    """Validate the clouds, ``reg`` and the cost once; return their geometry.
+
+    Parameters
+    ----------
+    X, Y : array_like, shape (n, d) and (m, d)
+        The point clouds (same ``d``).
+    reg : float
+        The entropic regularisation, > 0.
+    metric, p
+        The cost, as :func:`sketchot.sinkhorn` takes it.
+
+    Returns
+    -------
+    GibbsGeometry
+        The checked clouds, ``reg`` and cost, for :func:`make_problem` and a kernel.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming the argument, what was expected and what was received.
+    """
     if Y is None or np.ndim(Y) == 0:
         shape = getattr(X, "shape", None)
         raise TypeError(
@@ -251,7 +277,26 @@ def check_kernel_metric(kernel: KernelOperator, metric: Any, p: Any) -> None:
 def solve(
     problem: Problem, kernel: KernelOperator, options: SolverOptions, *, rng: Any = None
 ) -> SinkhornResult:
-    """The solve on a validated problem and a built kernel: iterations, summary, checks."""
+    """Solve a validated problem on a built kernel: iterate, summarise, certify.
+
+    Parameters
+    ----------
+    problem : Problem
+        Weights, ``reg``, penalty and warm start (:func:`make_problem`).
+    kernel : KernelOperator
+        The operator, built for ``problem``'s shape and ``reg``.
+    options : SolverOptions
+        The solver's options.
+    rng : int, Generator or None
+        Draws of the sampled true-kernel check.
+
+    Returns
+    -------
+    SinkhornResult
+        Potentials, plan summary and value, with the true-kernel check and whether
+        ``options.accuracy`` was met (impossible results are refused:
+        :func:`finish_solve`).
+    """
     strategy = choose_strategy(kernel, options.log_domain)
     # a schedule needs the kernel at every intermediate reg: the exact kernel rebuilds itself
     exact = "exact" in kernel.info.capabilities and hasattr(kernel, "at_reg")

@@ -1,0 +1,353 @@
+"""``sketchot.solve(M, a, b, reg=...)``: POT's ``ot.solve`` on a cost matrix, with its names,
+defaults and result fields, on the one solver.
+
+With ``reg > 0`` the call runs :func:`sketchot.solver.matrix.sinkhorn_matrix` (the exact
+kernel ``exp(-M / reg)``, the epsilon schedule, the Newton stage, the exhaustive true-kernel
+check); with ``reg=None`` it goes to POT's own exact solver, as
+:func:`sketchot.solve_sample` does without ``reg``. What the solver does not solve
+(quadratic or TV penalties, other regularisers, a reference measure ``c``, an initial plan)
+is refused by name, with what was expected and what was received.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._arrays import NUMPY, array_context
+from ._parallel import thread_limit
+from ._validation import RenamableError, check_int, describe, unknown_names
+from .solver import NumpyInDtype, ResultView, SinkhornResult, SolverOptions, sinkhorn_matrix
+
+#: POT's ``ot.solve`` arguments (the did-you-mean of an unknown keyword reads them too).
+_POT_NAMES = (
+    "M", "a", "b", "reg", "c", "reg_type", "unbalanced", "unbalanced_type", "method",
+    "n_threads", "max_iter", "plan_init", "potentials_init", "tol", "verbose", "grad",
+)  # fmt: skip
+
+#: POT's gradient modes (``grad``): NumPy arrays carry no gradient, so each one is the same
+#: solve here.
+_GRAD_MODES = ("autodiff", "envelope", "last_step", "detach")
+
+#: The solver's options taken by name besides POT's ``max_iter``, ``tol`` and ``verbose``,
+#: and the solve's own ``rng`` and ``dtype``.
+_EXTRA = (
+    *(name for name in SolverOptions.names() if name not in ("max_iter", "tol", "verbose")),
+    "rng",
+    "dtype",
+)
+
+#: The issue that adds POT's quadratic and total-variation marginal penalties.
+_PENALTIES_ISSUE = "issue 43"
+
+
+def solve(
+    M: Any,
+    a: Any = None,
+    b: Any = None,
+    reg: float | None = None,
+    c: Any = None,
+    reg_type: Any = "KL",
+    unbalanced: Any = None,
+    unbalanced_type: str = "KL",
+    method: str | None = None,
+    n_threads: int = 1,
+    max_iter: int | None = None,
+    plan_init: Any = None,
+    potentials_init: Any = None,
+    tol: float | None = None,
+    verbose: bool = False,
+    grad: str = "autodiff",
+    **options: Any,
+):
+    """Optimal transport on a cost matrix with the names, defaults and result fields of
+    POT's ``ot.solve``: entropic with ``reg`` (the one solver on ``exp(-M / reg)``), exact
+    (POT's own solver) without.
+
+    Solves ``min_P <P, M> + reg KL(P | a b^T) + u_a KL(P 1 | a) + u_b KL(P^T 1 | b)`` over
+    non-negative plans (``unbalanced=None``: ``P 1 = a`` and ``P^T 1 = b`` exactly), with
+    the generalised ``KL(p | q) = sum p log(p / q) - p + q``.
+
+    Parameters
+    ----------
+    M : array-like, shape (n, m)
+        The cost matrix: finite costs ``>= 0`` (any dtype NumPy converts; float32 gives a
+        float32 answer, solved in float64). Read, never written; read-only and strided
+        arrays are accepted. NumPy only: PyTorch tensors (or another library's arrays) are
+        refused by name (POT's ``ot.solve`` differentiates through them; sketchot's
+        differentiable entries take point clouds).
+    a, b : array-like or None, shapes (n,) and (m,)
+        Weights of the rows and the columns of ``M`` (``None``: uniform, as in POT); the
+        same total mass when ``unbalanced`` is ``None``.
+    reg : float or None, default=None
+        Entropic regularisation (``> 0``). ``None``, as in POT, solves EXACT transport: the
+        call goes to POT's ``ot.solve(M, a, b, reg=None, ...)`` with every argument of POT's
+        signature as given and returns POT's ``OTResult``, with ``notes`` saying that POT
+        solved it; sketchot's options are refused there. ``reg=0`` is refused (POT reads it
+        as ``None``; pass ``None``).
+    c : None
+        POT's reference measure of the regularisation. Only ``None`` (``c = a b^T``, POT's
+        default) is solved with ``reg``; an array is refused.
+    reg_type : {'KL', 'entropy'}, default='KL'
+        The regulariser (case-insensitive, as in POT). ``'KL'``: ``reg KL(P | a b^T)``.
+        ``'entropy'`` (balanced only): Cuturi's ``reg sum P log P``, which differs from
+        ``'KL'`` by ``reg (<a, log a> + <b, log b>)`` on the balanced constraint set: the
+        same plan and potentials; ``value`` is POT's ``<P, M> + reg sum P log P``. POT's
+        ``'L2'`` and ``(f, df)`` pairs are refused (``NotImplementedError``).
+    unbalanced : None, float or pair of float, default=None
+        KL penalties of the marginals (the solver's ``reg_m``, in units of the cost): a
+        number (or a one-item sequence) for both sides, ``(u_a, u_b)`` for each,
+        ``float('inf')`` for a hard side (``(inf, s)`` is semi-relaxed). ``None``: balanced.
+    unbalanced_type : {'KL'}, default='KL'
+        The marginal penalty (case-insensitive). POT's ``'L2'`` and ``'TV'`` are refused
+        with ``NotImplementedError`` (issue 43 adds them); read only when ``unbalanced`` is
+        given, as in POT.
+    method : None
+        POT's choice among its algorithms. sketchot runs its one solver (log-stable passes,
+        an epsilon schedule at small ``reg``, a Newton stage), so only ``None`` is taken
+        with ``reg``.
+    n_threads : int, default=1
+        Worker threads of the solve (:func:`sketchot.thread_limit`; the answer does not
+        depend on it). POT's OpenMP threads of the exact solver with ``reg=None``.
+    max_iter : int or None, default=None
+        Iterations at most; ``None``: the solver's 1000 (POT's default for Sinkhorn).
+    plan_init : None
+        POT's initial plan, used by its non-Sinkhorn solvers only (POT's Sinkhorn ignores
+        it); refused with ``reg`` (pass ``potentials_init``).
+    potentials_init : None or pair of array-like, default=None
+        A warm start ``(log u, log v)`` of shapes ``(n,)`` and ``(m,)``: a previous result's
+        ``potentials`` (``P = diag(u) exp(-M / reg) diag(v)``). POT's balanced Sinkhorn
+        ignores it; here it starts the iteration (never annealed).
+    tol : float or None, default=None
+        POT's stopping rule (``stopThr``): stop when the L2 column-marginal error
+        ``||P^T 1 - b||_2`` (relative to ``sum(b)``, the same number for unit mass) is
+        below ``tol``. ``None``: sketchot's default, stop at the accuracy asked for
+        (``accuracy``, the L1 residual relative to ``sum(a)``; see
+        :class:`~sketchot.SolverOptions`); POT's own default is ``1e-9``.
+    verbose : bool, default=False
+        Print the build, the error at every check and the true-kernel check.
+    grad : {'autodiff', 'envelope', 'last_step', 'detach'}, default='autodiff'
+        POT's gradient mode. NumPy arrays carry no gradient, so every mode gives the same
+        solve; other values are refused.
+    **options
+        The solver's other options by name (:class:`~sketchot.SolverOptions`:
+        ``accuracy``, ``log_domain``, ``epsilon_scaling``, ``anderson``, ``check_every``,
+        ``safeguard``, ``certify_first``, ``true_kernel_samples``, ``errors``, ``warn``),
+        ``dtype`` (float64 or float32 storage of ``exp(-M / reg)``) and ``rng`` (the
+        sampled true-kernel check when ``n m > 4e6``). Other names are refused with a
+        did-you-mean.
+
+    Returns
+    -------
+    SinkhornResult or ot.utils.OTResult
+        With ``reg``: the solver's result with POT's ``OTResult`` fields ``value``,
+        ``value_linear``, ``plan``, ``lazy_plan``, ``potentials`` (``(log u, log v)``, POT's
+        ``(log_u, log_v)`` of balanced Sinkhorn; POT's unbalanced ``logu`` is ``log u - log
+        a``), ``potential_a``, ``potential_b``, ``marginals``, ``marginal_a``,
+        ``marginal_b`` and ``status``, plus the check against the exact kernel
+        (``true_kernel``, ``accuracy_met``); a view (arrays and values in float32) for a
+        float32 ``M``. Balanced, ``value`` is POT's: ``<P, M> + reg sum P log(P / (a
+        b^T))`` (``'KL'``) or ``<P, M> + reg sum P log P`` (``'entropy'``). Unbalanced, it
+        is the objective above with the generalised KL (POT's formula with
+        ``kl_div(..., mass=True)``; POT 0.9.7's ``ot.solve`` drops the mass terms
+        ``sum q - p`` there, so its ``value`` is not the objective it minimises).
+        Without ``reg``: POT's own ``OTResult``, with ``notes``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On invalid input, naming the argument, what was expected and what was received.
+    NotImplementedError
+        For POT's problems the solver does not solve (``reg_type``, ``unbalanced_type``,
+        ``c``), as POT raises it for names it does not know.
+
+    Examples
+    --------
+    >>> import numpy as np, ot, sketchot
+    >>> rng = np.random.default_rng(0)
+    >>> M = ot.dist(rng.random((60, 2)), rng.random((40, 2)))
+    >>> res = sketchot.solve(M, reg=0.05)
+    >>> res.status, res.plan.shape, bool(res.accuracy_met)
+    ('converged', (60, 40), True)
+    >>> exact = sketchot.solve(M)   # reg=None: POT's exact solver
+    >>> exact.notes
+    ['reg=None: exact transport solved by POT (ot.solve)']
+    """
+    _numpy_only(M=M, a=a, b=b, potentials_init=potentials_init)
+    if reg is None:
+        return _exact_by_pot(
+            M, a, b, c=c, reg_type=reg_type, unbalanced=unbalanced,
+            unbalanced_type=unbalanced_type, method=method, n_threads=n_threads,
+            max_iter=max_iter, plan_init=plan_init, potentials_init=potentials_init, tol=tol,
+            verbose=verbose, grad=grad, options=options,
+        )  # fmt: skip
+    regulariser = _check_problem(reg, c, reg_type, unbalanced, unbalanced_type)
+    _check_pot_arguments(method, plan_init, grad, potentials_init)
+    n_threads = check_int(n_threads, "n_threads", minimum=1)
+    unknown = sorted(set(options) - set(_EXTRA))
+    if unknown:
+        raise TypeError(
+            "solve() got unexpected keyword argument(s) "
+            f"{unknown_names(unknown, (*_POT_NAMES, *_EXTRA))}; it "
+            f"takes POT's ot.solve arguments and the solver's options {', '.join(_EXTRA)}"
+        )
+    rng, dtype = options.pop("rng", None), options.pop("dtype", None)
+    settings = SolverOptions(
+        **({} if max_iter is None else {"max_iter": max_iter}), tol=tol, verbose=verbose,
+        **options,
+    )  # fmt: skip
+    names = {"reg_m": "unbalanced", "warmstart": "potentials_init"}
+    try:
+        with thread_limit(n_threads):
+            result = sinkhorn_matrix(
+                a, b, M, reg, options=settings, reg_m=_reg_m(unbalanced),
+                warmstart=None if potentials_init is None else tuple(potentials_init),
+                rng=rng, dtype=np.float64 if dtype is None else dtype,
+            )  # fmt: skip
+    except RenamableError as error:
+        raise error.renamed(caller="solve", **names) from None
+    return _as_pot(result, M, regulariser)
+
+
+def _numpy_only(**arrays: Any) -> None:
+    """Refuse other libraries' arrays by name (this entry solves on NumPy arrays)."""
+    context = array_context(**arrays)
+    if context is not NUMPY and context.library != "numpy":
+        name = next(
+            key for key, value in arrays.items()
+            if array_context(**{key: value}).library == context.library
+        )  # fmt: skip
+        raise TypeError(
+            f"sketchot.solve takes NumPy arrays; got {name} from {context.library}: convert "
+            f"the inputs with .numpy() (for gradients, POT's ot.solve(M, a, b, reg=...) "
+            "differentiates through M, and sketchot.solve_sample through point clouds)"
+        )
+
+
+def _check_problem(reg, c, reg_type, unbalanced, unbalanced_type) -> str:
+    """The regulariser (``'kl'`` or ``'entropy'``) of a problem the solver solves, or a
+    refusal naming the argument."""
+    if isinstance(reg, (int, float, np.number)) and not isinstance(reg, bool) and reg == 0:
+        raise ValueError(
+            "reg must be > 0 for an entropic solve, or None for exact transport (POT reads "
+            "reg=0 as None); got reg=0"
+        )
+    if not isinstance(reg_type, str):
+        raise NotImplementedError(
+            f"reg_type must be 'KL' or 'entropy'; got {describe(reg_type)}: POT's general "
+            "regulariser (f, df), solved by conditional gradient, is not implemented"
+        )
+    kind = reg_type.lower()
+    if kind not in ("kl", "entropy"):
+        hint = " (POT's quadratic regulariser)" if kind == "l2" else ""
+        raise NotImplementedError(
+            f"reg_type must be 'KL' or 'entropy'; got {reg_type!r}{hint}, which the Sinkhorn "
+            "solver does not solve"
+        )
+    if unbalanced is not None:
+        if not isinstance(unbalanced_type, str) or unbalanced_type.lower() != "kl":
+            shown = unbalanced_type if isinstance(unbalanced_type, str) else None
+            known = shown is not None and shown.lower() in ("l2", "tv")
+            raise NotImplementedError(
+                f"unbalanced_type must be 'KL' (the solver's KL penalties); got "
+                f"{describe(unbalanced_type)}"
+                + (f": POT's {shown!r} penalty is not implemented yet ({_PENALTIES_ISSUE} "
+                   "adds it)" if known else "")
+            )  # fmt: skip
+        if kind == "entropy":
+            raise NotImplementedError(
+                "reg_type='entropy' with unbalanced is not the KL problem shifted by a "
+                "constant (the marginals move), and POT solves it with L-BFGS-B, not "
+                "Sinkhorn; pass reg_type='KL' (POT's default) or unbalanced=None"
+            )
+    if c is not None:
+        raise NotImplementedError(
+            f"c must be None (the reference measure a b^T, POT's default); got {describe(c)}: "
+            "another reference measure is not implemented"
+        )
+    return kind
+
+
+def _check_pot_arguments(method, plan_init, grad, potentials_init) -> None:
+    """POT's arguments that choose among its algorithms: the one solver takes their
+    defaults."""
+    if method is not None:
+        raise ValueError(
+            f"method must be None with reg (sketchot runs its one solver: log-stable passes, "
+            f"an epsilon schedule at small reg, a Newton stage); got method={method!r}"
+        )
+    if plan_init is not None:
+        raise ValueError(
+            f"plan_init must be None with reg (POT uses it in its non-Sinkhorn solvers only); "
+            f"got {describe(plan_init)}; warm-start with potentials_init=(log_u, log_v)"
+        )
+    if grad not in _GRAD_MODES:
+        raise ValueError(f"grad must be one of {', '.join(map(repr, _GRAD_MODES))}; got {grad!r}")
+    if potentials_init is not None and not (
+        isinstance(potentials_init, (tuple, list)) and len(potentials_init) == 2
+    ):
+        raise TypeError(
+            "potentials_init must be None or a pair (log_u, log_v) of arrays of shapes (n,) "
+            f"and (m,) (a result's potentials); got {describe(potentials_init)}"
+        )
+
+
+def _reg_m(unbalanced: Any) -> Any:
+    """POT's ``unbalanced`` as the solver's ``reg_m``: a one-item sequence is one number for
+    both sides (POT's "indexable object of length 1")."""
+    if isinstance(unbalanced, (list, tuple, np.ndarray)) and np.shape(unbalanced) == (1,):
+        return unbalanced[0]
+    if isinstance(unbalanced, list):
+        return tuple(unbalanced)
+    return unbalanced
+
+
+def _as_pot(result: SinkhornResult, M: Any, regulariser: str) -> Any:
+    """``result`` with POT's ``value`` and in ``M``'s floating dtype (float32 stays float32;
+    the solve ran in float64). Balanced: both penalties infinite (``unbalanced=None`` or
+    ``inf``, POT's balanced)."""
+    balanced = not np.any(np.isfinite(result.reg_m))
+    dtype = getattr(M, "dtype", None)
+    dtype = np.dtype(dtype) if dtype in (np.float32, np.float64) else np.dtype(np.float64)
+    values = {}
+    if balanced:
+        values["value"] = _pot_value(result, regulariser)
+    if dtype == np.float64 and not values:
+        return result
+    context = NumpyInDtype("numpy", np, "cpu", dtype)
+    return ResultView(result, context, {k: dtype.type(v) for k, v in values.items()})
+
+
+def _pot_value(result: SinkhornResult, regulariser: str) -> float:
+    """POT's balanced value from the scalings, without an ``n x m`` array: ``sum P log P =
+    <P 1, log u> + <P^T 1, log v> - <P, M> / reg``."""
+    row, col = result.marginals
+    log_u, log_v = result.potentials
+    # sum P log P + <P, M> / reg (log P_ij = log u_i + log v_j - M_ij / reg)
+    entropy = _masked_dot(row, log_u) + _masked_dot(col, log_v)
+    if regulariser == "kl":  # sum P log(P / (a b^T)) = sum P log P - <P 1, log a> - ...
+        with np.errstate(divide="ignore"):
+            entropy -= _masked_dot(row, np.log(result.a)) + _masked_dot(col, np.log(result.b))
+    return float(result.reg * entropy)
+
+
+def _masked_dot(weights: np.ndarray, logs: np.ndarray) -> float:
+    """``sum_i w_i log_i`` over ``w_i != 0`` (``0 log 0 = 0``)."""
+    mask = weights != 0
+    return float(weights[mask] @ logs[mask])
+
+
+def _exact_by_pot(M, a, b, *, options, **pot) -> Any:
+    """``solve`` without ``reg``: POT's exact solvers, every POT argument passed through."""
+    import ot
+
+    if options:
+        raise TypeError(
+            "solve() without reg solves exact transport with POT's ot.solve, which takes none "
+            f"of sketchot's {', '.join(sorted(options))}; pass reg > 0 for an entropic solve "
+            "with them"
+        )
+    result = ot.solve(M, a, b, reg=None, **pot)
+    result.notes = ["reg=None: exact transport solved by POT (ot.solve)"]
+    return result
