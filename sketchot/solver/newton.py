@@ -267,13 +267,14 @@ def _solve_stage(
     alpha = dual.row_update(beta)
     error = dual.error(np.exp(dual.log_plan(alpha, beta)).sum(axis=0))
     status, steps, best, since = "max_iter", 0, error, 0
-    for steps in range(NEWTON_MAX_STEPS + 1):
+    while True:
         if error <= tol:
             status = "converged"
             break
         if steps == NEWTON_MAX_STEPS:
             break
         alpha, beta, error = _step(dual, alpha, beta)
+        steps += 1
         if dual.report is not None:
             dual.report(error)
         best, since = (error, 0) if error < STALL_FACTOR * best else (best, since + 1)
