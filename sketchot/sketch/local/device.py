@@ -1,6 +1,9 @@
 """Where the products run: the per-point arrays of one side in NumPy on the host, or copies
 on another Array API library's device, behind one small interface (``xp`` and a few
 gathers), so that the products are written once.
+
+The sides (``clusters._Side``) and batches (``clusters._Batch``) these arrays serve are
+typed ``Any`` here: ``clusters`` builds the arrays, so this module does not import it back.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from .fit import _FEATURE_MEMORY_SHARE
 
 if TYPE_CHECKING:
     from ..._arrays import DeviceArrays
-    from .clusters import _Batch, _Side
 
 # Bytes for the per-group rank-R moments G (source clusters x R x target clusters): large
 # enough for BLAS efficiency, small enough to keep the memory flat at n = 1e6.
@@ -35,7 +37,7 @@ class _HostArrays:
     xp = np
     on_host = True
 
-    def __init__(self, side: _Side) -> None:
+    def __init__(self, side: Any) -> None:
         self.side = side
         self.local, self.base, self.points = side.local, side.base, side.points
 
@@ -58,17 +60,17 @@ class _HostArrays:
     def full(self, shape: tuple[int, ...], value: float) -> np.ndarray:
         return np.full(shape, value)
 
-    def gather(self, batch: _Batch, values: np.ndarray) -> np.ndarray:
+    def gather(self, batch: Any, values: np.ndarray) -> np.ndarray:
         return batch.gather(values)
 
-    def padding(self, batch: _Batch) -> np.ndarray:
+    def padding(self, batch: Any) -> np.ndarray:
         return batch.padding
 
-    def take_valid(self, batch: _Batch, values: np.ndarray) -> np.ndarray:
+    def take_valid(self, batch: Any, values: np.ndarray) -> np.ndarray:
         """The real rows of padded ``values`` (clusters, size, ...), cluster by cluster."""
         return values[batch.valid]
 
-    def batch_features(self, batch: _Batch) -> np.ndarray:
+    def batch_features(self, batch: Any) -> np.ndarray:
         return self.side.batch_features(batch)
 
     def block_features(self, rows: slice) -> np.ndarray:
@@ -89,7 +91,7 @@ class _DeviceArrays(_HostArrays):
 
     on_host = False
 
-    def __init__(self, side: _Side, on: DeviceArrays) -> None:
+    def __init__(self, side: Any, on: DeviceArrays) -> None:
         self.side, self.on, self.xp = side, on, on.xp
         self.local, self.base = on.put(side.local), on.put(side.base)
         self.points = on.put(side.points)
@@ -132,7 +134,7 @@ class _DeviceArrays(_HostArrays):
     def full(self, shape: tuple[int, ...], value: float) -> Any:
         return self.xp.full(shape, value, dtype=self.xp.float64, device=self.local.device)
 
-    def _padded_rows(self, batch: _Batch) -> tuple[Any, Any, Any]:
+    def _padded_rows(self, batch: Any) -> tuple[Any, Any, Any]:
         """The batch's padded row index, padding offsets and real positions, kept on the
         device (gathers by integer index: no boolean mask, whose shape a GPU must wait for)."""
         key = batch.ids.tobytes()
@@ -144,20 +146,20 @@ class _DeviceArrays(_HostArrays):
             )
         return self._index[key]
 
-    def gather(self, batch: _Batch, values: Any) -> Any:
+    def gather(self, batch: Any, values: Any) -> Any:
         if batch.index is None:
             return values[batch.rows, ...][None, ...]
         flat = self.xp.take(values, self._padded_rows(batch)[0], axis=0)
         return self.xp.reshape(flat, (*batch.index.shape, *values.shape[1:]))
 
-    def padding(self, batch: _Batch) -> Any:
+    def padding(self, batch: Any) -> Any:
         return self._padded_rows(batch)[1]
 
-    def take_valid(self, batch: _Batch, values: Any) -> Any:
+    def take_valid(self, batch: Any, values: Any) -> Any:
         flat = self.xp.reshape(values, (-1, *values.shape[2:]))
         return self.xp.take(flat, self._padded_rows(batch)[2], axis=0)
 
-    def batch_features(self, batch: _Batch) -> Any:
+    def batch_features(self, batch: Any) -> Any:
         if batch.index is None:
             return self.block_features(batch.rows)[None, ...]
         key = batch.ids.tobytes()
