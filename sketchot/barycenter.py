@@ -23,6 +23,30 @@ a gradient step of size ``1 / (2 c_i)`` per support point. It stops, as POT's, w
 squared displacement ``sum_i ||z_i^new - z_i||^2`` (absolute, not relative) is at most
 ``tol``, or after ``max_iter`` updates.
 
+**Anderson acceleration** (``acceleration='anderson'``, the default). The plain fixed point
+creeps where the objective is flat (measured in ``benchmarks/barycenter.py``: a contraction
+of 0.8-0.97 per step near the end). Each step instead mixes the last
+:data:`ANDERSON_MEMORY` + 1 supports' images (type II Anderson, Walker and Ni 2011: the
+combination of the images whose residuals ``T(Z_i) - Z_i`` combine to the smallest), and is
+safeguarded by the objective: an extrapolated support whose ``F`` (its solves' values) exceeds
+the last accepted one's by more than the two solves' primal-dual gaps is replaced by the plain
+image of the last accepted support, and the history restarts. The plain step never raises
+``F`` (it minimises the transport cost of the current plans over the support, after which the
+plans are optimised again), so the safeguarded iteration decreases ``F`` up to the solves'
+gaps. ``acceleration=None`` repeats POT's iterates step by step.
+
+**Debiased barycenters** (``debiased=True``; Janati et al. 2020). ``F``'s minimiser is
+blurred: at ``reg`` comparable to the clouds' variance its support shrinks towards a point.
+The debiased objective ``F(Z) - OT_reg(mu_Z, mu_Z) / 2`` (``sum_k lambda_k`` Sinkhorn
+divergences up to a constant) has the gradient ``2 c_i (S(z_i) - T(z_i))``, with ``S`` the
+barycentric map of the support's transport to itself, and the step of the same size
+``1 / (2 c_i)`` is
+
+.. math:: Z \\leftarrow Z + \\sum_k \\lambda_k T_k(Z) - S(Z),
+
+one more solve per step (the support to itself). It stops when ``||T(Z) - S(Z)||^2`` summed
+is at most ``tol``. Unlike the plain step it need not decrease the objective at every step.
+
 Every transport is solved by :mod:`sketchot.solver` (any backend, ``'auto'`` included) and
 warm-started between outer iterations from the previous potentials (the support points keep
 their identity, so ``log u`` carries over) and, with ``backend='auto'``, from the previous
@@ -34,6 +58,9 @@ holds the transports from the returned support, each with its true-kernel check.
 References
 ----------
 M. Cuturi, A. Doucet, "Fast computation of Wasserstein barycenters", ICML 2014.
+H. F. Walker, P. Ni, "Anderson acceleration for fixed-point iterations", SIAM J. Numer.
+Anal. 49(4), 2011.
+H. Janati, M. Cuturi, A. Gramfort, "Debiased Sinkhorn barycenters", ICML 2020.
 P. C. Alvarez-Esteban, E. del Barrio, J. A. Cuesta-Albertos, C. Matran, "A fixed-point
 approach to barycenters in Wasserstein space", J. Math. Anal. Appl. 441(2), 2016.
 """
@@ -73,6 +100,16 @@ from .solver import (
     solve,
 )
 
+#: Supports (and fixed-point images) the Anderson step mixes.
+ANDERSON_MEMORY = 5
+#: The values of :func:`barycenter`'s ``acceleration``.
+ACCELERATIONS = ("anderson", None)
+#: An extrapolated support is kept when its objective exceeds the last accepted one by at most
+#: the two solves' primal-dual gaps and this relative rounding.
+OBJECTIVE_RTOL = 1e-12
+#: Tikhonov weight of the Anderson least-squares problem, relative to its largest diagonal.
+ANDERSON_RIDGE = 1e-10
+
 #: ``lambdas`` must sum to 1 up to this (relative) rounding.
 LAMBDA_RTOL = 1e-6
 
@@ -99,7 +136,11 @@ class BarycenterResult:
     n_iter : int
         Outer (fixed-point) updates run.
     displacements : list of float
-        ``sum_i ||z_i^new - z_i||^2`` after each update (POT's ``displacement_square_norms``).
+        ``sum_i ||z_i^new - z_i||^2`` after each update (POT's ``displacement_square_norms``):
+        the residual ``||T(Z) - Z||^2`` of the support each step solved at.
+    objectives : list of float
+        The objective ``F(Z)`` of the support each step solved at (its solves' ``value``
+        weighted by ``lambdas``).
     converged : bool
         Whether the last displacement was at most ``tol``.
     inner_iterations : list of list of int
@@ -110,6 +151,8 @@ class BarycenterResult:
         ``total`` seconds and ``solves`` (seconds in the inner solves).
     notes : list of str
         What validation changed (e.g. weights normalised) and kernel re-choices.
+    self_result : SinkhornResult or None
+        ``debiased=True``: the transport from the returned support to itself.
     """
 
     X: np.ndarray
@@ -120,9 +163,11 @@ class BarycenterResult:
     displacements: list[float]
     converged: bool
     inner_iterations: list[list[int]] = field(default_factory=list)
+    objectives: list[float] = field(default_factory=list)
     tol: float = POT_OUTER_TOL
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    self_result: SinkhornResult | None = None
 
     @property
     def support(self) -> np.ndarray:
@@ -132,10 +177,13 @@ class BarycenterResult:
     @property
     def objective(self) -> float:
         """``sum_k lambda_k OT_reg(mu_X, nu_k)``: the results' ``value`` (entropic objective,
-        module notes) weighted by ``lambdas``."""
-        return float(
-            sum(lam * res.value for lam, res in zip(self.lambdas, self.results, strict=True))
-        )
+        module notes) weighted by ``lambdas``; debiased, minus ``OT_reg(mu_X, mu_X) / 2``
+        (the debiased objective without its constant ``sum_k lambda_k OT_reg(nu_k, nu_k) /
+        2``)."""
+        value = sum(lam * res.value for lam, res in zip(self.lambdas, self.results, strict=True))
+        if self.self_result is not None:
+            value -= 0.5 * self.self_result.value
+        return float(value)
 
     @property
     def backends(self) -> list[str]:
@@ -147,6 +195,8 @@ class BarycenterResult:
         """Whether every final transport met its accuracy against the true kernel (``None``
         when not checked)."""
         met = [res.accuracy_met for res in self.results]
+        if self.self_result is not None:
+            met.append(self.self_result.accuracy_met)
         return None if any(m is None for m in met) else all(met)
 
     @property
@@ -189,6 +239,8 @@ def barycenter(
     inner_max_iter: int = 1000,
     inner_tol: float | None = None,
     warm_start: bool = True,
+    debiased: bool = False,
+    acceleration: str | None = "anderson",
     verbose: bool = False,
     **kwargs: Any,
 ) -> BarycenterResult:
@@ -230,6 +282,16 @@ def barycenter(
         POT's iterates.
     warm_start : bool, default=True
         Start each solve from the previous outer step's potentials (and kernel choice).
+    debiased : bool, default=False
+        Minimise the debiased objective ``sum_k lambda_k S_reg(mu_Z, nu_k)`` (Sinkhorn
+        divergences, Janati et al. 2020) instead of ``F``: one more solve per step (the
+        support to itself), and a support free of the entropic blur that shrinks ``F``'s
+        minimiser towards the clouds' means (module notes).
+    acceleration : {'anderson', None}, default='anderson'
+        ``'anderson'``: the next support mixes the last :data:`ANDERSON_MEMORY` supports'
+        fixed-point images (Anderson acceleration, module notes), an extrapolated support
+        kept only when it does not raise the objective beyond the solves' own primal-dual
+        gaps; ``None``: the plain fixed point ``Z <- T(Z)`` (POT's iterates, step by step).
     verbose : bool, default=False
         Print one line per outer step (displacement, inner iterations, seconds).
     **kwargs
@@ -253,7 +315,7 @@ def barycenter(
     >>> clouds = [rng.normal(size=(200, 2)), rng.normal(size=(150, 2)) + [4.0, 0.0]]
     >>> res = sketchot.barycenter(clouds, reg=0.1, n_support=100, tol=1e-3, rng=0)
     >>> res.X.shape, res.converged, res.n_iter, res.backends
-    ((100, 2), True, 27, ['exact', 'exact'])
+    ((100, 2), True, 28, ['exact', 'exact'])
     >>> print(np.round(res.X.mean(axis=0), 1))    # halfway between the two means
     [1.9 0. ]
     """
@@ -267,6 +329,11 @@ def barycenter(
     if inner_tol is not None:
         inner_tol = check_float(inner_tol, "inner_tol", positive=True)
     warm_start = check_bool(warm_start, "warm_start")
+    debiased = check_bool(debiased, "debiased")
+    if acceleration not in ACCELERATIONS:
+        raise ValueError(
+            f"acceleration must be one of {ACCELERATIONS}; got {describe(acceleration)}"
+        )
     verbose = check_bool(verbose, "verbose")
     generator = check_rng(rng)
     for name in sorted(set(kwargs) & set(NOT_IN_BARYCENTER)):
@@ -286,45 +353,121 @@ def barycenter(
     solver = _Solver(backend, backend_params, generator, notes)
 
     K = len(clouds)
-    warm: list[Any] = [None] * K
+    # the transports each step solves: (cloud index, its weight in the support's image and in
+    # the objective); debiased, one more: the support to itself, with -1 and -1/2
+    terms = [(k, lambdas[k], lambdas[k]) for k in range(K)] + ([(K, -1.0, -0.5)] * debiased)
+    warm: list[Any] = [None] * len(terms)
     displacements: list[float] = []
+    objectives: list[float] = []
     inner: list[list[int]] = []
+    mixing = _Anderson(ANDERSON_MEMORY) if acceleration == "anderson" else None
+    # the last accepted support's objective, its gap and its plain fixed-point image
+    accepted: tuple[float, float, np.ndarray] | None = None
+    extrapolated, rejected = False, 0
     converged, n_iter, solving = False, 0, 0.0
     while n_iter < max_iter and not converged:
         begin = time.perf_counter()
-        T = np.zeros_like(Z)
-        counts = []
-        for k in range(K):
-            res = solver.solve(Z, k, clouds[k], c, weights[k], reg, quiet, warm[k])
+        # debiased, the image is Z + sum_k lambda_k T_k(Z) - S(Z) (module notes)
+        T = Z.copy() if debiased else np.zeros_like(Z)
+        counts, objective, gap = [], 0.0, 0.0
+        for k, mapped, scored in terms:
+            target, target_weights = (clouds[k], weights[k]) if k < K else (Z, c)
+            res = solver.solve(Z, k, target, c, target_weights, reg, quiet, warm[k])
             if warm_start:
                 warm[k] = res.potentials
             counts.append(res.n_iter)
-            T += lambdas[k] * res.barycentric_map()
+            T += mapped * res.barycentric_map()
+            objective += scored * res.value
+            gap += abs(scored) * abs(res.value - res.value_dual)
         solving += time.perf_counter() - begin
         displacement = float(np.sum((T - Z) ** 2))
-        Z = T
         n_iter += 1
         displacements.append(displacement)
+        objectives.append(objective)
         inner.append(counts)
         converged = displacement <= tol
+        if (
+            not converged
+            and extrapolated
+            and accepted is not None
+            and objective > accepted[0] + accepted[1] + gap + OBJECTIVE_RTOL * abs(accepted[0])
+        ):
+            # the extrapolated support raised the objective beyond the solves' own gaps:
+            # back to the plain fixed-point step from the last accepted support
+            mixing.clear()
+            Z, extrapolated, rejected = accepted[2], False, rejected + 1
+        else:
+            accepted = (objective, gap, T)
+            Z, extrapolated = (T, False) if mixing is None or converged else mixing.step(Z, T)
         if verbose:
             print(
                 f"sketchot.barycenter: step {n_iter:3d}  displacement {displacement:.3e}  "
-                f"inner iterations {counts}  {time.perf_counter() - begin:.2f} s"
+                f"objective {objective:.8g}  inner iterations {counts}  "
+                f"{time.perf_counter() - begin:.2f} s"
             )
+    if rejected:
+        notes.append(
+            f"acceleration: {rejected} extrapolated support(s) raised the objective and were "
+            "replaced by the plain fixed-point step"
+        )
     if not converged and options.warn:
         warnings.warn(_not_converged(displacements, tol), UserWarning, stacklevel=user_stacklevel())
     begin = time.perf_counter()
     results = [
-        solver.solve(Z, k, clouds[k], c, weights[k], reg, options, warm[k]) for k in range(K)
-    ]
+        solver.solve(Z, k, *((clouds[k], c, weights[k]) if k < K else (Z, c, c)), reg, options,
+                     warm[k])
+        for k, _, _ in terms
+    ]  # fmt: skip
     solving += time.perf_counter() - begin
     inner.append([res.n_iter for res in results])
+    self_result = results.pop() if debiased else None
     return BarycenterResult(
         X=Z, support_weights=c, lambdas=lambdas, results=results, n_iter=n_iter,
-        displacements=displacements, converged=converged, inner_iterations=inner, tol=tol,
+        displacements=displacements, converged=converged, inner_iterations=inner,
+        objectives=objectives, tol=tol, self_result=self_result,
         timings={"total": time.perf_counter() - start, "solves": solving}, notes=notes,
     )  # fmt: skip
+
+
+class _Anderson:
+    """Anderson acceleration (type II, Walker and Ni 2011) of the support fixed point
+    ``Z <- T(Z)``: with the residuals ``r_i = T(Z_i) - Z_i`` of the last ``memory + 1``
+    supports, ``gamma = argmin ||r_k - dR gamma||`` (differences of consecutive residuals,
+    a ridge of :data:`ANDERSON_RIDGE` for conditioning) and the next support
+    ``T(Z_k) - dT gamma``. Cost ``O(memory^2 n d)`` per step, memory ``O(memory n d)``."""
+
+    def __init__(self, memory: int):
+        self.memory = memory
+        self.supports: list[np.ndarray] = []
+        self.images: list[np.ndarray] = []
+
+    def clear(self) -> None:
+        self.supports.clear()
+        self.images.clear()
+
+    def step(self, Z: np.ndarray, T: np.ndarray) -> tuple[np.ndarray, bool]:
+        """The next support after ``Z`` with image ``T``, and whether it was extrapolated
+        (``False``: ``T`` itself, the first step after a reset)."""
+        self.supports.append(Z)
+        self.images.append(T)
+        del self.supports[: -self.memory - 1], self.images[: -self.memory - 1]
+        if len(self.supports) < 2:
+            return T, False
+        residuals = np.stack(
+            [(t - z).ravel() for z, t in zip(self.supports, self.images, strict=True)]
+        )
+        images = np.stack([t.ravel() for t in self.images])
+        dR, dT = np.diff(residuals, axis=0).T, np.diff(images, axis=0).T
+        gram = dR.T @ dR
+        ridge = ANDERSON_RIDGE * float(np.max(np.diag(gram)))
+        if not ridge > 0.0:
+            return T, False
+        gamma = np.linalg.solve(gram + ridge * np.eye(len(gram)), dR.T @ residuals[-1])
+        extrapolated = images[-1] - dT @ gamma
+        if not np.all(np.isfinite(extrapolated)):
+            self.clear()
+            return T, False
+        return extrapolated.reshape(T.shape), True
 
 
 def _not_converged(displacements: list[float], tol: float) -> str:
