@@ -18,6 +18,10 @@ Methods, each timed from the clouds to the results (cost matrices included):
     The same with rounds of 100 iterations (the default 40: converged pairs leave sooner).
 ``sinkhorn_batch tol=1e-9``
     The same at POT's criterion (L2 column residual 1e-9 per pair).
+``sinkhorn_batch ragged`` and ``sinkhorn loop ragged``
+    A ragged batch: pair ``k`` keeps its first ``n_k`` and ``m_k`` points (drawn in
+    ``[100, 200]``), as a list of clouds in one ``sinkhorn_batch`` call (padded with points
+    of zero weight) and in a loop of ``sketchot.sinkhorn``.
 ``pairwise_divergences, 45 clouds``
     ``sketchot.pairwise_divergences(clouds, reg=reg)`` on the first 23 sources and 22
     targets: 990 cross and 45 symmetric problems (``solves / s`` counts all 1035), once.
@@ -129,6 +133,19 @@ def run_reg(X, Y, factor, reg, k, peers, rows, skip, repeat) -> None:
                f"{int(res.converged.sum())}/{B} converged, iterations "
                f"{int(res.n_iter.min())}-{int(res.n_iter.max())} "
                f"(mean {res.n_iter.mean():.1f})")  # fmt: skip
+    # a ragged batch: pair k keeps its first n_k and m_k points, drawn in [100, 200]
+    sizes = np.random.default_rng(B).integers(N_POINTS // 2, N_POINTS + 1, size=(B, 2))
+    Xr = [X[i, : sizes[i, 0]] for i in range(B)]
+    Yr = [Y[i, : sizes[i, 1]] for i in range(B)]
+    seconds, res = fastest(lambda: sketchot.sinkhorn_batch(Xr, Yr, reg=reg), repeat)
+    record("sinkhorn_batch ragged", seconds, B, float(res.true_kernel_error.max()),
+           f"sizes {N_POINTS // 2}-{N_POINTS}, {int(res.converged.sum())}/{B} converged, "
+           f"iterations {int(res.n_iter.min())}-{int(res.n_iter.max())}")  # fmt: skip
+    seconds, out = fastest(
+        lambda: [sketchot.sinkhorn(None, None, Xr[i], Yr[i], reg=reg) for i in range(k)], repeat
+    )
+    record("sinkhorn loop ragged", seconds, k, max(r.true_kernel.bound for r in out),
+           f"backends {sorted({r.backend for r in out})}")  # fmt: skip
     clouds = np.concatenate(
         [X[: PAIRWISE_CLOUDS // 2], Y[: PAIRWISE_CLOUDS - PAIRWISE_CLOUDS // 2]]
     )
@@ -214,7 +231,7 @@ def main() -> None:
     meta = {"python": sys.version.split()[0], "numpy": np.__version__, "pot": ot.__version__,
             "machine": platform.machine(), "cpus": os.cpu_count(), "pairs": B,
             "loop_pairs": loop, "peer_pairs": peers, "repeat": args.repeat,
-            "points": N_POINTS, "d": 2}  # fmt: skip
+            "points": N_POINTS, "d": 2, "load": os.getloadavg()}  # fmt: skip
     write_json(RESULTS_DIR / f"{stem}.json", {"meta": meta, "rows": rows})
     table = md_table(
         ["reg / mean sq. dist.", "method", "pairs timed", "seconds", "solves / s",

@@ -18,10 +18,10 @@ from .solver import (
     AccuracyWarning,
     BatchResult,
     check_batch_keywords,
-    check_clouds,
-    check_stacked_weights,
     sinkhorn_batch,
     solve_batch,
+    stack_clouds,
+    stack_weights,
     value_error_estimate,
 )
 
@@ -155,9 +155,10 @@ def pairwise_divergences(
 
     Parameters
     ----------
-    clouds : array-like, shape (K, n, d)
-        The clouds, all of ``n`` points.
-    weights : array-like of shape (K, n), optional
+    clouds : array-like, shape (K, n, d), or sequence of K arrays of shapes (n_k, d)
+        The clouds; clouds of different sizes are padded with points of zero weight
+        (:func:`sinkhorn_batch`).
+    weights : array-like of shape (K, n) or sequence of K arrays of lengths n_k, optional
         Their weights (default uniform), all of the same mass (balanced transport).
     reg : float, default=1.0
         Entropic regularisation.
@@ -190,9 +191,9 @@ def pairwise_divergences(
     ((5, 5), True, True)
     """
     check_batch_keywords("pairwise_divergences", kwargs)
-    X = check_clouds(clouds, "clouds", "weights")
+    X, sizes = stack_clouds(clouds, "clouds", "weights")
     K, n = X.shape[:2]
-    w = check_stacked_weights(weights, "weights", (K, n), "clouds")
+    w = stack_weights(weights, "weights", (K, n), "clouds", sizes)
     mass = w.sum(axis=1)
     off = ~np.isclose(mass, mass[0], rtol=MASS_RTOL, atol=0.0)
     if off.any():

@@ -157,8 +157,8 @@ def _masked_weights(shape: tuple[int, ...]) -> np.ma.MaskedArray:
 
 
 def _ragged(entry: Entry) -> list:
-    if entry.shape == "stack":  # clouds of different sizes
-        return [X.tolist(), X[:5].tolist(), X.tolist()]
+    if entry.shape == "stack":  # clouds of different sizes (taken) and dimensions (refused)
+        return [X.tolist(), X[:5, :1].tolist(), X.tolist()]
     return [[0.1, 0.2], [0.3]]  # rows of different lengths
 
 
@@ -205,7 +205,8 @@ CASES = {
         "X",
         _ragged,
         (TypeError, ValueError),
-        lambda e: rf"^{_name(e, 'X')} must be a (2-D numeric array|stack of clouds of one shape)",
+        lambda e: rf"^{_name(e, 'X')}(\[1\] must have 2 columns| must be a (2-D numeric array|"
+        "stack of clouds of one shape))",
     ),
     "NaN in the clouds": Case(
         "X", _with_nan, ValueError, lambda e: rf"^{_name(e, 'X')} must contain only finite"

@@ -22,6 +22,8 @@ from .batch import (
     check_stacked_weights,
     sinkhorn_batch,
     solve_batch,
+    stack_clouds,
+    stack_weights,
 )
 from .engine import choose_strategy, iterate
 from .errors import (
@@ -107,6 +109,8 @@ __all__ = [
     "sinkhorn_matrix",
     "solve",
     "solve_batch",
+    "stack_clouds",
+    "stack_weights",
     "true_kernel_check",
     "value_error_estimate",
 ]

@@ -105,6 +105,11 @@ class BatchResult:
         ``build`` (the stacked kernels, seconds summed over the chunks) and ``total`` (wall
         seconds of the call).
     notes : list of str
+    sizes : ndarray of int, shape (B, 2), or None
+        Clouds of different sizes (ragged batches): each pair's ``(n_k, m_k)``; every array
+        above is padded to the largest sizes, with zero weights, zero marginals and ``-inf``
+        log-scalings past them (``potentials[0][k, :n_k]`` is pair ``k``'s). ``None`` when
+        every cloud has the same size.
     """
 
     potentials: tuple[np.ndarray, np.ndarray]
@@ -122,6 +127,7 @@ class BatchResult:
     accuracy: float | None
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    sizes: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.value.shape[0]
@@ -183,12 +189,14 @@ def sinkhorn_batch(
 
     Parameters
     ----------
-    X : array-like, shape (B, n, d)
-        Source clouds.
-    Y : array-like, shape (B, m, d)
-        Target clouds.
+    X : array-like, shape (B, n, d), or sequence of B arrays of shapes (n_k, d)
+        Source clouds; a sequence of clouds of different sizes (a ragged batch) is padded
+        to the largest with points of zero weight (``BatchResult.sizes``).
+    Y : array-like, shape (B, m, d), or sequence of B arrays of shapes (m_k, d)
+        Target clouds (ragged as ``X``).
     a : array-like of shape (B, n), optional
-        Source weights per pair (default uniform ``1 / n``).
+        Source weights per pair (default uniform ``1 / n``, ``1 / n_k`` in a ragged batch,
+        where ``a`` may also be a sequence of ``B`` arrays of lengths ``n_k``).
     b : array-like of shape (B, m), optional
         Target weights per pair, each of the same mass as its ``a_k``.
     reg : float, default=1.0
@@ -209,7 +217,9 @@ def sinkhorn_batch(
 
     Notes
     -----
-    ``O(B n m)`` time per iteration and ``24 B' n m`` bytes for a chunk of ``B'`` pairs.
+    ``O(B n m)`` time per iteration and ``24 B' n m`` bytes for a chunk of ``B'`` pairs
+    (ragged batches: ``n`` and ``m`` the largest sizes, so sizes that differ much are best
+    batched by size).
 
     Examples
     --------
@@ -247,7 +257,7 @@ def solve_batch(
     options, _ = SolverOptions.split({"check_every": CHECK_EVERY, **kwargs})
     max_bytes = check_int(max_bytes, "max_bytes", minimum=1)
     round_iter = check_int(round_iter, "round_iter", minimum=1)
-    X, Y, a, b, reg, notes = check_batch(X, Y, a, b, reg, names)
+    X, Y, a, b, reg, notes, sizes = check_batch(X, Y, a, b, reg, names)
     tol, norm = options.stopping()
     B, n, m = X.shape[0], X.shape[1], Y.shape[1]
     chunk = chunk_size(B, n, m, max_bytes)
@@ -293,7 +303,7 @@ def solve_batch(
         value_linear=out.value_linear, value=out.value, n_iter=out.n_iter, errors=out.errors,
         converged=out.errors <= tol, a=a, b=b, reg=reg, tol=tol, norm=norm,
         accuracy=options.accuracy, timings={"build": build, "total": total},
-        notes=notes,
+        notes=notes, sizes=sizes,
     )  # fmt: skip
 
 
@@ -524,20 +534,32 @@ def check_batch(
     reg: Any,
     names: tuple[str, str, str, str] = ("X", "Y", "a", "b"),
 ):
-    """``(X, Y, a, b, reg, notes)`` validated: float64 stacks of one batch size and
+    """``(X, Y, a, b, reg, notes, sizes)`` validated: float64 stacks of one batch size and
     dimension, weights per pair of equal masses (``b_k`` rescaled to ``a_k``'s within
-    :data:`~sketchot.solver.problem.MASS_RTOL`). Errors call them ``names``."""
+    :data:`~sketchot.solver.problem.MASS_RTOL`). Sequences of clouds of different sizes are
+    padded (:func:`stack_clouds`); ``sizes`` is then the ``(B, 2)`` array of each pair's
+    ``(n_k, m_k)``, else ``None``. Errors call them ``names``."""
     nx, ny, na, nb = names
-    X = check_clouds(X, nx, na)
-    Y = check_clouds(Y, ny, nb)
+    X, sizes_x = stack_clouds(X, nx, na)
+    Y, sizes_y = stack_clouds(Y, ny, nb)
     if Y.shape[0] != X.shape[0] or Y.shape[2] != X.shape[2]:
         raise ValueError(
             f"{nx} and {ny} must hold the same number of pairs B and dimension d, (B, n, d) "
-            f"and (B, m, d); got {nx} of shape {X.shape} and {ny} of shape {Y.shape}"
+            f"and (B, m, d); got {nx} of shape {_stack_shape(X, sizes_x)} and {ny} of shape "
+            f"{_stack_shape(Y, sizes_y)}"
         )
     reg = check_float(reg, "reg", positive=True)
-    a = check_stacked_weights(a, na, X.shape[:2], nx)
-    b = check_stacked_weights(b, nb, Y.shape[:2], ny)
+    a = stack_weights(a, na, X.shape[:2], nx, sizes_x)
+    b = stack_weights(b, nb, Y.shape[:2], ny, sizes_y)
+    sizes = None
+    if sizes_x is not None or sizes_y is not None:
+        sizes = np.stack(
+            [
+                np.full(X.shape[0], X.shape[1]) if sizes_x is None else sizes_x,
+                np.full(Y.shape[0], Y.shape[1]) if sizes_y is None else sizes_y,
+            ],
+            axis=1,
+        )
     notes = []
     mass_a, mass_b = a.sum(axis=1), b.sum(axis=1)
     off = ~np.isclose(mass_a, mass_b, rtol=MASS_RTOL, atol=0.0)
@@ -551,7 +573,12 @@ def check_batch(
     if np.any(mass_a != mass_b):
         b = b * (mass_a / mass_b)[:, None]
         notes.append(f"{nb} was rescaled pair by pair to the mass of {na}")
-    return X, Y, a, b, reg, notes
+    if sizes is not None:
+        notes.append(
+            f"clouds of different sizes padded to {X.shape[1]} x {Y.shape[1]} points of zero "
+            "weight (BatchResult.sizes)"
+        )
+    return X, Y, a, b, reg, notes, sizes
 
 
 def check_clouds(value: Any, name: str, weights: str = "a") -> np.ndarray:
@@ -584,6 +611,89 @@ def check_clouds(value: Any, name: str, weights: str = "a") -> np.ndarray:
         bad = int(array.size - np.count_nonzero(np.isfinite(array)))
         raise ValueError(f"{name} must contain only finite values; got {bad} NaN or inf entries")
     return array
+
+
+def stack_clouds(value: Any, name: str, weights: str = "a") -> tuple[np.ndarray, Any]:
+    """``(stack, sizes)``: a ``(B, n, d)`` stack as :func:`check_clouds` validates it with
+    ``sizes = None``, or a sequence of ``B`` clouds of different sizes ``n_k`` (each a finite
+    real ``(n_k, d)`` array, one ``d``) padded to ``n = max n_k`` points with copies of
+    each cloud's first point (a bounded cost; they get zero weight, so they carry no mass)
+    and their sizes, shape ``(B,)``. ``O(B n d)`` memory."""
+    if not (isinstance(value, (list, tuple)) and _ragged(value)):
+        return check_clouds(value, name, weights), None
+    clouds = []
+    for k, item in enumerate(value):
+        try:
+            cloud = np.asarray(item)
+        except ValueError:
+            cloud = np.asarray(None)
+        if cloud.dtype.kind not in "biuf" or cloud.ndim != 2 or 0 in cloud.shape:
+            raise ValueError(
+                f"{name}[{k}] must be a non-empty real cloud of shape (n_k, d) (the clouds of "
+                f"{name} have different sizes); got {describe(item)}"
+            )
+        cloud = cloud.astype(np.float64)
+        if not np.all(np.isfinite(cloud)):
+            raise ValueError(f"{name}[{k}] must contain only finite values; got NaN or inf")
+        if clouds and cloud.shape[1] != clouds[0].shape[1]:
+            raise ValueError(
+                f"{name}[{k}] must have {clouds[0].shape[1]} columns (the dimension of "
+                f"{name}[0]); got shape {cloud.shape}"
+            )
+        clouds.append(cloud)
+    sizes = np.array([len(cloud) for cloud in clouds])
+    stack = np.empty((len(clouds), int(sizes.max()), clouds[0].shape[1]))
+    for k, cloud in enumerate(clouds):
+        stack[k, : len(cloud)] = cloud
+        stack[k, len(cloud) :] = cloud[0]
+    return stack, sizes
+
+
+def stack_weights(
+    value: Any, name: str, shape: tuple[int, int], points: str, sizes: Any = None
+) -> np.ndarray:
+    """Weights of the stack of shape ``shape`` (:func:`check_stacked_weights`); with the
+    ``sizes`` of padded clouds (:func:`stack_clouds`): ``None`` gives ``1 / n_k`` on each
+    cloud's points, a sequence of ``B`` arrays of lengths ``n_k`` is padded with zeros, a
+    ``(B, n)`` array must be zero on the padding."""
+    if sizes is None:
+        return check_stacked_weights(value, name, shape, points)
+    inside = np.arange(shape[1])[None, :] < sizes[:, None]
+    if value is None:
+        return np.where(inside, 1.0 / sizes[:, None], 0.0)
+    if isinstance(value, (list, tuple)) and len(value) == shape[0]:
+        lengths = [np.shape(item) for item in value]
+        if any(len(length) != 1 for length in lengths):
+            raise ValueError(
+                f"{name} must be a sequence of 1-D weights, one per cloud of {points}; got "
+                f"shapes {lengths[:6]}"
+            )
+        wrong = [k for k, length in enumerate(lengths) if length[0] != sizes[k]]
+        if wrong:
+            k = wrong[0]
+            raise ValueError(
+                f"{name}[{k}] must have one weight per point of {points}[{k}] ({sizes[k]}); got "
+                f"{lengths[k][0]}"
+            )
+        padded = np.zeros(shape)
+        for k, item in enumerate(value):
+            padded[k, : sizes[k]] = np.asarray(item, dtype=np.float64)
+        value = padded
+    array = check_stacked_weights(value, name, shape, points)
+    if np.any(array[~inside] != 0):
+        k = int(np.flatnonzero((array * ~inside).any(axis=1))[0])
+        raise ValueError(
+            f"{name} must be zero past each cloud's size (the padding of {points}); row {k} "
+            f"has weight past {points}[{k}]'s {sizes[k]} points"
+        )
+    return array
+
+
+def _stack_shape(stack: np.ndarray, sizes: Any) -> str:
+    """A stack's shape for an error message (the sizes of padded clouds)."""
+    if sizes is None:
+        return str(stack.shape)
+    return f"{len(sizes)} clouds of {sizes.min()}-{sizes.max()} points in {stack.shape[2]}-D"
 
 
 def _ragged(value: Any) -> bool:
