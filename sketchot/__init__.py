@@ -21,11 +21,13 @@ import functools as _functools
 from . import loss as _loss
 from ._parallel import get_num_threads, set_num_threads, thread_limit
 from .api import (
+    GridResult,
     make_kernel,
     sinkhorn,
     sinkhorn2,
     sinkhorn_kernel,
     sinkhorn_unbalanced,
+    solve_grid,
     solve_sample,
 )
 from .barycenter import BarycenterResult, barycenter
@@ -36,6 +38,15 @@ from .batch import (
     sinkhorn_batch,
     solve_sample_batch,
 )
+from .convolutional import (
+    GridBarycenterResult,
+    GridDivergenceResult,
+    convolutional_barycenter,
+    convolutional_barycenter2d,
+    convolutional_barycenter2d_debiased,
+    sinkhorn_divergence_grid,
+)
+from .grid import RegularGrid, log_convolve
 from .kernels import (
     Backend,
     ExactKernel,
@@ -59,6 +70,7 @@ from .solver import (
     NonPositiveKernelError,
     SinkhornResult,
     SolverOptions,
+    TargetsResult,
     TrueKernelCheck,
 )
 
@@ -68,6 +80,7 @@ __version__ = "0.4.0"
 # ot.da (which pulls in scikit-learn); plain solves need neither.
 _LAZY = {
     "SketchSinkhornTransport": "da",
+    "SketchUnbalancedSinkhornTransport": "da",
     "color_transfer": "color",
     "load_image": "color",
     "map_image": "color",
@@ -110,6 +123,9 @@ __all__ = [
     "BatchResult",
     "DivergenceResult",
     "ExactKernel",
+    "GridBarycenterResult",
+    "GridDivergenceResult",
+    "GridResult",
     "InvalidResultError",
     "InvalidResultWarning",
     "KernelInfo",
@@ -119,20 +135,27 @@ __all__ = [
     "LowRankKernel",
     "NonPositiveKernelError",
     "PairwiseDivergences",
+    "RegularGrid",
     "SamplesLoss",
     "SinkhornDivergence",
     "SinkhornResult",
     "SketchSinkhornTransport",
+    "SketchUnbalancedSinkhornTransport",
     "SolverOptions",
+    "TargetsResult",
     "TrueKernelCheck",
     "__version__",
     "available_backends",
     "barycenter",
     "color_transfer",
     "comparable_parameters",
+    "convolutional_barycenter",
+    "convolutional_barycenter2d",
+    "convolutional_barycenter2d_debiased",
     "get_backend",
     "get_num_threads",
     "load_image",
+    "log_convolve",
     "make_kernel",
     "map_image",
     "pairwise_divergences",
@@ -144,9 +167,11 @@ __all__ = [
     "sinkhorn2",
     "sinkhorn_batch",
     "sinkhorn_divergence",
+    "sinkhorn_divergence_grid",
     "sinkhorn_kernel",
     "sinkhorn_unbalanced",
     "solve",
+    "solve_grid",
     "solve_sample",
     "solve_sample_batch",
     "thread_limit",

@@ -17,6 +17,7 @@ import contextlib
 import functools
 import inspect
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,12 +25,15 @@ import numpy as np
 from . import policy
 from ._arrays import array_context, in_user_arrays
 from ._dask import any_dask, require_dask
-from ._validation import RenamableError, check_dtype, unknown_names
-from .kernels import EXACT_BACKEND
+from ._validation import RenamableError, check_dtype, describe, unknown_names
+from .grid import RegularGrid, check_grid
+from .kernels import EXACT_BACKEND, GRID_BACKEND
 from .kernels import make_kernel as make_kernel_in_memory
-from .solver import ResultView, SolverOptions, in_points_dtype
+from .solver import ResultView, SolverOptions, in_points_dtype, several_targets
 from .solver import sinkhorn as sinkhorn_in_memory
 from .solver import sinkhorn_kernel as sinkhorn_kernel_in_memory
+from .solver import sinkhorn_kernel_targets as sinkhorn_kernel_targets_in_memory
+from .solver import sinkhorn_targets as sinkhorn_targets_in_memory
 
 #: The options' defaults, read from their one definition.
 _DEFAULT = SolverOptions()
@@ -190,10 +194,15 @@ def sinkhorn(
         another Array API library's arrays) give a result in that library, on their device,
         in the points' dtype, the kernel's products run there (``pip install
         ".[torch]"`` in a clone; the user guide's page on arrays).
-    b : array-like of shape (m,) or None
+    b : array-like of shape (m,), (m, k) or None
         Target weights; the same total mass as ``a`` for balanced transport. POT's ``b`` of
-        shape ``(m, k)`` (``k`` targets in one call) is not supported yet: a ``ValueError``
-        names it.
+        shape ``(m, k)`` solves ``k`` targets on one kernel, one matrix product per
+        half-iteration (:mod:`sketchot.solver.targets`), and returns a
+        :class:`~sketchot.solver.TargetsResult`: ``value_linear`` holds the ``k`` values
+        (what POT's ``sinkhorn`` returns then), ``potentials`` have shapes ``(n, k)`` and
+        ``(m, k)``, each target converges and is certified on its own. NumPy arrays only
+        (not Dask, not tensors), no gradient; every column needs the mass of ``a`` unless
+        ``reg_m`` is finite (POT rescales such columns silently; here they are refused).
     X : array-like, shape (n, d)
         Source points (integer arrays such as pixels are converted to float). NumPy float32
         points give float32 arrays and values (POT's convention; the solve runs in float64).
@@ -244,21 +253,24 @@ def sinkhorn(
 
     Returns
     -------
-    SinkhornResult
-        The scalings (``potentials = (log u, log v)``, ``P = diag(u) K diag(v)``), the lazy
-        plan (``lazy_plan``; ``plan`` for the dense array when it fits), ``value_linear =
-        <P, M>``, ``value`` (the objective above, penalties included), the marginals, the
-        iterations, the stop reason, and ``true_kernel``: the check of the scalings against
-        the exact kernel (for unbalanced transport, the L1 residual of the fixed point
-        ``u = (a / K v)^rho_a``, ``v = (b / K^T u)^rho_b``, relative to ``sum(a)``), with
-        ``accuracy_met``. For tensors, or NumPy float32 points, a
-        ``sketchot.solver.result.ResultView`` of it: arrays in the caller's library and
-        the points' dtype, ``value`` and ``value_linear`` scalars of that dtype (0-d tensors).
+    SinkhornResult or TargetsResult
+        For ``b`` of shape ``(m, k)``: a :class:`~sketchot.TargetsResult` (the ``k``
+        values ``value_linear`` and ``value``, potentials of shapes ``(n, k)``, ``(m, k)``,
+        each target's stop and true-kernel check; float64 whatever the points' dtype).
+        Otherwise the scalings (``potentials = (log u, log v)``, ``P = diag(u) K diag(v)``),
+        the lazy plan (``lazy_plan``; ``plan`` for the dense array when it fits),
+        ``value_linear = <P, M>``, ``value`` (the objective above, penalties included), the
+        marginals, the iterations, the stop reason, and ``true_kernel``: the check of the
+        scalings against the exact kernel (for unbalanced transport, the L1 residual of the
+        fixed point ``u = (a / K v)^rho_a``, ``v = (b / K^T u)^rho_b``, relative to
+        ``sum(a)``), with ``accuracy_met``. For tensors, or NumPy float32 points, a
+        ``sketchot.solver.result.ResultView`` of it: arrays in the caller's library and the
+        points' dtype, ``value`` and ``value_linear`` scalars of that dtype (0-d tensors).
         Tensors that require grad make ``value`` differentiable with respect to ``X``, ``Y``
         (squared Euclidean cost), ``a`` and ``b`` (the envelope theorem,
-        :mod:`sketchot._autograd`); ``backend='auto'`` then solves with the exact kernel, the
-        only one whose value has that gradient, and other backends, costs or an unconverged
-        iteration are refused. ``value_linear`` carries no gradient.
+        :mod:`sketchot._autograd`); ``backend='auto'`` then solves with the exact kernel,
+        the only one whose value has that gradient, and other backends, costs or an
+        unconverged iteration are refused. ``value_linear`` carries no gradient.
 
     Raises
     ------
@@ -294,6 +306,16 @@ def sinkhorn(
     """
     options = _options(locals())
     build = _build(rank, dtype)
+    if several_targets(b):
+        if any_dask(a, b, X, Y):
+            raise NotImplementedError(
+                "several targets (b of shape (m, k)) are not implemented on Dask arrays; "
+                "compute the arrays, or solve each column of b with Dask"
+            )
+        return sinkhorn_targets_in_memory(
+            a, b, X, Y, reg, backend, options=options, reg_m=reg_m, metric=metric, p=p,
+            warmstart=warmstart, rng=rng, policy=policy, **build, **backend_params,
+        )  # fmt: skip
     if any_dask(a, b, X, Y):
         _refuse_on_dask(metric, warmstart, options.coarse_to_fine)
         return _distributed().sinkhorn_dask(
@@ -304,6 +326,18 @@ def sinkhorn(
         a, b, X, Y, reg, backend, options=options, reg_m=reg_m, metric=metric, p=p,
         warmstart=warmstart, rng=rng, policy=policy, **build, **backend_params,
     )  # fmt: skip
+
+
+def _refuse_matrix_call(function: str, Y: Any) -> None:
+    """POT's ``ot.<function>(a, b, M, reg)`` called here puts ``reg`` where a cloud goes:
+    point to the cost-matrix entries with POT's signatures."""
+    if isinstance(Y, (int, float, np.number)) and not isinstance(Y, bool):
+        raise TypeError(
+            f"{function}() takes point clouds: {function}(a, b, X, Y, reg=...); got the number "
+            f"{Y!r} as Y, as in POT's ot.{function}(a, b, M, reg, ...). For a cost matrix M "
+            f"call sketchot.matrix.{function}(a, b, M, reg, ...) (POT's signature and return "
+            "values) or sketchot.solve(M, a, b, reg=reg) (the full result)"
+        )
 
 
 def _require_reg(reg: Any, function: str) -> None:
@@ -318,16 +352,31 @@ def _require_reg(reg: Any, function: str) -> None:
 
 
 def _one_target(b: Any) -> None:
-    """POT solves ``k`` targets when ``b`` has shape ``(m, k)``; sketchot does not yet."""
-    shape = getattr(b, "shape", None)
-    if shape is None and isinstance(b, (list, tuple)):
+    """Exact transport (POT's solver) takes one target: ``b`` of shape ``(m, k)`` is
+    refused there by name."""
+    if several_targets(b):
         shape = np.shape(b)
-    if shape is not None and len(shape) == 2 and shape[1] > 1:  # (m, 1): one target's shape
         raise ValueError(
-            f"b must have shape (m,) = ({shape[0]},), one target's weights; got shape "
-            f"{tuple(shape)}: several targets in one call (POT's b of shape (m, k)) are not "
-            "supported yet; solve each column of b separately"
+            f"b must have shape (m,) = ({shape[0]},) without reg; got shape {tuple(shape)}: "
+            "several targets in one call (POT's b of shape (m, k)) are solved with reg > 0 "
+            "only (POT's exact solver takes one target); solve each column of b separately"
         )
+
+
+def _targets_in_numpy(arguments: dict[str, Any]) -> None:
+    """Several targets are solved on NumPy arrays, without gradients: others are refused
+    by name."""
+    for name in _ARRAYS:
+        value = arguments.get(name)
+        values = value if isinstance(value, (tuple, list)) and name == "warmstart" else [value]
+        for item in values:
+            context = array_context(**{name: item})
+            if not context.is_numpy:
+                raise TypeError(
+                    f"several targets (b of shape (m, k)) take NumPy arrays; got {name} from "
+                    f"{context.library}: convert the inputs (e.g. .numpy()), or solve each "
+                    "column of b with tensors"
+                )
 
 
 def _refuse_unproven_gradient(result: Any, wanted: list[str], metric: Any) -> None:
@@ -396,8 +445,9 @@ _ARRAYS = ("a", "b", "X", "Y", "warmstart")
 
 
 def _public_solve(core):
-    """The public face of a solve: ``reg`` required, one target, the answer in the caller's
-    dtype, and ``value`` differentiable on tensors that require grad."""
+    """The public face of a solve: ``reg`` required, the answer in the caller's dtype, and
+    ``value`` differentiable on tensors that require grad (one target; several targets, ``b``
+    of shape ``(m, k)``, are solved on NumPy arrays and returned as they are)."""
     signature = inspect.signature(core)
 
     @functools.wraps(core)
@@ -407,8 +457,11 @@ def _public_solve(core):
         except TypeError:
             return core(*args, **kwargs)  # Python's own message about the call
         arguments = bound.arguments
+        _refuse_matrix_call(core.__name__, arguments.get("Y"))
         _require_reg(arguments.get("reg"), core.__name__)
-        _one_target(arguments.get("b"))
+        if several_targets(arguments.get("b")):
+            _targets_in_numpy(arguments)
+            return core(*bound.args, **bound.kwargs)
         tensors = {name: arguments.get(name) for name in ("X", "Y", "a", "b")}
         wanted = [name for name, value in tensors.items() if _requires_grad(value)]
         forced = bool(wanted) and arguments.get("backend", "auto") == "auto"
@@ -476,8 +529,9 @@ def sinkhorn2(a: Any, b: Any, X: Any, Y: Any = None, reg: float | None = None,
     numpy.float64, numpy.float32 or 0-d tensor
         ``value_linear`` of the result: ``sum_ij P_ij M_ij`` (the problem's cost), a scalar
         of the points' dtype as POT's ``sinkhorn2`` (``numpy.float64`` is a ``float``); a 0-d
-        tensor for tensors. The full result (accuracy check, potentials) is
-        :func:`sinkhorn`'s.
+        tensor for tensors. For ``b`` of shape ``(m, k)``, the ``k`` values (a float64
+        array of shape ``(k,)``, as POT returns them). The full result (accuracy check,
+        potentials) is :func:`sinkhorn`'s.
 
     Raises
     ------
@@ -502,6 +556,7 @@ def sinkhorn2(a: Any, b: Any, X: Any, Y: Any = None, reg: float | None = None,
                 "reg=...).value, the entropic value <P, M> + reg KL(P | a b^T), which is "
                 "differentiable, or detach the inputs"
             )
+    _refuse_matrix_call("sinkhorn2", Y)
     _require_reg(reg, "sinkhorn2")
     with _in_terms_of("sinkhorn2"):
         value = sinkhorn(a, b, X, Y, reg, backend, **kwargs).value_linear
@@ -544,6 +599,7 @@ def sinkhorn_unbalanced(a: Any, b: Any, X: Any, Y: Any, reg: float, reg_m: Any,
     >>> bool(1.0 < res.mass < 2.0)
     True
     """
+    _refuse_matrix_call("sinkhorn_unbalanced", Y)
     _require_reg(reg, "sinkhorn_unbalanced")
     with _in_terms_of("sinkhorn_unbalanced"):
         return sinkhorn(a, b, X, Y, reg, backend, reg_m=reg_m, **kwargs)
@@ -587,9 +643,11 @@ def solve_sample(X_a: Any, X_b: Any, a: Any = None, b: Any = None, reg: float | 
 
     Returns
     -------
-    SinkhornResult or ot.utils.OTResult
+    SinkhornResult, TargetsResult or ot.utils.OTResult
         With ``reg``: :func:`sinkhorn`'s result (a view in the caller's arrays and dtype for
-        tensors and float32 points), with ``ot.solve_sample``'s fields: ``value``,
+        tensors and float32 points; for ``b`` of shape ``(m, k)`` a
+        :class:`~sketchot.TargetsResult` with ``(k,)`` values), with ``ot.solve_sample``'s
+        fields: ``value``,
         ``value_linear``, ``potentials``, ``plan``, ``lazy_plan``, ``marginals``,
         ``status``; ``value`` is differentiable on tensors that require grad (see
         :func:`sinkhorn`). Without ``reg``: POT's own ``OTResult`` of the exact problem
@@ -712,7 +770,8 @@ def sinkhorn_kernel(
     Parameters
     ----------
     a, b : array-like or None
-        Weights (``None``: uniform), as in :func:`sinkhorn`.
+        Weights (``None``: uniform), as in :func:`sinkhorn`; ``b`` of shape ``(m, k)``
+        solves ``k`` targets on the kernel (:func:`sinkhorn`'s ``b``).
     kernel : KernelOperator
         From :func:`sketchot.make_kernel` (or a user's own backend); it fixes ``reg``, the
         cost and the backend's parameters. A kernel built on Dask arrays is solved with Dask.
@@ -744,6 +803,16 @@ def sinkhorn_kernel(
     (True, True)
     """
     options = _options(locals())
+    if several_targets(b):
+        if _on_dask(kernel, a, b):
+            raise NotImplementedError(
+                "several targets (b of shape (m, k)) are not implemented on Dask arrays or "
+                "kernels; solve each column of b"
+            )
+        return sinkhorn_kernel_targets_in_memory(
+            a, b, kernel, options=options, reg_m=reg_m, metric=metric, p=p,
+            warmstart=warmstart, rng=rng,
+        )  # fmt: skip
     if _on_dask(kernel, a, b):
         _refuse_on_dask(
             "sqeuclidean" if metric is None else metric, warmstart, options.coarse_to_fine
@@ -847,4 +916,130 @@ def make_kernel(
     return make_kernel_in_memory(
         X, Y, reg, backend, rng=rng, dtype=dtype, rank=rank, metric=metric, p=p,
         accuracy=accuracy, policy=policy, **backend_params,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GridResult:
+    """What :func:`solve_grid` returns: the solve on the grids' points, with the dual
+    potentials as arrays of the grids' shapes.
+
+    Attributes
+    ----------
+    value : float
+        The entropic objective (:attr:`SinkhornResult.value`).
+    value_linear : float
+        ``<P, M>``, the transport cost alone (POT's ``sinkhorn2``).
+    f, g : ndarray
+        Dual potentials ``reg * log u`` and ``reg * log v`` on the source and target grids
+        (``-inf`` where the weight is zero), shapes ``source.shape`` and ``target.shape``.
+    accuracy_met : bool or None
+        Whether the true-kernel check met the accuracy (exhaustive: the kernel is exact).
+    grids : tuple of RegularGrid
+        ``(source, target)``.
+    result : SinkhornResult
+        The whole result (plan summaries, ``true_kernel``, timings, ``lazy_plan``).
+    """
+
+    value: float
+    value_linear: float
+    f: np.ndarray
+    g: np.ndarray
+    accuracy_met: bool | None
+    grids: tuple[RegularGrid, RegularGrid]
+    result: Any
+
+
+#: The name of solve_grid's ``grid`` argument in its errors.
+GRID_ARGUMENT = "grid"
+
+
+def _grid_weights(value: Any, name: str, grid: RegularGrid) -> np.ndarray:
+    array = np.asarray(value)
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must be a real array of the grid's shape; got {describe(value)}")
+    if array.shape != grid.shape:
+        raise ValueError(f"{name} must have the grid's shape {grid.shape}; got shape "
+                         f"{array.shape}")  # fmt: skip
+    return np.array(array, dtype=np.float64).ravel()  # a C-order copy: views and read-only
+
+
+def solve_grid(
+    a: Any,
+    b: Any,
+    reg: float,
+    *,
+    grid: Any = None,
+    spacing: Any = None,
+    extent: Any = None,
+    reg_m: Any = None,
+    **options: Any,
+) -> GridResult:
+    """Entropic optimal transport between two histograms on tensor-product grids (images,
+    volumes, 1-D bins), squared-Euclidean cost, on the exact kernel applied axis by axis
+    (backend ``'grid'``: ``O(N (n_1 + ... + n_d))`` per product, no ``N x N`` array).
+
+    The name follows GeomLoss's ``solve_grid``; ``reg``, ``reg_m`` and the result's
+    ``value_linear`` follow POT (``ot.sinkhorn2``, ``ot.unbalanced.sinkhorn_unbalanced``).
+
+    Parameters
+    ----------
+    a, b : array_like
+        Non-negative weights of the grids' shapes (1-D, 2-D or 3-D); zero weights allowed.
+        Balanced transport needs equal masses (``b`` is rescaled, with a note, as in
+        :func:`sinkhorn`).
+    reg : float
+        Entropic regularisation, in squared coordinate units (e.g. ``1e-3 *
+        grid.squared_diameter``).
+    grid : RegularGrid or (RegularGrid, RegularGrid), optional
+        The support of ``a`` and ``b`` (one grid for both, or one each). Default: a uniform
+        grid of ``a``'s shape built from ``spacing`` or ``extent``
+        (:meth:`RegularGrid.from_shape`; neither: ``extent=1``, POT's
+        ``np.linspace(0, 1, n)`` axes as in ``convolutional_barycenter2d``).
+    spacing, extent : float or sequence of float, optional
+        See :meth:`RegularGrid.from_shape` (only without ``grid``).
+    reg_m : float or (float, float), optional
+        KL marginal penalty (unbalanced transport), as in :func:`sinkhorn`.
+    **options
+        Solver options of :func:`sinkhorn` (``max_iter``, ``tol``, ``accuracy``, ...).
+
+    Returns
+    -------
+    GridResult
+
+    Examples
+    --------
+    >>> import numpy as np, sketchot
+    >>> a = np.zeros((32, 32)); a[4:8, 4:8] = 1
+    >>> b = np.zeros((32, 32)); b[20:24, 20:24] = 1
+    >>> res = sketchot.solve_grid(a / a.sum(), b / b.sum(), reg=1e-3)
+    >>> round(res.value_linear, 2), res.f.shape, res.accuracy_met
+    (0.53, (32, 32), True)
+    """
+    if "backend" in options:
+        raise TypeError("solve_grid() always uses backend='grid'; do not pass backend=")
+    if grid is None:
+        shape = np.shape(a)
+        if spacing is None and extent is None:
+            extent = 1.0
+        source = target = RegularGrid.from_shape(shape, spacing, extent=extent)
+    else:
+        if spacing is not None or extent is not None:
+            raise TypeError("pass grid= or spacing=/extent=, not both")
+        source, target = grid if isinstance(grid, tuple | list) else (grid, grid)
+        check_grid(source, GRID_ARGUMENT)
+        check_grid(target, GRID_ARGUMENT)
+    wa = _grid_weights(a, "a", source)
+    wb = _grid_weights(b, "b", target)
+    X = source.points()
+    Y = X if target is source else target.points()
+    result = sinkhorn(wa, wb, X, Y, reg, GRID_BACKEND, reg_m=reg_m, **options)
+    log_u, log_v = result.potentials
+    reg_value = float(result.reg)
+    with np.errstate(invalid="ignore"):
+        f = np.where(wa > 0, reg_value * np.asarray(log_u), -np.inf).reshape(source.shape)
+        g = np.where(wb > 0, reg_value * np.asarray(log_v), -np.inf).reshape(target.shape)
+    return GridResult(
+        float(result.value), float(result.value_linear), f, g, result.accuracy_met,
+        (source, target), result,
     )  # fmt: skip

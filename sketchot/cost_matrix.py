@@ -29,6 +29,11 @@ from ._parallel import Part, run_parts
 from ._validation import check_float, describe, refuse_masked
 from .gibbs import FLOAT64, THREADED_LOG_ENTRIES, block_rows, row_slices
 
+#: ``-M_ij / reg`` of a forbidden pair (``M_ij = +inf``) in the geometry's blocks: finite, so
+#: that a plan's entry there is ``exp(-1e100 + ...) = 0`` exactly and its cost term ``0 x
+#: 1e100`` is 0 (``0 x inf`` would be NaN), and far below any exponent a finite cost gives.
+FORBIDDEN_LOG = 1e100
+
 #: The ``dim`` of :func:`~sketchot.gibbs.block_rows` for blocks of ``M``: its entries are
 #: read, not computed from coordinates, so cache-sized blocks keep the elementwise steps
 #: (scale, shifts, exp, sums) in cache, as for low-dimensional points.
@@ -66,18 +71,21 @@ class MatrixCost:
 
 
 def check_cost_matrix(M: Any, name: str = "M") -> np.ndarray:
-    """Validate a dense cost matrix: 2-D, non-empty, real, finite and ``>= 0``; returned as
-    C-contiguous float64 (``M`` itself when it already is). Errors name ``name``, say what
-    was expected and what was received (:func:`~sketchot.gibbs.check_cost_block`'s
-    wording)."""
+    """Validate a dense cost matrix: 2-D, non-empty, real, no NaN, no ``-inf``, at least one
+    finite entry; returned as C-contiguous float64 (``M`` itself when it already is). ``+inf``
+    entries are forbidden pairs (the kernel is 0 there) and negative entries are costs like
+    any other (:class:`CostMatrixGeometry`). Errors name ``name``, say what was expected and
+    what was received (:func:`~sketchot.gibbs.check_cost_block`'s wording)."""
     refuse_masked(
-        M, name, f"fill the masked entries ({name}.filled(c) with a finite cost c >= 0) first"
-    )
+        M, name, f"fill the masked entries ({name}.filled(c) with a cost c, np.inf for a "
+        "forbidden pair) first"
+    )  # fmt: skip
     if hasattr(M, "tocsr") or hasattr(M, "toarray"):  # a SciPy sparse matrix
         raise TypeError(
             f"{name} must be a dense 2-D array of costs (n, m); got {describe(M)}: a sparse "
-            f"matrix of allowed pairs is not supported yet ({name}.toarray() gives zeros, not "
-            "forbidden pairs)"
+            "matrix of allowed pairs (missing entries forbidden, as in POT's sparse-cost EMD) "
+            f"is not solved yet. {name}.toarray() would make the missing pairs zero costs; "
+            "give a dense M with np.inf at the missing pairs (forbidden pairs) instead"
         )
     try:
         array = np.asarray(M)
@@ -98,31 +106,112 @@ def check_cost_matrix(M: Any, name: str = "M") -> np.ndarray:
     if 0 in array.shape:
         raise ValueError(f"{name} must be non-empty; got shape {array.shape}")
     out = np.ascontiguousarray(array, dtype=np.float64)
-    finite = np.isfinite(out)
-    if not finite.all():
-        nan = int(np.isnan(out).sum())
-        if nan:
-            raise ValueError(
-                f"{name} must contain finite costs >= 0; got NaN for {nan} of its {out.size} "
-                "entries"
-            )
-        plus = int(np.count_nonzero(out == np.inf))
-        minus = int(np.count_nonzero(out == -np.inf))
+    if np.isfinite(out.min()) and np.isfinite(out.max()):  # no NaN (it propagates), no inf
+        return out
+    nan = int(np.count_nonzero(np.isnan(out)))
+    if nan:
         raise ValueError(
-            f"{name} must contain finite costs >= 0; got {plus} entries +inf and {minus} "
-            f"-inf of its {out.size} (forbidden pairs are not supported yet): give forbidden "
-            "pairs a large finite cost instead (e.g. 1e3 times the largest allowed cost), or "
-            "use POT with this M"
+            f"{name} must contain real costs (+inf for a forbidden pair); got NaN for {nan} "
+            f"of its {out.size} entries"
         )
-    smallest = float(out.min())
-    if smallest < 0.0:
+    minus = int(np.count_nonzero(out == -np.inf))
+    if minus:
         raise ValueError(
-            f"{name} must contain costs >= 0; got {int(np.count_nonzero(out < 0))} negative "
-            f"entries (smallest {smallest:.6g}): subtract the smallest cost c from {name} "
-            f"(for balanced transport the plan of {name} - c equals the plan of {name}; the "
-            "value shifts by c times the mass)"
+            f"{name} must contain real costs (+inf for a forbidden pair); got {minus} entries "
+            f"-inf of its {out.size}: a pair of cost -inf makes the transport problem "
+            "unbounded"
+        )
+    if not np.isfinite(out).any():
+        raise ValueError(
+            f"{name} must have at least one finite cost (an allowed pair); got {out.size} "
+            "entries +inf (every pair forbidden)"
         )
     return out
+
+
+def cost_range(M: np.ndarray) -> tuple[float, float]:
+    """``(smallest, largest)`` finite entry of a checked ``M`` (``+inf`` entries are
+    forbidden pairs, not costs)."""
+    finite = np.isfinite(M)
+    if finite.all():
+        return float(M.min()), float(M.max())
+    values = M[finite]
+    return float(values.min()), float(values.max())
+
+
+def check_support(allowed: Any, a: np.ndarray, b: np.ndarray, hard: tuple[bool, bool]) -> None:
+    """Refuse weights that no plan on the allowed pairs can carry, when it is detectable
+    cheaply: a row (column) with positive weight and a hard marginal whose allowed pairs all
+    meet zero weights, and, for balanced transport, a block of the allowed pairs' graph
+    (its connected components over the positive weights) whose masses in ``a`` and ``b``
+    differ. Hall's condition within one block is not checked (the solve then misses its
+    accuracy and says so).
+
+    Parameters
+    ----------
+    allowed : ndarray of bool or scipy.sparse matrix, shape (n, m)
+        The allowed pairs (``M`` finite, or the stored entries of a sparse ``M``).
+    a, b : ndarray
+        The weights.
+    hard : pair of bool
+        Whether each marginal is a hard constraint (balanced transport: both).
+    """
+    import scipy.sparse
+
+    rows, cols = np.flatnonzero(a > 0), np.flatnonzero(b > 0)
+    if scipy.sparse.issparse(allowed):
+        graph = scipy.sparse.csr_array(allowed, dtype=bool)[rows][:, cols]
+        graph.eliminate_zeros()
+    else:
+        graph = scipy.sparse.csr_array(np.asarray(allowed, dtype=bool)[np.ix_(rows, cols)])
+    row_count, col_count = graph.sum(axis=1), graph.sum(axis=0)
+    for side, (count, index, weights, other) in enumerate(
+        ((row_count, rows, a, "columns with b_j > 0"), (col_count, cols, b, "rows with a_i > 0"))
+    ):
+        empty = np.flatnonzero(count == 0)
+        if empty.size:
+            what = ("row", "a") if side == 0 else ("column", "b")
+            first = int(index[empty[0]])
+            fix = (
+                "there is no plan with these marginals; forbid fewer pairs or set its weight to 0"
+                if hard[side]
+                else "a soft marginal would destroy its mass, which the "
+                "solver does not represent (log K v = -inf): set its weight to 0 (the "
+                f"value then lacks that side's penalty times {what[1]}_i)"
+            )
+            raise ValueError(
+                f"M has {empty.size} {what[0]}(s) with weight > 0 and no allowed pair among "
+                f"the {other} (every entry +inf or missing), e.g. {what[0]} {first} "
+                f"({what[1]}[{first}] = {weights[first]:.6g}): {fix}"
+            )
+    if not all(hard) or (row_count.min() * 2 > cols.size and col_count.min() * 2 > rows.size):
+        return  # any two rows share a column: one block
+    from scipy.sparse.csgraph import connected_components
+
+    n_active = rows.size
+    both = scipy.sparse.block_array([[None, graph], [graph.T, None]], format="csr")
+    count, labels = connected_components(both, directed=False)
+    if count == 1:
+        return
+    mass_a = np.bincount(labels[:n_active], weights=a[rows], minlength=count)
+    mass_b = np.bincount(labels[n_active:], weights=b[cols], minlength=count)
+    gap = np.abs(mass_a - mass_b)
+    worst = int(gap.argmax())
+    if gap[worst] > 1e-9 * max(float(a.sum()), float(b.sum())):
+        block_rows_ = rows[labels[:n_active] == worst]
+        raise ValueError(
+            f"M's allowed pairs split the weights into {count} independent blocks, and one "
+            f"(rows {_few(block_rows_)} of M) holds mass {mass_a[worst]:.6g} in a and "
+            f"{mass_b[worst]:.6g} in b: no plan on the allowed pairs has the marginals a "
+            "and b (balanced transport moves mass only along allowed pairs); allow pairs "
+            "between the blocks or solve unbalanced"
+        )
+
+
+def _few(index: np.ndarray) -> str:
+    """A few indices, for a message."""
+    shown = ", ".join(str(int(i)) for i in index[:5])
+    return shown + (f", ... ({index.size} in all)" if index.size > 5 else "")
 
 
 def has_points(geometry: Any) -> bool:
@@ -174,15 +263,32 @@ class CostMatrixGeometry:
     Parameters
     ----------
     M : array_like, shape (n, m)
-        Costs, finite and ``>= 0`` (:func:`check_cost_matrix`); any cost, not only one a
-        point cloud gives (not symmetric, no triangle inequality needed).
+        Costs (:func:`check_cost_matrix`); any cost, not only one a point cloud gives (not
+        symmetric, no triangle inequality needed). ``+inf`` marks a forbidden pair: the
+        kernel is 0 there (blocks read ``-FORBIDDEN_LOG`` for ``-M / reg``, so that plans
+        are exactly 0 and their cost terms 0, never NaN). Negative costs are costs: the
+        kernel is ``exp(-M / reg) > 1`` there.
     reg : float
         Entropic regularisation, ``> 0``.
+    shift : bool, default=False
+        Whether the geometry's costs are ``M - min(M)`` when ``M`` has negative entries
+        (``offset = min(M)``): the kernel is then ``exp(-(M - offset) / reg)``, ``e^(offset /
+        reg)`` times ``exp(-M / reg)``, so that no exponent is positive. Balanced transport
+        has the same plan on both; its value moves by ``offset`` times the mass and ``log
+        u`` by ``offset / reg`` (:func:`sketchot.solver.matrix.sinkhorn_matrix` puts them
+        back). Blocks, costs and bounds are all of ``M - offset``.
 
     Attributes
     ----------
     M : ndarray, shape (n, m)
-        The costs, C-contiguous float64.
+        The costs as given, C-contiguous float64.
+    offset : float
+        What the geometry subtracts from ``M`` (0 unless ``shift`` and ``M`` has negative
+        entries).
+    min_cost : float
+        The smallest finite entry of ``M``.
+    forbidden : int
+        The number of ``+inf`` entries (forbidden pairs).
     reg : float
     cost : MatrixCost
         What callers read of the cost (``sqeuclidean`` and ``translation_invariant`` are
@@ -193,28 +299,43 @@ class CostMatrixGeometry:
     Notes
     -----
     Blocks of ``M`` are read row by row (``O(rows m)`` each, no ``n x m`` temporary); the
-    column side (``transpose=True``) reads strided columns. ``max_cost`` is the largest
-    entry, found once (``O(n m)``) and kept by :meth:`at_reg` and shared by nothing else.
+    column side (``transpose=True``) reads strided columns. The range of the finite costs is
+    found once (``O(n m)``) and kept by :meth:`at_reg`; :meth:`max_cost` is the spread of the
+    kernel's exponents, the largest entry when ``M >= 0``.
     """
 
-    def __init__(self, M: Any, reg: Any) -> None:
+    def __init__(self, M: Any, reg: Any, *, shift: bool = False) -> None:
         self.M = check_cost_matrix(M)
         self.reg = check_float(reg, "reg", positive=True)
         self.cost = MatrixCost(self.M.shape)
         self.context = NUMPY
-        self._max_cost = float(self.M.max())
+        self.min_cost, largest = cost_range(self.M)
+        self.forbidden = int(self.M.size - np.count_nonzero(np.isfinite(self.M)))
+        self._max_cost = largest - min(self.min_cost, 0.0)
+        self.offset = min(self.min_cost, 0.0) if shift else 0.0
         self._check_reg()
 
     @classmethod
-    def _checked(cls, M: np.ndarray, reg: float, max_cost: float) -> CostMatrixGeometry:
+    def _checked(
+        cls, M: np.ndarray, reg: float, max_cost: float, min_cost: float = 0.0,
+        forbidden: int = 0, offset: float = 0.0,
+    ) -> CostMatrixGeometry:  # fmt: skip
         """A geometry of an already validated ``M`` (another ``reg``, a sub-matrix)."""
         geometry = cls.__new__(cls)
         geometry.M, geometry.reg = M, float(reg)
         geometry.cost = MatrixCost(M.shape)
         geometry.context = NUMPY
         geometry._max_cost = max_cost
+        geometry.min_cost, geometry.forbidden, geometry.offset = min_cost, forbidden, offset
         geometry._check_reg()
         return geometry
+
+    def unshifted(self) -> CostMatrixGeometry:
+        """The same ``M`` (not copied) at the same ``reg`` with no offset: the kernel
+        ``exp(-M / reg)`` itself."""
+        return CostMatrixGeometry._checked(
+            self.M, self.reg, self._max_cost, self.min_cost, self.forbidden
+        )
 
     def _check_reg(self) -> None:
         with np.errstate(over="ignore", divide="ignore"):
@@ -229,7 +350,12 @@ class CostMatrixGeometry:
 
     def __repr__(self) -> str:
         n, m = self.shape
-        return f"<CostMatrixGeometry {n}x{m} reg={self.reg:g} max_cost={self._max_cost:.6g}>"
+        return (
+            f"<CostMatrixGeometry {n}x{m} reg={self.reg:g} max_cost={self._max_cost:.6g}"
+            + (f" offset={self.offset:.6g}" if self.offset else "")
+            + (f" forbidden={self.forbidden}" if self.forbidden else "")
+            + ">"
+        )
 
     # ------------------------------------------------------------ the contract
     @property
@@ -243,12 +369,16 @@ class CostMatrixGeometry:
         return self.cost.metric
 
     def max_cost(self) -> float:
-        """The largest entry of ``M`` (exact, not a bound)."""
+        """The spread of the costs: the largest finite entry of ``M`` minus the smallest
+        when that is negative (the largest entry when ``M >= 0``; exact, not a bound).
+        Schedules and scales read it as the range of ``M / reg``."""
         return self._max_cost
 
     def at_reg(self, reg: float) -> CostMatrixGeometry:
         """The same ``M`` (not copied) at another ``reg``."""
-        return CostMatrixGeometry._checked(self.M, reg, self._max_cost)
+        return CostMatrixGeometry._checked(
+            self.M, reg, self._max_cost, self.min_cost, self.forbidden, self.offset
+        )
 
     def sample(self, size: int, generator: np.random.Generator) -> CostMatrixGeometry:
         """The sub-matrix of at most ``size`` rows and ``size`` columns drawn uniformly without
@@ -258,7 +388,14 @@ class CostMatrixGeometry:
         rows = np.sort(generator.choice(n, size=min(size, n), replace=False))
         cols = np.sort(generator.choice(m, size=min(size, m), replace=False))
         sub = np.ascontiguousarray(self.M[np.ix_(rows, cols)])
-        return CostMatrixGeometry._checked(sub, self.reg, float(sub.max()))
+        if not np.isfinite(sub).any():  # every sampled pair forbidden: the kernel is 0
+            return CostMatrixGeometry._checked(sub, self.reg, 0.0, 0.0, sub.size)
+        smallest, largest = cost_range(sub)
+        forbidden = int(sub.size - np.count_nonzero(np.isfinite(sub)))
+        return CostMatrixGeometry._checked(
+            sub, self.reg, largest - min(smallest, 0.0), smallest, forbidden,
+            min(smallest, 0.0) if self.offset else 0.0,
+        )  # fmt: skip
 
     def computes_on_device(self, cost: Any = None) -> bool:
         """Never: the matrix is a NumPy array on the host."""
@@ -279,7 +416,11 @@ class CostMatrixGeometry:
         else:
             block = C[np.ix_(rows, np.arange(C.shape[1])[over])]
         out = np.array(block, dtype=dtype)
+        if self.offset:
+            out -= self.offset
         out *= -1.0 / self.reg
+        if self.forbidden:  # -inf -> -FORBIDDEN_LOG: exp gives 0, 0 x it gives 0
+            np.maximum(out, -FORBIDDEN_LOG, out=out)
         return out
 
     def log_block(self, rows: Any, dtype: np.dtype = FLOAT64) -> np.ndarray:
@@ -291,9 +432,22 @@ class CostMatrixGeometry:
         out = self.log_block(index)
         return np.exp(out, out=out)
 
+    def columns(self, index: Any) -> np.ndarray:
+        """True columns ``K[:, index] = exp(-M[:, index] / reg)``, shape ``(n, len(index))``
+        (strided reads of ``M``, ``O(n len(index))``)."""
+        out = self._neg_cost(self.M.T, index)
+        return np.exp(out, out=out).T
+
     def cost_block(self, rows: Any) -> np.ndarray:
-        """The cost rows ``M[rows, :]`` (a new float64 array)."""
-        return np.array(self.M[rows], dtype=np.float64)
+        """The cost rows ``M[rows, :]`` (a new float64 array); a forbidden pair reads
+        ``reg * FORBIDDEN_LOG`` (``-reg`` times :meth:`log_block`'s entry: its plan entry is
+        0, and so is its cost term)."""
+        out = np.array(self.M[rows], dtype=np.float64)
+        if self.offset:
+            out -= self.offset
+        if self.forbidden:
+            np.minimum(out, self.reg * FORBIDDEN_LOG, out=out)
+        return out
 
     def matmat(self, index: Any, V: np.ndarray, *, transpose: bool = False) -> np.ndarray:
         """``K[index, :] @ V`` (or ``K[:, index].T @ V``), ``O(len(index) m)``."""
@@ -367,7 +521,7 @@ class CostMatrixGeometry:
         fa = f[active]
         g = np.full(self.shape[1], np.inf)
         for rows in row_slices(active.size, block_rows(self.shape[1], dim=BLOCK_DIM)):
-            block = self.M[active[rows]] - fa[rows, None]
+            block = self.M[active[rows]] - (fa[rows, None] + self.offset)
             np.minimum(g, block.min(axis=0), out=g)
         return float(fa @ a[active] + g @ b)
 

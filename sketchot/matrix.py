@@ -15,10 +15,20 @@ from typing import Any
 
 import numpy as np
 
+from . import policy
 from ._arrays import NUMPY, array_context
 from ._parallel import thread_limit
 from ._validation import RenamableError, check_int, describe, unknown_names
-from .solver import NumpyInDtype, ResultView, SinkhornResult, SolverOptions, sinkhorn_matrix
+from .kernels import EXACT_BACKEND, available_backends, get_backend
+from .solver import (
+    NumpyInDtype,
+    ResultView,
+    SinkhornResult,
+    SolverOptions,
+    several_targets,
+    sinkhorn_matrix,
+    sinkhorn_targets_matrix,
+)
 
 #: POT's ``ot.solve`` arguments (the did-you-mean of an unknown keyword reads them too).
 _POT_NAMES = (
@@ -36,6 +46,8 @@ _EXTRA = (
     *(name for name in SolverOptions.names() if name not in ("max_iter", "tol", "verbose")),
     "rng",
     "dtype",
+    "backend",
+    "rank",
 )
 
 #: The issue that adds POT's quadratic and total-variation marginal penalties.
@@ -79,7 +91,10 @@ def solve(
         differentiable entries take point clouds).
     a, b : array-like or None, shapes (n,) and (m,)
         Weights of the rows and the columns of ``M`` (``None``: uniform, as in POT); the
-        same total mass when ``unbalanced`` is ``None``.
+        same total mass when ``unbalanced`` is ``None``. ``b`` of shape ``(m, k)`` solves
+        ``k`` targets on one kernel (POT's ``sinkhorn`` convention; POT 0.9.7's ``ot.solve``
+        fails on it) and returns a :class:`~sketchot.solver.TargetsResult` whose ``value``,
+        ``value_linear`` have shape ``(k,)`` and ``potentials`` shapes ``(n, k)``, ``(m, k)``.
     reg : float or None, default=None
         Entropic regularisation (``> 0``). ``None``, as in POT, solves EXACT transport: the
         call goes to POT's ``ot.solve(M, a, b, reg=None, ...)`` with every argument of POT's
@@ -134,9 +149,13 @@ def solve(
         The solver's other options by name (:class:`~sketchot.SolverOptions`:
         ``accuracy``, ``log_domain``, ``epsilon_scaling``, ``anderson``, ``check_every``,
         ``safeguard``, ``certify_first``, ``true_kernel_samples``, ``errors``, ``warn``),
-        ``dtype`` (float64 or float32 storage of ``exp(-M / reg)``) and ``rng`` (the
-        sampled true-kernel check when ``n m > 4e6``). Other names are refused with a
-        did-you-mean.
+        ``dtype`` (float64 or float32 storage of ``exp(-M / reg)``), ``rng`` (a low-rank
+        kernel's draws and the sampled true-kernel check when ``n m > 4e6``), ``backend``
+        (default ``'auto'``: the exact kernel up to ``n m = 2.5e7`` entries; above, the
+        skeleton ``'cur'`` of ``exp(-M / reg)`` at doubling ranks when its solve passes the
+        true-kernel check, else the exact kernel; ``'exact'``; ``'cur'``), ``rank`` and the
+        chosen backend's parameters (``n_pivots``, ``rcond`` of ``'cur'``; ``max_dense_bytes``
+        of ``'exact'``). Other names are refused with a did-you-mean.
 
     Returns
     -------
@@ -185,6 +204,10 @@ def solve(
     regulariser = _check_problem(reg, c, reg_type, unbalanced, unbalanced_type)
     _check_pot_arguments(method, plan_init, grad, potentials_init)
     n_threads = check_int(n_threads, "n_threads", minimum=1)
+    backend, rank = options.pop("backend", "auto"), options.pop("rank", None)
+    kernel_params = _kernel_parameters(backend, options)
+    if rank is not None:
+        kernel_params["rank"] = rank
     unknown = sorted(set(options) - set(_EXTRA))
     if unknown:
         raise TypeError(
@@ -200,14 +223,39 @@ def solve(
     names = {"reg_m": "unbalanced", "warmstart": "potentials_init"}
     try:
         with thread_limit(n_threads):
+            if several_targets(b):  # POT's b of shape (m, k): k targets on one kernel
+                if backend not in ("auto", EXACT_BACKEND) or kernel_params:
+                    raise NotImplementedError(
+                        f"several targets (b of shape (m, k)) on a cost matrix run on the "
+                        f"exact kernel exp(-M / reg); got backend={backend!r}"
+                        + (f" with {', '.join(sorted(kernel_params))}" if kernel_params else "")
+                        + ": pass backend='auto' or 'exact', or solve each column of b"
+                    )
+                targets = sinkhorn_targets_matrix(
+                    a, b, M, reg, options=settings, reg_m=_reg_m(unbalanced),
+                    warmstart=None if potentials_init is None else tuple(potentials_init),
+                    rng=rng, dtype=np.float64 if dtype is None else dtype,
+                )  # fmt: skip
+                targets.regulariser = regulariser
+                return targets
             result = sinkhorn_matrix(
                 a, b, M, reg, options=settings, reg_m=_reg_m(unbalanced),
                 warmstart=None if potentials_init is None else tuple(potentials_init),
-                rng=rng, dtype=np.float64 if dtype is None else dtype,
+                rng=rng, dtype=np.float64 if dtype is None else dtype, backend=backend,
+                policy=policy, **kernel_params,
             )  # fmt: skip
     except RenamableError as error:
         raise error.renamed(caller="solve", **names) from None
     return _as_pot(result, M, regulariser)
+
+
+def _kernel_parameters(backend: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of ``backend``'s kernel among ``options``, taken out of them
+    (``'auto'`` chooses its own; an unknown backend is named by the solve)."""
+    if not isinstance(backend, str) or backend == "auto" or backend not in available_backends():
+        return {}
+    names = set(get_backend(backend).defaults)
+    return {name: options.pop(name) for name in list(options) if name in names}
 
 
 def _numpy_only(**arrays: Any) -> None:
@@ -351,3 +399,264 @@ def _exact_by_pot(M, a, b, *, options, **pot) -> Any:
     result = ot.solve(M, a, b, reg=None, **pot)
     result.notes = ["reg=None: exact transport solved by POT (ot.solve)"]
     return result
+
+
+# --------------------------------------------------------------------------------------
+# POT's Sinkhorn entries on a cost matrix: ot.sinkhorn(a, b, M, reg) and its family.
+
+#: POT's algorithms of ``ot.sinkhorn`` and ``ot.sinkhorn_unbalanced``: each solves the same
+#: problem, which the one solver solves (log-stable passes, an epsilon schedule, a Newton
+#: stage), so each name gives the same solve here.
+_POT_METHODS = (
+    "sinkhorn", "sinkhorn_log", "sinkhorn_stabilized", "sinkhorn_epsilon_scaling",
+    "greenkhorn", "sinkhorn_translation_invariant", "sinkhorn_reg_scaling",
+)  # fmt: skip
+
+
+def _pot_weights(weights: Any) -> Any:
+    """POT's empty list (``a=[]``: uniform) as ``None``."""
+    if weights is not None and not hasattr(weights, "shape") and len(weights) == 0:
+        return None
+    return weights
+
+
+def _pot_method(method: Any, function: str) -> None:
+    if not isinstance(method, str) or method.lower() not in _POT_METHODS:
+        raise ValueError(
+            f"{function}(): method must be one of POT's {', '.join(map(repr, _POT_METHODS))} "
+            f"(each is the same solve here: the one solver); got {describe(method)}"
+        )
+
+
+def _several_targets(result: Any, log: bool) -> Any:
+    """POT's answer of a plan-returning function for several targets (``b`` of shape
+    ``(m, k)``): the ``k`` linear costs ``<P_k, M>``, no plans (POT's ``sinkhorn_knopp``),
+    with the targets' log and ``'result'``; ``None`` for one target."""
+    if np.ndim(result.value_linear) == 0:
+        return None
+    values = result.value_linear
+    return (values, {**result.log, "result": result}) if log else values
+
+
+def _pot_log(result: Any) -> dict[str, Any]:
+    """POT's log dictionary of a balanced Sinkhorn solve (``log_u``, ``log_v``, ``u``,
+    ``v``, ``niter``, ``err``), plus ``'result'``: the full result with its certificate."""
+    if np.ndim(result.value_linear) == 1:  # several targets: their own log
+        return {**result.log, "result": result}
+    log_u, log_v = result.potentials
+    return {
+        "u": result.u, "v": result.v, "log_u": log_u, "log_v": log_v,
+        "niter": int(result.n_iter), "err": [error for _, error in result.error_history],
+        "result": result,
+    }  # fmt: skip
+
+
+def sinkhorn(
+    a: Any,
+    b: Any,
+    M: Any,
+    reg: float,
+    method: str = "sinkhorn",
+    numItermax: int = 1000,
+    stopThr: float | None = None,
+    verbose: bool = False,
+    log: bool = False,
+    warn: bool = True,
+    warmstart: Any = None,
+    **options: Any,
+) -> Any:
+    """POT's ``ot.sinkhorn(a, b, M, reg)`` on the one solver: the entropic plan of a cost
+    matrix, with POT's signature and return values.
+
+    ``sketchot.matrix.sinkhorn(a, b, M, reg)`` is :func:`solve` ``(M, a, b, reg=reg)``'s
+    plan; use :func:`solve` for the full result (value, potentials, the true-kernel check).
+
+    Parameters
+    ----------
+    a, b : array-like, shapes (n,) and (m,), or ``[]``
+        Weights of the rows and the columns of ``M`` (``[]`` or ``None``: uniform, as in
+        POT), the same total mass.
+    M : array-like, shape (n, m)
+        Costs, as :func:`solve` takes them: ``+inf`` for a forbidden pair, negative costs
+        allowed.
+    reg : float
+        Entropic regularisation, ``> 0`` (POT's ``reg KL(P | a b^T)``; the plan is the same
+        as with Cuturi's entropy).
+    method : str, default='sinkhorn'
+        Any of POT's methods (``'sinkhorn'``, ``'sinkhorn_log'``, ``'sinkhorn_stabilized'``,
+        ...): each solves the same problem, and the one solver solves it (log-stable at
+        any ``reg``).
+    numItermax : int, default=1000
+        ``max_iter``.
+    stopThr : float or None, default=None
+        POT's stopping rule on the L2 column-marginal error (``tol``); ``None``: stop at
+        sketchot's ``accuracy`` (the certified L1 marginal error, default ``1e-3`` of the
+        mass). POT's default is ``1e-9``.
+    verbose, warn : bool
+        Print the progress; warn when the accuracy is missed.
+    log : bool, default=False
+        Also return POT's log dictionary: ``u``, ``v``, ``log_u``, ``log_v`` (``P =
+        diag(u) exp(-M / reg) diag(v)``), ``niter``, ``err`` (the errors measured), and
+        ``result``, the :class:`~sketchot.SinkhornResult` (certificate included).
+    warmstart : pair of array-like, optional
+        ``(log u, log v)`` to start from (POT's convention).
+    **options
+        :func:`solve`'s other keywords (``accuracy``, ``backend``, ``rng``, ...).
+
+    Returns
+    -------
+    ndarray, shape (n, m)
+        The plan (POT's ``gamma``); with ``log=True``, ``(plan, log)``. With several
+        targets (``b`` of shape ``(m, k)``), POT's answer: the ``k`` linear costs
+        ``<P_k, M>``, no plan.
+
+    Examples
+    --------
+    >>> import numpy as np, ot, sketchot.matrix
+    >>> rng = np.random.default_rng(0)
+    >>> a, b = ot.unif(30), ot.unif(20)
+    >>> M = ot.dist(rng.random((30, 2)), rng.random((20, 2)))
+    >>> P, log = sketchot.matrix.sinkhorn(a, b, M, 0.1, log=True)
+    >>> bool(np.allclose(P.sum(axis=1), a, atol=1e-4)), bool(log["result"].accuracy_met)
+    (True, True)
+    """
+    _pot_method(method, "sinkhorn")
+    result = solve(
+        M, _pot_weights(a), _pot_weights(b), reg=reg, max_iter=numItermax, tol=stopThr,
+        verbose=verbose, potentials_init=warmstart, warn=warn, **options,
+    )  # fmt: skip
+    several = _several_targets(result, log)
+    if several is not None:
+        return several
+    plan = result.plan
+    return (plan, _pot_log(result)) if log else plan
+
+
+def sinkhorn2(
+    a: Any,
+    b: Any,
+    M: Any,
+    reg: float,
+    method: str = "sinkhorn",
+    numItermax: int = 1000,
+    stopThr: float | None = None,
+    verbose: bool = False,
+    log: bool = False,
+    warn: bool = True,
+    warmstart: Any = None,
+    **options: Any,
+) -> Any:
+    """POT's ``ot.sinkhorn2(a, b, M, reg)``: ``<P, M>``, the linear cost of
+    :func:`sinkhorn`'s plan (without the entropic term, as POT returns it), computed without
+    an ``n x m`` plan. Parameters as :func:`sinkhorn`'s.
+
+    Returns
+    -------
+    float
+        ``sum_ij P_ij M_ij`` (forbidden pairs carry no mass and add nothing); with
+        ``log=True``, ``(value, log)`` with :func:`sinkhorn`'s log dictionary.
+
+    Examples
+    --------
+    >>> import numpy as np, ot, sketchot.matrix
+    >>> M = ot.dist(np.arange(4.0)[:, None], np.arange(4.0)[:, None] + 1.0)
+    >>> round(float(sketchot.matrix.sinkhorn2([], [], M, 0.05)), 4)
+    1.0
+    """
+    _pot_method(method, "sinkhorn2")
+    result = solve(
+        M, _pot_weights(a), _pot_weights(b), reg=reg, max_iter=numItermax, tol=stopThr,
+        verbose=verbose, potentials_init=warmstart, warn=warn, **options,
+    )  # fmt: skip
+    value = result.value_linear
+    return (value, _pot_log(result)) if log else value
+
+
+def sinkhorn_unbalanced(
+    a: Any,
+    b: Any,
+    M: Any,
+    reg: float,
+    reg_m: Any,
+    method: str = "sinkhorn",
+    reg_type: str = "kl",
+    c: Any = None,
+    warmstart: Any = None,
+    numItermax: int = 1000,
+    stopThr: float | None = None,
+    verbose: bool = False,
+    log: bool = False,
+    **options: Any,
+) -> Any:
+    """POT's ``ot.sinkhorn_unbalanced(a, b, M, reg, reg_m)`` on the one solver: the plan of
+    ``min <P, M> + reg KL(P | a b^T) + reg_m_a KL(P 1 | a) + reg_m_b KL(P^T 1 | b)``.
+
+    Parameters
+    ----------
+    a, b, M, reg, method, numItermax, stopThr, verbose
+        As :func:`sinkhorn`'s (``M >= 0`` here: unbalanced transport is not invariant to
+        a shift of negative costs, see :func:`solve`).
+    reg_m : float or pair of float
+        The marginal penalties (``float('inf')``: a hard side).
+    reg_type : {'kl'}
+        POT's ``'kl'``; ``'entropy'`` is refused (POT then replaces ``c`` by ones, another
+        problem).
+    c : None
+        The reference measure ``a b^T`` (POT's default); another one is refused.
+    warmstart : pair of array-like, optional
+        POT's ``(logu, logv)`` of its unbalanced log (``log u - log a``, ``log v - log
+        b``).
+    log : bool, default=False
+        Also return POT's log dictionary: ``logu``, ``logv`` (POT's unbalanced convention:
+        ``P = diag(e^logu) (exp(-M / reg) * a b^T) diag(e^logv)``), ``cost`` (``<P, M>``),
+        ``total_cost`` (the objective, generalised KL), ``niter``, ``err`` and ``result``.
+    **options
+        :func:`solve`'s other keywords.
+
+    Returns
+    -------
+    ndarray, shape (n, m)
+        The plan; with ``log=True``, ``(plan, log)``. With several targets (``b`` of shape
+        ``(m, k)``): the ``k`` linear costs, as POT returns them.
+
+    Examples
+    --------
+    >>> import numpy as np, ot, sketchot.matrix
+    >>> rng = np.random.default_rng(0)
+    >>> M = ot.dist(rng.random((30, 2)), rng.random((20, 2)))
+    >>> P = sketchot.matrix.sinkhorn_unbalanced(ot.unif(30), 2 * ot.unif(20), M, 0.1, 1.0)
+    >>> bool(1.0 < P.sum() < 2.0)
+    True
+    """
+    _pot_method(method, "sinkhorn_unbalanced")
+    if not isinstance(reg_type, str) or reg_type.lower() != "kl":
+        raise NotImplementedError(
+            f"reg_type must be 'kl' (POT's default); got {describe(reg_type)}: POT's "
+            "'entropy' replaces the reference measure a b^T by ones, which the solver does "
+            "not solve"
+        )
+    a, b = _pot_weights(a), _pot_weights(b)
+    if warmstart is not None:  # POT's unbalanced scalings are relative to a and b
+        n, m = np.shape(M)
+        log_a = np.log(np.full(n, 1.0 / n) if a is None else np.asarray(a, dtype=float))
+        log_b = np.log(np.full(m, 1.0 / m) if b is None else np.asarray(b, dtype=float))
+        warmstart = (np.asarray(warmstart[0]) + log_a, np.asarray(warmstart[1]) + log_b)
+    result = solve(
+        M, a, b, reg=reg, c=c, unbalanced=reg_m, max_iter=numItermax, tol=stopThr,
+        verbose=verbose, potentials_init=warmstart, **options,
+    )  # fmt: skip
+    several = _several_targets(result, log)
+    if several is not None:
+        return several
+    plan = result.plan
+    if not log:
+        return plan
+    log_u, log_v = result.potentials
+    with np.errstate(divide="ignore"):
+        entries = {
+            "logu": log_u - np.log(result.a), "logv": log_v - np.log(result.b),
+            "cost": result.value_linear, "total_cost": result.value,
+            "niter": int(result.n_iter), "err": [error for _, error in result.error_history],
+            "result": result,
+        }  # fmt: skip
+    return plan, entries

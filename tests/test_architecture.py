@@ -24,11 +24,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "sketchot"
 LAYERS = {
     "_validation": 0, "_memory": 0, "_dask": 0, "_defaults": 0, "_arrays": 0, "_autograd": 0,
     "_parallel": 1,
-    "gibbs": 1, "cost_matrix": 1, "fused": 1, "sketch": 1,
+    "gibbs": 1, "cost_matrix": 1, "grid": 1, "fused": 1, "sketch": 1,
     "distributed.geometry": 1, "kernels": 2, "distributed.kernels": 2,
     "distributed.builders": 2, "solver": 3, "distributed.solver": 3, "distributed": 3,
     "policy": 4, "da": 5, "color": 5, "api": 6, "matrix": 6,
-    "barycenter": 7, "batch": 7, "loss": 7, "nn": 8,
+    "barycenter": 7, "batch": 7, "convolutional": 7, "loss": 7, "nn": 8,
 }  # fmt: skip
 BACKEND_MODULES = {"exact", "rff", "nystrom", "polyts", "local"}
 SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent != PACKAGE)
@@ -279,7 +279,8 @@ def test_the_policy_is_one_package_above_the_solver_below_the_jobs():
 #: The jobs: the public entries (:mod:`sketchot.api`, :mod:`sketchot.matrix`) and what is
 #: built on the solver and the policy (the estimator, colour transfer, the divergence,
 #: barycentres, batches, the PyTorch face), with the Dask placement of the solve.
-JOBS = ("api", "matrix", "barycenter", "batch", "loss", "nn", "da", "color", "distributed.solver")
+JOBS = ("api", "matrix", "barycenter", "batch", "convolutional", "loss", "nn", "da", "color",
+        "distributed.solver")  # fmt: skip
 #: The packages a job reaches through their namespace only.
 ENTRY_PACKAGES = ("solver", "policy", "kernels")
 #: The job-to-job imports there are: the divergence is built on the public solves, the

@@ -219,17 +219,19 @@ def test_a_row_without_weight_is_minus_infinity():
         (np.ones((2, 2, 2)), ValueError, r"M must be a 2-D .* got 3-D"),
         (np.ones((0, 3)), ValueError, r"M must be non-empty; got shape \(0, 3\)"),
         (np.array([[0.0, np.nan], [1.0, np.nan]]), ValueError,
-         r"M must contain finite costs >= 0; got NaN for 2 of its 4 entries"),
-        (np.array([[0.0, np.inf], [1.0, 2.0]]), ValueError,
-         r"M must contain finite costs >= 0; got 1 entries \+inf and 0 -inf of its 4 "
-         r"\(forbidden pairs are not supported yet\)"),
-        (np.array([[0.0, -np.inf], [1.0, 2.0]]), ValueError, r"got 0 entries \+inf and 1 -inf"),
-        (np.array([[0.0, -0.5], [1.0, -2.0]]), ValueError,
-         r"M must contain costs >= 0; got 2 negative entries \(smallest -2\): subtract"),
+         r"M must contain real costs \(\+inf for a forbidden pair\); got NaN for 2 of its 4 "
+         r"entries"),
+        (np.array([[0.0, -np.inf], [1.0, 2.0]]), ValueError,
+         r"got 1 entries -inf of its 4: a pair of cost -inf makes the transport problem "
+         r"unbounded"),
+        (np.full((2, 2), np.inf), ValueError,
+         r"M must have at least one finite cost \(an allowed pair\); got 4 entries \+inf"),
         (np.ones((2, 2), dtype=complex), TypeError, r"M must be a 2-D array of real costs .* "
          r"dtype complex128"),
         ([["a", "b"]], TypeError, r"M must be a 2-D array of real costs"),
-        (scipy.sparse.eye(3, format="csr"), TypeError, r"M must be a dense 2-D array .* sparse"),
+        (scipy.sparse.eye(3, format="csr"), TypeError,
+         r"M must be a dense 2-D array of costs \(n, m\); got .*sparse.* is not solved yet"
+         r".* np\.inf at the missing pairs"),
         (np.ma.masked_array(np.ones((2, 2)), mask=[[1, 0], [0, 0]]), TypeError, r"M"),
     ],
 )  # fmt: skip

@@ -205,8 +205,10 @@ CASES = {
         "X",
         _ragged,
         (TypeError, ValueError),
-        lambda e: rf"^{_name(e, 'X')}(\[1\] must have 2 columns| must be a (2-D numeric array|"
-        "stack of clouds of one shape))",
+        lambda e: (
+            rf"^{_name(e, 'X')}(\[1\] must have 2 columns| must be a (2-D numeric array|"
+            "stack of clouds of one shape))"
+        ),
     ),
     "NaN in the clouds": Case(
         "X", _with_nan, ValueError, lambda e: rf"^{_name(e, 'X')} must contain only finite"

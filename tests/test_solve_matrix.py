@@ -357,8 +357,8 @@ def test_refusals_name_the_argument(kwargs, error, message):
 @pytest.mark.parametrize(
     ("M", "message"),
     [
-        (-np.ones((3, 3)), "M must contain costs >= 0"),
-        (np.full((3, 3), np.inf), "M"),
+        (np.full((3, 3), np.nan), "M must contain real costs"),
+        (np.full((3, 3), np.inf), "M must have at least one finite cost"),
         (np.ones(3), "M"),
     ],
 )

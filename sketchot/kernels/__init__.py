@@ -1,6 +1,6 @@
 """Gibbs-kernel operators: one contract, one backend per module, one record per backend."""
 
-from . import exact, local, nystrom, polyts, rff  # noqa: F401  (registration side effects)
+from . import exact, grid, local, matrix_lowrank, nystrom, polyts, rff  # noqa: F401  (registration)
 from .base import (
     CAPABILITIES,
     MIN_DENOMINATOR_RATIO,
@@ -11,6 +11,7 @@ from .base import (
 )
 from .build import build_kernel, make_kernel, require_policy
 from .exact import EXACT_BACKEND, ExactKernel, build_exact_from_cost
+from .grid import GRID_BACKEND
 from .lowrank import FactorMaps, LowRankKernel
 from .paper import comparable_parameters
 from .registry import (
@@ -26,6 +27,7 @@ from .registry import (
 __all__ = [
     "CAPABILITIES",
     "EXACT_BACKEND",
+    "GRID_BACKEND",
     "MIN_DENOMINATOR_RATIO",
     "Backend",
     "DeferredPass",

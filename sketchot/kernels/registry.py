@@ -25,6 +25,7 @@ import numpy as np
 from .._defaults import DEFAULT_ACCURACY
 from .._memory import check_fits
 from .._validation import check_dtype, check_int, describe, unknown_names
+from ..cost_matrix import block_dim
 from ..gibbs import Cost, GibbsGeometry
 from .device import default_dtype
 
@@ -64,6 +65,10 @@ class Backend:
         What to try when its true-kernel check misses the target (shown in warnings).
     summary : str
         One line for tables and ``--help``.
+    support : {'points', 'grids'}
+        The clouds it builds on: ``'points'``, any; ``'grids'``, tensor-product grids only
+        (both clouds full grids, in any order; others are refused by name). ``'auto'``
+        chooses a ``'grids'`` backend when both clouds are grids.
     kind : {'exact', 'low_rank', 'local'}
         What its kernel is: the true kernel, a global low rank (its cost and accuracy set
         by a rank), or an accurate kernel of its own cost (local expansions). ``'auto'``
@@ -72,7 +77,9 @@ class Backend:
     metrics : tuple of str or 'any'
         The costs its kernel represents, by name (:data:`~sketchot.gibbs.METRICS`;
         ``'callable'`` for a callable cost), or ``'any'``: it builds the Gibbs kernel of
-        whatever cost the geometry carries. Building it on another cost is refused.
+        whatever cost of points the geometry carries. A cost matrix (``'precomputed'``,
+        no points) is represented by the exact kernel and by backends that name it
+        (``('any', 'precomputed')``: both). Building it on another cost is refused.
     """
 
     name: str
@@ -89,14 +96,23 @@ class Backend:
     summary: str = ""
     kind: str = "low_rank"
     metrics: tuple[str, ...] | str = ("sqeuclidean",)
+    support: str = "points"
 
     def supports(self, cost: Cost) -> bool:
-        """Whether its kernel represents ``cost``."""
-        return self.metrics == "any" or cost.name in self.metrics
+        """Whether its kernel represents ``cost``. ``'any'`` is any cost of points: a cost
+        matrix (``'precomputed'``, no points to fit on) takes the exact kernel and the
+        backends that declare it."""
+        names = (self.metrics,) if isinstance(self.metrics, str) else self.metrics
+        if cost.name == "precomputed":
+            return self.exact or cost.name in names
+        return "any" in names or cost.name in names
 
 
 #: The kinds of kernel (:attr:`Backend.kind`).
 EXACT_KIND, LOW_RANK_KIND, LOCAL_KIND = KINDS = ("exact", "low_rank", "local")
+
+#: The clouds a backend builds on (:attr:`Backend.support`).
+SUPPORTS = POINTS_SUPPORT, GRIDS_SUPPORT = ("points", "grids")
 
 _REGISTRY: dict[str, Backend] = {}
 
@@ -116,6 +132,7 @@ def register_backend(
     summary: str = "",
     kind: str | None = None,
     metrics: tuple[str, ...] | str = ("sqeuclidean",),
+    support: str = "points",
 ) -> Any:
     """Register a backend by name (usable as a decorator when ``builder`` is omitted).
 
@@ -131,7 +148,7 @@ def register_backend(
         The parameter that sets the number of features; with it, ``rank=`` works for this
         backend (``params_for_rank`` defaults to ``{rank_parameter: rank}``).
     sizing_parameters, params_for_rank, signed, exact, memory, factor_maps, advice, summary,
-    kind, metrics
+    kind, metrics, support
         See :class:`Backend`. Whether ``'auto'`` tries the backend is the policy's
         (:func:`sketchot.policy.register_auto`).
 
@@ -177,6 +194,8 @@ def register_backend(
         chosen_kind = kind or (
             EXACT_KIND if exact else LOW_RANK_KIND if rank_parameter is not None else LOCAL_KIND
         )
+        if support not in SUPPORTS:
+            raise ValueError(f"support must be one of {SUPPORTS}; got {describe(support)}")
         if chosen_kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}; got {describe(kind)}")
         if chosen_kind == LOW_RANK_KIND and rank_parameter is None:
@@ -204,6 +223,7 @@ def register_backend(
             summary=summary,
             kind=chosen_kind,
             metrics=metrics if metrics == "any" else tuple(metrics),
+            support=support,
         )
         return function
 
@@ -246,8 +266,8 @@ def available_backends() -> tuple[str, ...]:
     -------
     tuple of str
         Every name ``backend=`` accepts besides ``'auto'``: the built-in ``'exact'``,
-        ``'nystrom'``, ``'polyts'``, ``'polyts_local'``, ``'rff'`` and those added with
-        :func:`register_backend`.
+        ``'nystrom'``, ``'polyts'``, ``'polyts_local'``, ``'rff'``, ``'cur'`` (the skeleton
+        of a cost matrix's kernel) and those added with :func:`register_backend`.
 
     Examples
     --------
@@ -435,7 +455,7 @@ def build_backend(
     if record.memory is not None:
         n, m = geometry.shape
         check_fits(
-            record.memory(n, m, geometry.X.shape[1], {**record.defaults, **params}, dtype.itemsize),
+            record.memory(n, m, block_dim(geometry), {**record.defaults, **params}, dtype.itemsize),
             f"building backend {backend!r} on {n} x {m} points",
             sized_by,
         )

@@ -8,6 +8,8 @@ Dask (:mod:`sketchot.distributed.builders`, limited to the backends that run the
 cheapest first, over the backends with a rule in the table (the dimension within the
 rule's bounds), is :func:`sketchot.policy.describe.ladder` (the docs print it from there):
 
+0. a backend of the ``'grids'`` support (the exact kernel applied axis by axis) when both
+   clouds are tensor-product grids, in ``d >= 2`` or beyond the direct dense size;
 1. the ``'exact'`` kind stored, when ``n x m`` is small (:data:`DIRECT_DENSE_ENTRIES`) and
    fits the dense budget;
 2. the ``'low_rank'`` kinds at doubling ranks (:func:`low_rank_ladder`), the one with the
@@ -42,7 +44,9 @@ import numpy as np
 from .._defaults import DEFAULT_ACCURACY
 from .._memory import dense_budget_bytes
 from .._validation import check_rng
+from ..cost_matrix import block_dim
 from ..gibbs import GibbsGeometry
+from ..grid import grid_clouds
 from ..kernels import KernelOperator
 from ..kernels.cost import exact_iteration_cost
 from ..kernels.device import device_exact_iteration_cost, runs_on_device
@@ -56,7 +60,14 @@ from ..kernels.judge import (
     kernel_judge,
     replay_parameters,
 )
-from ..kernels.registry import EXACT_KIND, LOCAL_KIND, LOW_RANK_KIND, Backend, build_backend
+from ..kernels.registry import (
+    EXACT_KIND,
+    GRIDS_SUPPORT,
+    LOCAL_KIND,
+    LOW_RANK_KIND,
+    Backend,
+    build_backend,
+)
 from .table import auto_backends
 
 #: The first rank of the low-rank rungs (doubled at each rung).
@@ -130,7 +141,7 @@ def exact_iteration_seconds(geometry: GibbsGeometry, *, stored: bool) -> float:
     n, m = geometry.shape
     if runs_on_device(geometry):
         return device_exact_iteration_cost(geometry)
-    return exact_iteration_cost(n, m, geometry.Xc.shape[1], stored=stored)
+    return exact_iteration_cost(n, m, block_dim(geometry), stored=stored)
 
 
 def adaptive_rank(
@@ -321,7 +332,7 @@ def choose(
         Print each rung as it is tried.
     """
     n, m = geometry.shape
-    d = geometry.X.shape[1]
+    d = block_dim(geometry)  # 0 for a cost matrix (no points)
     itemsize = np.dtype(dtype).itemsize
     generator = check_rng(rng)
     seed = candidate_rng(rng, generator)
@@ -337,8 +348,21 @@ def choose(
         outcome = judge(kernel, None, np.nan).outcome
         return Choice(outcome, kernel, reason, tuple(attempts), replay_parameters(kernel))
 
-    exact, exact_rule = auto_backends(EXACT_KIND, d, among, geometry.cost)[0]
+    exacts = auto_backends(EXACT_KIND, d, among, geometry.cost)
+    exact, exact_rule = next(pair for pair in exacts if pair[0].support != GRIDS_SUPPORT)
     size = f"n x m = {n} x {m} ({n * m * itemsize / 2**20:.0f} MiB)"
+    on_grids = [pair for pair in exacts if pair[0].support == GRIDS_SUPPORT]
+    # a 1-D cloud of distinct points is a grid, and its kernel is no cheaper axis by axis:
+    # grids in d >= 2, or 1-D beyond the direct dense size
+    if (
+        on_grids
+        and (d >= 2 or n * m > DIRECT_DENSE_ENTRIES)
+        and grid_clouds(getattr(geometry, "X", None), getattr(geometry, "Y", None))
+    ):
+        record, rule = on_grids[0]
+        kernel = build(geometry, record.name, dtype=dtype, accuracy=accuracy, **rule.params)
+        return final(record, kernel, f"both clouds are tensor-product grids ({size}): "
+                     f"{record.name}, {record.summary}")  # fmt: skip
     dense_fits = store and n * m * itemsize <= dense_budget_bytes()
     if dense_fits and n * m <= DIRECT_DENSE_ENTRIES:
         kernel = build(geometry, exact.name, dtype=dtype, accuracy=accuracy)

@@ -154,12 +154,18 @@ def auto_backends(
 # The built-in rules. The true kernel: first on small problems, last otherwise (streamed
 # when it does not fit the dense budget).
 register_auto("exact", streamed_params={"max_dense_bytes": 0})
+# Between two tensor-product grids, the exact kernel applied axis by axis: first (the ladder
+# tries a 'grids' backend only when both clouds are grids, before any other rung).
+register_auto("grid", order=1, min_dimension=1)
 # Global low ranks at a doubling rank: Nystrom first ...
 register_auto("nystrom", order=0)
 # ... then the improved polynomial sketch at the same rank, from d = 20 on: it beat Nystrom
 # at equal rank on isotropic data there (benchmarks/results/kernel_approx.md); below,
 # Nystrom won every case measured.
 register_auto("polyts", order=1, params={"variant": "improved"}, min_dimension=20)
+# On a cost matrix (no points), the skeleton of exp(-M / reg): the one low rank there.
+# (max_dimension=0: a cost matrix's dimension; on points Nystrom and polyts keep the rung)
+register_auto("cur", order=0, max_dimension=0)
 # The block-local kernel where its features stay few (d <= 4), when its counted iteration
 # beats the exact kernel's.
 register_auto(

@@ -7,6 +7,8 @@ submodules (``tests/test_architecture.py``). What they use, by what it does:
 - validate a problem: :func:`check_problem` (clouds, ``reg``, cost), :func:`make_problem`
   (weights, penalty, warm start), :func:`check_reg_m`, :func:`check_backend_params`;
 - solve it: :func:`sinkhorn` (clouds in, the kernel built or, given a policy, chosen),
+  :func:`sinkhorn_targets` and :func:`solve_targets` (``k`` targets ``b`` of shape
+  ``(m, k)`` on one kernel),
   :func:`solve` (a validated problem on a built kernel), :func:`sinkhorn_kernel`,
   :func:`sinkhorn_batch` and :func:`solve_batch` (many small problems at once);
 - certify and summarise the result: :func:`finish_solve`, :func:`check_from_masses`,
@@ -61,6 +63,16 @@ from .sinkhorn import (
     sinkhorn_kernel,
     solve,
 )
+from .targets import (
+    TargetsProblem,
+    TargetsResult,
+    make_targets,
+    several_targets,
+    sinkhorn_kernel_targets,
+    sinkhorn_targets,
+    sinkhorn_targets_matrix,
+    solve_targets,
+)
 
 __all__ = [
     "MASS_RTOL",
@@ -83,6 +95,8 @@ __all__ = [
     "Safeguard",
     "SinkhornResult",
     "SolverOptions",
+    "TargetsProblem",
+    "TargetsResult",
     "TrueKernelCheck",
     "check_backend_params",
     "check_batch_keywords",
@@ -98,17 +112,23 @@ __all__ = [
     "in_points_dtype",
     "iterate",
     "make_problem",
+    "make_targets",
     "plain_sinkhorn",
     "plan_summaries",
     "plan_summary",
     "sample_indices",
     "sampled_true_kernel_check",
+    "several_targets",
     "sinkhorn",
     "sinkhorn_batch",
     "sinkhorn_kernel",
+    "sinkhorn_kernel_targets",
     "sinkhorn_matrix",
+    "sinkhorn_targets",
+    "sinkhorn_targets_matrix",
     "solve",
     "solve_batch",
+    "solve_targets",
     "stack_clouds",
     "stack_weights",
     "true_kernel_check",

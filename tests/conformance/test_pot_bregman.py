@@ -189,17 +189,18 @@ def multi_b_case(n: int):
 )
 def test_sinkhorn_multi_b(source, n, reg, atol):
     """POT test_bregman.py::<source> (all methods, verbose and warn cases): ``b`` of shape
-    ``(n, k)`` solves k problems in one call in POT; sketchot refuses it by name (documented
-    difference) and each column solved on its own gives POT's k values."""
+    ``(n, k)`` solves k problems in one call, in POT and in sketchot (one call, the k values
+    ``<P_k, M>``: :mod:`sketchot.solver.targets`; more in test_pot_targets.py), equal to
+    each column solved on its own."""
     x, u, b = multi_b_case(n)
     M = ot.dist(x, x)
-    with pytest.raises(ValueError, match=r"^b must have shape \(m,\)"):
-        sketchot.sinkhorn(u, b, x, x, reg, backend="exact")
     # POT's multi-b sinkhorn returns the k values <P_k, M>
     loss0 = ot.sinkhorn(u, b, M, reg, stopThr=1e-10)
+    together = sketchot.sinkhorn2(u, b, x, x, reg, backend="exact", tol=1e-10)
     loss = [sketchot.sinkhorn2(u, b[:, k], x, x, reg, backend="exact", tol=1e-10)
             for k in range(3)]  # fmt: skip
     np.testing.assert_allclose(loss0, loss, atol=atol)
+    np.testing.assert_allclose(loss0, together, atol=atol)
 
 
 def test_stabilized_vs_sinkhorn_multidim():

@@ -127,14 +127,14 @@ def test_errors_name_the_argument(clouds):
         SketchSinkhornTransport().transform(Xs=Xs)
     with pytest.raises(ValueError, match="Xt missing"):
         SketchSinkhornTransport().fit(Xs=Xs)
-    with pytest.raises(ValueError, match="ys and yt were both given"):
-        SketchSinkhornTransport().fit(Xs=Xs, ys=np.zeros(80), Xt=Xt, yt=np.zeros(60))
+    with pytest.raises(ValueError, match=r"ys must be a 1-D array with one label per sample"):
+        SketchSinkhornTransport().fit(Xs=Xs, ys=np.zeros(79), Xt=Xt, yt=np.zeros(60))
     with pytest.raises(ValueError, match="reg_e must be > 0"):
         SketchSinkhornTransport(reg_e=0).fit(Xs=Xs, Xt=Xt)
     with pytest.raises(ValueError, match=r"backend must be .auto. or one of"):
         SketchSinkhornTransport(backend="keops").fit(Xs=Xs, Xt=Xt)
     with pytest.raises(TypeError, match="backend_params must be a dict"):
-        SketchSinkhornTransport(backend_params=[("n_landmarks", 5)])
+        SketchSinkhornTransport(backend_params=[("n_landmarks", 5)]).fit(Xs=Xs, Xt=Xt)
     with pytest.raises(ValueError, match="Xt must have 3 columns"):
         SketchSinkhornTransport().fit(Xs=Xs, Xt=Xt[:, :2])
     fitted = SketchSinkhornTransport(reg_e=0.5, backend="exact").fit(Xs=Xs, Xt=Xt)
@@ -148,11 +148,15 @@ def test_errors_name_the_argument(clouds):
         fitted.transform_labels(np.zeros(3))
 
 
-def test_reg_is_refused_at_construction_with_reg_e_suggested():
+def test_reg_is_refused_with_reg_e_suggested(clouds):
+    """A keyword that is not a parameter but names another input is a signature error,
+    refused at construction (as Python refuses an unexpected keyword); inside
+    ``backend_params`` it is a value, checked at fit."""
     with pytest.raises(TypeError, match=r"reg=0\.1 .* pass reg_e=\.\.\."):
         SketchSinkhornTransport(reg=0.1)
+    mapping = SketchSinkhornTransport(backend_params={"reg": 0.1})
     with pytest.raises(TypeError, match=r"reg=0\.1 .* pass reg_e"):
-        SketchSinkhornTransport(backend_params={"reg": 0.1})
+        mapping.fit(Xs=clouds[0], Xt=clouds[1])
 
 
 @pytest.mark.parametrize(
@@ -160,21 +164,23 @@ def test_reg_is_refused_at_construction_with_reg_e_suggested():
 )
 def test_every_argument_that_would_reach_sinkhorn_twice_is_refused(clouds, name):
     """Each name sinkhorn receives from the estimator itself, given again as a backend
-    parameter, is refused before fit (where it used to fail with 'multiple values')."""
+    parameter, is refused by fit, naming it (not deep in the solver with 'multiple
+    values'); the constructor only stores it (scikit-learn's convention)."""
     with pytest.raises(TypeError, match=f"{name}=1 as a backend parameter"):
-        SketchSinkhornTransport(backend_params={name: 1})
-    # set_params bypasses the constructor: fit checks again
+        SketchSinkhornTransport(backend_params={name: 1}).fit(Xs=clouds[0], Xt=clouds[1])
+    # set_params too: fit checks
     mapping = SketchSinkhornTransport(backend="exact")
     mapping.set_params(backend_params={name: 1})
     with pytest.raises(TypeError, match=f"{name}=1 as a backend parameter"):
         mapping.fit(Xs=clouds[0], Xt=clouds[1])
 
 
-def test_solver_options_that_are_constructor_arguments_are_refused():
+def test_solver_options_that_are_constructor_arguments_are_refused(clouds):
     with pytest.raises(TypeError, match=r"pass max_iter=\.\.\. to the constructor"):
-        SketchSinkhornTransport(solver_options={"max_iter": 5})
-    mapping = SketchSinkhornTransport(solver_options={"accuracy": 1e-2})
-    assert mapping.solver_options == {"accuracy": 1e-2}
+        SketchSinkhornTransport(solver_options={"max_iter": 5}).fit(Xs=clouds[0], Xt=clouds[1])
+    options = {"accuracy": 1e-2}
+    mapping = SketchSinkhornTransport(solver_options=options)
+    assert mapping.solver_options is options  # stored as given (sklearn.base.clone)
 
 
 def test_log_fills_pot_keys_and_log_true_adds_the_scalings(clouds):
@@ -202,7 +208,7 @@ def test_new_parameters_follow_the_estimator_protocol(clouds):
     )
     params = mapping.get_params()
     assert params["log"] is True and params["out_of_sample_map"] == "ferradans"
-    assert "n_features" not in params and params["backend_params"] == {}
+    assert "n_features" not in params and params["backend_params"] is None
     mapping.fit(Xs=Xs, Xt=Xt)
     clone = SketchSinkhornTransport(**params).fit(Xs=Xs, Xt=Xt)
     np.testing.assert_array_equal(clone.transform(Xs=new_source), mapping.transform(Xs=new_source))
@@ -289,18 +295,21 @@ def test_ferradans_map_moves_a_point_as_its_nearest_sample():
         ({"n_landmarks": 5}, TypeError,
          r"'n_landmarks'; backend='auto' chooses its own parameters"),
         ({"dtype": "float8"}, TypeError, r"dtype must be numpy.float64 or numpy.float32"),
-        ({"method": "sinkhorn"}, TypeError,
-         r"does not take ot.da.SinkhornTransport's method='sinkhorn': sketchot chooses"),
-        ({"norm": "max"}, TypeError, r"does not take ot.da.SinkhornTransport's norm='max'"),
-        ({"limit_max": 10.0}, TypeError, r"does not take ot.da.SinkhornTransport's limit_max"),
+        ({"method": "sinkhorn_fast"}, ValueError,
+         r"method must be one of 'sinkhorn', 'sinkhorn_log', .* got 'sinkhorn_fast'"),
+        ({"norm": "mean"}, ValueError,
+         r"norm must be one of 'median', 'max', 'log', 'loglog'; got 'mean'"),
+        ({"limit_max": -1.0}, ValueError, r"limit_max must be > 0 \(or inf"),
+        ({"limit_max": "10"}, TypeError, r"limit_max must be a real number > 0 or inf; got '10'"),
+        ({"metric": "cosine"}, ValueError, r"metric must be one of .* got 'cosine'"),
     ],
 )  # fmt: skip
-def test_bad_constructor_parameters_fail_at_construction_by_name(clouds, kwargs, error, match):
-    """Every constructor parameter is checked when the estimator is made (POT checks
-    out_of_sample_map there), never first deep in the solver; set_params bypasses the
-    constructor, so fit checks the same way before solving."""
+def test_bad_parameters_fail_at_fit_by_name(clouds, kwargs, error, match):
+    """Every parameter is checked by fit, naming it, never first deep in the solver; the
+    constructor stores its arguments unchanged (scikit-learn's estimator contract, which
+    POT's out_of_sample_map check in __init__ breaks), and so does set_params."""
     with pytest.raises(error, match=match):
-        SketchSinkhornTransport(**kwargs)
+        SketchSinkhornTransport(**kwargs).fit(Xs=clouds[0], Xt=clouds[1])
     mapping = SketchSinkhornTransport()
     own = set(mapping.get_params())
     mapping.set_params(

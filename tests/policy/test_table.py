@@ -25,7 +25,10 @@ def test_the_record_holds_kernel_facts_only():
 
 def test_the_built_in_rules():
     """What the records declared before the table (one fact, now in one place)."""
-    assert set(auto_rules()) == {"exact", "nystrom", "polyts", "polyts_local"}
+    assert set(auto_rules()) == {"exact", "nystrom", "polyts", "polyts_local", "cur", "grid"}
+    # grids only (the record's support), points only, after the exact kernel in its kind
+    assert (auto_rule("grid").order, auto_rule("grid").min_dimension) == (1, 1)
+    assert auto_rule("cur").max_dimension == 0  # cost matrices only (no points: d = 0)
     assert dict(auto_rule("exact").streamed_params) == {"max_dense_bytes": 0}
     polyts = auto_rule("polyts")
     assert (polyts.order, dict(polyts.params), polyts.min_dimension) == (

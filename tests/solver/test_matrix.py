@@ -262,8 +262,8 @@ def test_weights_must_match_M_by_name():
         on_matrix(np.ones(4) / 4, None, M, 1.0)
     with pytest.raises(ValueError, match=r"^b must have one weight per column of M \(4\); got 3"):
         on_matrix(None, np.ones(3) / 3, M, 1.0)
-    with pytest.raises(ValueError, match="M must contain costs >= 0"):
-        on_matrix(None, None, -M, 1.0)
+    with pytest.raises(ValueError, match=r"M has negative costs .* unbalanced"):
+        on_matrix(None, None, -M, 1.0, reg_m=1.0)
     with pytest.raises(ValueError, match="same total mass"):
         on_matrix(np.ones(3), np.ones(4), M, 1.0)
 

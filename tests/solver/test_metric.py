@@ -131,7 +131,7 @@ def test_polynomial_and_fourier_backends_refuse_other_metrics_by_name(clouds, ba
     a, b, X, Y = clouds
     message = (
         f"backend '{backend}' supports metric='sqeuclidean' only; got metric='cityblock'; "
-        "use backend='exact' or 'nystrom'"
+        "use backend='cur' or 'exact' or 'nystrom'"
     )
     with pytest.raises(ValueError, match=message):
         sketchot.sinkhorn(a, b, X, Y, REG, backend, metric="cityblock")

@@ -4,7 +4,7 @@ plan products of every backend: tests/kernels/test_contract.py)."""
 
 import numpy as np
 import pytest
-from backend_params import contract_params
+from backend_params import contract_clouds, contract_params
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -156,7 +156,7 @@ def test_first_moments_are_the_plans_products(colours, backend):
     kernel declares 'log_means', else one log product per coordinate for log-domain
     approximations, both tried) equal the dense plan's, to 1e-9 relative (rounding of sums
     over 120 x 90 entries)."""
-    X, Y = colours
+    X, Y = contract_clouds(backend, *colours)
     kernel = sketchot.make_kernel(X, Y, 0.5, backend, rng=1, **contract_params(backend))
     rng = np.random.default_rng(4)
     log_u, log_v = rng.normal(size=120), rng.normal(size=90)

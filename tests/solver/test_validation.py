@@ -25,7 +25,8 @@ Y = RNG.random((8, 3))
         ({"X": [["a", "b", "c"]]}, TypeError, "X must be a real numeric array"),
         ({"a": -np.ones(10)}, ValueError, "a must be non-negative"),
         ({"a": np.ones(9) / 9}, ValueError, r"a must have one weight per row of X \(10\)"),
-        ({"b": np.ones((8, 1))}, ValueError, "b must be a 1-D array"),
+        # (m, k) is k targets (POT's several histograms: tests/solver/test_targets.py)
+        ({"b": np.ones((8, 1, 1))}, ValueError, "b must be a 1-D array"),
         ({"b": np.full(8, np.nan)}, ValueError, "b must contain only finite"),
         ({"b": np.ones(8)}, ValueError, "same total mass"),
         ({"a": np.zeros(10)}, ValueError, "a must have a positive total mass"),

@@ -1,0 +1,184 @@
+"""Tests of sketchot.grid: tensor-product grids and the separable log-domain Gibbs
+convolution, against the dense definition ``log sum_j exp(-|x_i - y_j|^2 / reg + w_j)``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.special import logsumexp
+
+from sketchot.grid import GridConvolution, RegularGrid, log_convolve
+
+# Exact up to rounding: the module's bound gives relative errors of a few ulps per axis
+# pass (sum of non-negative terms); 1e-13 of the largest magnitude leaves room for d passes.
+RTOL = 1e-13
+
+
+def dense(log_w, source, target, reg):
+    """The definition, on the N x M cost (small grids only)."""
+    X, Y = target.points(), source.points()
+    C = ((X[:, None, :] - Y[None, :, :]) ** 2).sum(-1)
+    lead = log_w.shape[: log_w.ndim - source.ndim]
+    flat = log_w.reshape(-1, source.size)
+    out = np.stack([logsumexp(-C / reg + row[None, :], axis=1) for row in flat])
+    return out.reshape(*lead, *target.shape)
+
+
+def close(out, ref):
+    finite = np.isfinite(ref)
+    assert np.array_equal(finite, np.isfinite(out))
+    scale = max(1.0, np.abs(ref[finite]).max()) if finite.any() else 1.0
+    assert np.abs(out[finite] - ref[finite]).max() <= RTOL * scale
+
+
+def random_grid(rng, shape, span=1.0):
+    return RegularGrid([np.sort(rng.random(n)) * span for n in shape])
+
+
+@pytest.mark.parametrize(
+    ("shape_s", "shape_t", "reg"),
+    [
+        ((9,), (9,), 0.5),
+        ((7,), (11,), 1e-3),
+        ((5, 6), (5, 6), 1e-2),
+        ((6, 4), (3, 8), 1e-4),  # non-square, different grids, tiny reg: many blocks
+        ((4, 5, 3), (3, 5, 6), 3e-3),
+    ],
+)
+def test_log_convolve_matches_dense_definition(shape_s, shape_t, reg):
+    rng = np.random.default_rng(0)
+    source, target = random_grid(rng, shape_s, 2.0), random_grid(rng, shape_t)
+    log_w = rng.normal(size=shape_s) * 200  # a dynamic range far beyond float64's
+    log_w.flat[::4] = -np.inf
+    ref = dense(log_w, source, target, reg)
+    close(log_convolve(log_w, source, target, reg), ref)
+    close(log_convolve(log_w, source, target, reg, method="logsumexp"), ref)
+
+
+def test_small_reg_uses_blocks_and_stays_exact():
+    grid = RegularGrid.from_shape((60, 50), extent=1.0)
+    reg = 1e-4 * grid.squared_diameter
+    conv = GridConvolution(grid, grid, reg)
+    assert all(len(a.s_blocks) > 2 for a in conv._axes)  # several blocks per axis
+    rng = np.random.default_rng(1)
+    log_w = rng.normal(size=grid.shape) * 1e3
+    close(conv.log_apply(log_w), conv.log_apply(log_w, method="logsumexp"))
+
+
+def test_large_reg_uses_one_block():
+    grid = RegularGrid.from_shape((64, 64), extent=1.0)
+    conv = GridConvolution(grid, grid, 1e-3 * grid.squared_diameter)
+    assert all(len(a.s_blocks) == 2 for a in conv._axes)
+
+
+def test_streamed_axis_matches_stored(monkeypatch):
+    import sketchot.grid as module
+
+    rng = np.random.default_rng(2)
+    grid = RegularGrid.from_shape(300, extent=1.0)
+    log_w = rng.normal(size=(2, 300)) * 50
+    log_w[1, :150] = -np.inf
+    ref = dense(log_w, grid, grid, 1e-4)
+    monkeypatch.setattr(module, "MAX_AXIS_KERNEL_ENTRIES", 1000)
+    monkeypatch.setattr(module, "STREAM_BLOCK", 64)
+    conv = GridConvolution(grid, grid, 1e-4)
+    assert conv._axes[0].matrix is None
+    close(conv.log_apply(log_w), ref)
+
+
+def test_batch_axes_and_transpose():
+    rng = np.random.default_rng(3)
+    source, target = random_grid(rng, (4, 5)), random_grid(rng, (6, 3))
+    conv = GridConvolution(source, target, 0.05)
+    log_w = rng.normal(size=(3, 4, 5))
+    close(conv.log_apply(log_w), dense(log_w, source, target, 0.05))
+    log_v = rng.normal(size=(2, 6, 3))
+    close(conv.log_apply_transpose(log_v), dense(log_v, target, source, 0.05))
+
+
+def test_all_zero_mass_gives_minus_inf():
+    grid = RegularGrid.from_shape((3, 4))
+    out = log_convolve(np.full((3, 4), -np.inf), grid, grid, 1.0)
+    assert np.all(out == -np.inf)
+
+
+def test_readonly_and_noncontiguous_weights():
+    rng = np.random.default_rng(4)
+    grid = RegularGrid.from_shape((6, 5), spacing=0.1)
+    big = rng.normal(size=(12, 10))
+    view = big[::2, ::2]  # non-contiguous
+    ref = log_convolve(view.copy(), grid, grid, 0.01)
+    view.setflags(write=False)
+    np.testing.assert_array_equal(log_convolve(view, grid, grid, 0.01), ref)
+    np.testing.assert_array_equal(log_convolve(view.T.T, grid, grid, 0.01), ref)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n1=st.integers(1, 6),
+    n2=st.integers(1, 6),
+    log_reg=st.floats(-4, 0),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_separability_and_symmetry(n1, n2, log_reg, seed):
+    """Two invariants: a product of 1-D weights convolves to the sum of the 1-D results
+    (separability), and on one grid the kernel is symmetric: <u, K v> = <v, K u>."""
+    rng = np.random.default_rng(seed)
+    reg = 10.0**log_reg
+    grid = random_grid(rng, (n1, n2))
+    a, b = rng.normal(size=n1) * 5, rng.normal(size=n2) * 5
+    joint = log_convolve(a[:, None] + b[None, :], grid, grid, reg)
+    ga, gb = RegularGrid([grid.axes[0]]), RegularGrid([grid.axes[1]])
+    parts = log_convolve(a, ga, ga, reg)[:, None] + log_convolve(b, gb, gb, reg)[None, :]
+    np.testing.assert_allclose(joint, parts, rtol=RTOL, atol=RTOL * np.abs(parts).max())
+    u, v = rng.normal(size=(2, n1, n2))
+    left = logsumexp(u + log_convolve(v, grid, grid, reg))
+    right = logsumexp(v + log_convolve(u, grid, grid, reg))
+    assert abs(left - right) <= RTOL * max(1.0, abs(left))
+
+
+def test_grid_construction():
+    grid = RegularGrid.from_shape((3, 4), extent=1.0)
+    np.testing.assert_array_equal(grid.axes[1], np.linspace(0, 1, 4))
+    assert grid.shape == (3, 4) and grid.size == 12 and grid.ndim == 2
+    assert grid.squared_diameter == pytest.approx(2.0)
+    pts = grid.points()
+    assert pts.shape == (12, 2)
+    np.testing.assert_array_equal(pts[5], [0.5, 1 / 3])  # C order: index (1, 1)
+    grid2 = RegularGrid.from_shape(5, spacing=0.5, origin=1.0)
+    np.testing.assert_array_equal(grid2.axes[0], [1.0, 1.5, 2.0, 2.5, 3.0])
+    assert RegularGrid([np.arange(3.0)]) == RegularGrid(np.arange(3.0))
+
+
+def test_from_points_recovers_any_order():
+    rng = np.random.default_rng(5)
+    grid = random_grid(rng, (4, 3, 2))
+    pts = grid.points()
+    perm = rng.permutation(grid.size)
+    found, order = RegularGrid.from_points(pts[perm])
+    assert found == grid
+    np.testing.assert_array_equal(pts[perm][order], pts)
+    with pytest.raises(ValueError, match="Y is not a tensor-product grid"):
+        RegularGrid.from_points(pts[1:], name="Y")
+    with pytest.raises(ValueError, match="X is not a tensor-product grid"):
+        RegularGrid.from_points(rng.random((12, 2)))
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda g: log_convolve(np.zeros((2, 2)), g, g, 1.0), ValueError, "log_w must have"),
+        (lambda g: log_convolve(np.full((3, 4), np.nan), g, g, 1.0), ValueError, "log_w"),
+        (lambda g: log_convolve(np.zeros((3, 4)), g, g, -1.0), ValueError, "reg must be > 0"),
+        (lambda g: log_convolve(np.zeros((3, 4)), "grid", g, 1.0), TypeError, "source_grid"),
+        (lambda g: log_convolve(np.zeros((3, 4)), g, g, 1.0, method="fft"), ValueError, "method"),
+        (lambda g: RegularGrid([[0.0, 0.0, 1.0]]), ValueError, "strictly increasing"),
+        (lambda g: RegularGrid.from_shape((3, 0)), ValueError, "shape"),
+        (lambda g: RegularGrid.from_shape(3, spacing=1.0, extent=2.0), ValueError, "not both"),
+    ],
+)
+def test_bad_input_names_the_argument(call, error, match):
+    with pytest.raises(error, match=match):
+        call(RegularGrid.from_shape((3, 4)))
