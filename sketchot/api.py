@@ -977,7 +977,7 @@ def solve_grid(
 ) -> GridResult:
     """Entropic optimal transport between two histograms on tensor-product grids (images,
     volumes, 1-D bins), squared-Euclidean cost, on the exact kernel applied axis by axis
-    (backend ``'grid'``: ``O(N (n_1 + ... + n_d))`` per product, no ``N x N`` array).
+    (backend ``'grid'``: ``O(N sum_k n_k)`` per product, no ``N x N`` array).
 
     The name follows GeomLoss's ``solve_grid``; ``reg``, ``reg_m`` and the result's
     ``value_linear`` follow POT (``ot.sinkhorn2``, ``ot.unbalanced.sinkhorn_unbalanced``).
