@@ -1158,6 +1158,16 @@ def sinkhorn_targets_matrix(
     from ..kernels import build_exact_from_cost
 
     kernel = build_exact_from_cost(M, reg, dtype=dtype)
+    smallest = kernel.geometry.min_cost
+    if smallest < 0:
+        # the one-target path solves M - min(M) and puts the result back (solver.matrix's
+        # unshift); the targets' results have no such step yet: refused, not misreported
+        raise ValueError(
+            f"M has negative costs (smallest {smallest:.6g}): several targets (b of shape "
+            "(m, k)) are solved on costs >= 0 only; pass M - M.min() (balanced transport: "
+            "the same plans; M's values are those plus min(M) times the mass) or solve the "
+            "targets one by one"
+        )
     n, m = kernel.shape
     shape = np.shape(a) if a is not None else None
     if shape is not None and len(shape) == 1 and shape[0] != n:
