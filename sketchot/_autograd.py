@@ -13,6 +13,11 @@ derivatives are those of the objective (of its Lagrangian, for hard sides) at fi
   defined on ``sum a = sum b`` only and the gradient up to adding ``(c, -c)`` (every
   mass-preserving directional derivative is exact), ``k`` fixed by the relaxed side's
   stationarity otherwise. ``b`` likewise.
+- With total-variation penalties (``unbalanced_type='TV'``) the value is not differentiable
+  in the plan's marginals where they meet the weights; its dual, ``<a, f> + <b, g> -
+  reg <a b^T, exp((f + g - M) / reg) - 1>`` over potentials in ``[-reg_m, reg_m]``, is
+  linear in the weights, so (Danskin) ``d value / d a_i = f_i + reg (sum b - (P 1)_i / a_i)``
+  with the solve's own potentials, for a relaxed and a hard side alike.
 
 These are the gradients of the value returned at the converged optimum of the exact kernel's
 problem; the caller (:mod:`sketchot.api`) refuses the others (an approximate kernel, another
@@ -55,6 +60,8 @@ def weight_gradient(result: Any, side: int) -> np.ndarray:
     reg = result.reg
     ratio = marginal / weights
     grad = reg * (other.sum() - ratio)
+    if result.problem.unbalanced_type == "TV" and not result.problem.balanced:
+        return grad + reg * (potential - np.log(weights))
     if np.isfinite(penalty):
         return grad + penalty * (1.0 - ratio)
     shift = 0.0

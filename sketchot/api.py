@@ -29,7 +29,13 @@ from ._validation import RenamableError, check_dtype, describe, unknown_names
 from .grid import RegularGrid, check_grid
 from .kernels import EXACT_BACKEND, GRID_BACKEND
 from .kernels import make_kernel as make_kernel_in_memory
-from .solver import ResultView, SolverOptions, in_points_dtype, several_targets
+from .solver import (
+    ResultView,
+    SolverOptions,
+    check_unbalanced_type,
+    in_points_dtype,
+    several_targets,
+)
 from .solver import sinkhorn as sinkhorn_in_memory
 from .solver import sinkhorn_kernel as sinkhorn_kernel_in_memory
 from .solver import sinkhorn_kernel_targets as sinkhorn_kernel_targets_in_memory
@@ -153,6 +159,7 @@ def sinkhorn(
     backend: str = "auto",
     *,
     reg_m: Any = None,
+    unbalanced_type: str = "KL",
     metric: Any = "sqeuclidean",
     p: float = 2.0,
     warmstart: Any = None,
@@ -221,6 +228,11 @@ def sinkhorn(
         balanced transport, a number for both sides, ``(reg_m_a, reg_m_b)`` for each, with
         ``float('inf')`` for a hard side (``(inf, s)`` is semi-relaxed). Unequal masses of
         ``a`` and ``b`` are allowed only with a finite penalty.
+    unbalanced_type : {{'KL', 'TV'}}, default='KL'
+        The type of the finite penalties (POT's ``ot.solve`` name, case-insensitive):
+        ``'KL'`` is ``reg_m KL(P 1 | a)``; ``'TV'`` is ``reg_m ||P 1 - a||_1`` (total
+        variation: each potential is clipped to ``[-reg_m, reg_m]``, Sejourne et al. 2019),
+        on every backend, in memory (not on Dask arrays, not with several targets).
     metric : str or callable, default='sqeuclidean'
         The cost, with POT's ``ot.dist`` names: ``'sqeuclidean'`` ``||x - y||^2``,
         ``'euclidean'`` ``||x - y||``, ``'cityblock'`` ``||x - y||_1``, ``'minkowski'``
@@ -306,6 +318,14 @@ def sinkhorn(
     """
     options = _options(locals())
     build = _build(rank, dtype)
+    unbalanced_type = check_unbalanced_type(unbalanced_type)
+    if unbalanced_type != "KL" and (several_targets(b) or any_dask(a, b, X, Y)):
+        where = "several targets (b of shape (m, k))" if several_targets(b) else "Dask arrays"
+        raise NotImplementedError(
+            f"unbalanced_type={unbalanced_type!r} is not implemented with {where}: their "
+            "iterations raise the ratios to powers (KL penalties); solve each problem alone "
+            "in memory, or pass unbalanced_type='KL'"
+        )
     if several_targets(b):
         if any_dask(a, b, X, Y):
             raise NotImplementedError(
@@ -323,8 +343,9 @@ def sinkhorn(
             **build, **backend_params,
         )  # fmt: skip
     return sinkhorn_in_memory(
-        a, b, X, Y, reg, backend, options=options, reg_m=reg_m, metric=metric, p=p,
-        warmstart=warmstart, rng=rng, policy=policy, **build, **backend_params,
+        a, b, X, Y, reg, backend, options=options, reg_m=reg_m,
+        unbalanced_type=unbalanced_type, metric=metric, p=p, warmstart=warmstart, rng=rng,
+        policy=policy, **build, **backend_params,
     )  # fmt: skip
 
 
@@ -744,6 +765,7 @@ def sinkhorn_kernel(
     kernel: Any,
     *,
     reg_m: Any = None,
+    unbalanced_type: str = "KL",
     metric: Any = None,
     p: Any = None,
     warmstart: Any = None,
@@ -777,6 +799,8 @@ def sinkhorn_kernel(
         cost and the backend's parameters. A kernel built on Dask arrays is solved with Dask.
     reg_m : None, float or pair, default=None
         Marginal penalties, as in :func:`sinkhorn`.
+    unbalanced_type : {{'KL', 'TV'}}, default='KL'
+        Their type, as in :func:`sinkhorn`.
     metric, p : optional
         The kernel carries its cost (``make_kernel(..., metric=, p=)``); when given they
         must name that cost (a check, not a change).
@@ -803,6 +827,14 @@ def sinkhorn_kernel(
     (True, True)
     """
     options = _options(locals())
+    unbalanced_type = check_unbalanced_type(unbalanced_type)
+    if unbalanced_type != "KL" and (several_targets(b) or _on_dask(kernel, a, b)):
+        where = "several targets (b of shape (m, k))" if several_targets(b) else "Dask arrays"
+        raise NotImplementedError(
+            f"unbalanced_type={unbalanced_type!r} is not implemented with {where}: their "
+            "iterations raise the ratios to powers (KL penalties); solve each problem alone "
+            "in memory, or pass unbalanced_type='KL'"
+        )
     if several_targets(b):
         if _on_dask(kernel, a, b):
             raise NotImplementedError(
@@ -821,8 +853,8 @@ def sinkhorn_kernel(
             a, b, kernel, reg_m=reg_m, rng=rng, **options.as_dict()
         )
     return sinkhorn_kernel_in_memory(
-        a, b, kernel, options=options, reg_m=reg_m, metric=metric, p=p, warmstart=warmstart,
-        rng=rng,
+        a, b, kernel, options=options, reg_m=reg_m, unbalanced_type=unbalanced_type,
+        metric=metric, p=p, warmstart=warmstart, rng=rng,
     )  # fmt: skip
 
 

@@ -21,10 +21,12 @@ from ._parallel import thread_limit
 from ._validation import RenamableError, check_int, describe, unknown_names
 from .kernels import EXACT_BACKEND, available_backends, get_backend
 from .solver import (
+    PENALTY_TYPES,
     NumpyInDtype,
     ResultView,
     SinkhornResult,
     SolverOptions,
+    check_unbalanced_type,
     several_targets,
     sinkhorn_matrix,
     sinkhorn_targets_matrix,
@@ -51,7 +53,6 @@ _EXTRA = (
 )
 
 #: The issue that adds POT's quadratic and total-variation marginal penalties.
-_PENALTIES_ISSUE = "issue 43"
 
 
 def solve(
@@ -114,10 +115,11 @@ def solve(
         KL penalties of the marginals (the solver's ``reg_m``, in units of the cost): a
         number (or a one-item sequence) for both sides, ``(u_a, u_b)`` for each,
         ``float('inf')`` for a hard side (``(inf, s)`` is semi-relaxed). ``None``: balanced.
-    unbalanced_type : {'KL'}, default='KL'
-        The marginal penalty (case-insensitive). POT's ``'L2'`` and ``'TV'`` are refused
-        with ``NotImplementedError`` (issue 43 adds them); read only when ``unbalanced`` is
-        given, as in POT.
+    unbalanced_type : {'KL', 'TV'}, default='KL'
+        The marginal penalty (case-insensitive): ``'KL'`` ``u KL(P 1 | a)``, ``'TV'``
+        ``u ||P 1 - a||_1`` (total variation; one target only). POT's ``'L2'`` is refused
+        with ``NotImplementedError`` (it has no Sinkhorn step); read only when
+        ``unbalanced`` is given, as in POT.
     method : None
         POT's choice among its algorithms. sketchot runs its one solver (log-stable passes,
         an epsilon schedule at small ``reg``, a Newton stage), so only ``None`` is taken
@@ -202,6 +204,7 @@ def solve(
             verbose=verbose, grad=grad, options=options,
         )  # fmt: skip
     regulariser = _check_problem(reg, c, reg_type, unbalanced, unbalanced_type)
+    penalty = "KL" if unbalanced is None else check_unbalanced_type(unbalanced_type)
     _check_pot_arguments(method, plan_init, grad, potentials_init)
     n_threads = check_int(n_threads, "n_threads", minimum=1)
     backend, rank = options.pop("backend", "auto"), options.pop("rank", None)
@@ -224,6 +227,12 @@ def solve(
     try:
         with thread_limit(n_threads):
             if several_targets(b):  # POT's b of shape (m, k): k targets on one kernel
+                if penalty != "KL":
+                    raise NotImplementedError(
+                        f"unbalanced_type={penalty!r} with several targets (b of shape "
+                        "(m, k)): the targets' iteration raises the ratios to powers (KL "
+                        "penalties); solve each column of b, or pass unbalanced_type='KL'"
+                    )
                 if backend not in ("auto", EXACT_BACKEND) or kernel_params:
                     raise NotImplementedError(
                         f"several targets (b of shape (m, k)) on a cost matrix run on the "
@@ -240,6 +249,7 @@ def solve(
                 return targets
             result = sinkhorn_matrix(
                 a, b, M, reg, options=settings, reg_m=_reg_m(unbalanced),
+                unbalanced_type=penalty,
                 warmstart=None if potentials_init is None else tuple(potentials_init),
                 rng=rng, dtype=np.float64 if dtype is None else dtype, backend=backend,
                 policy=policy, **kernel_params,
@@ -294,15 +304,12 @@ def _check_problem(reg, c, reg_type, unbalanced, unbalanced_type) -> str:
             "solver does not solve"
         )
     if unbalanced is not None:
-        if not isinstance(unbalanced_type, str) or unbalanced_type.lower() != "kl":
-            shown = unbalanced_type if isinstance(unbalanced_type, str) else None
-            known = shown is not None and shown.lower() in ("l2", "tv")
+        if not isinstance(unbalanced_type, str):
             raise NotImplementedError(
-                f"unbalanced_type must be 'KL' (the solver's KL penalties); got "
+                f"unbalanced_type must be one of {list(PENALTY_TYPES)}; got "
                 f"{describe(unbalanced_type)}"
-                + (f": POT's {shown!r} penalty is not implemented yet ({_PENALTIES_ISSUE} "
-                   "adds it)" if known else "")
-            )  # fmt: skip
+            )
+        check_unbalanced_type(unbalanced_type)  # an UnknownPenaltyError names the others
         if kind == "entropy":
             raise NotImplementedError(
                 "reg_type='entropy' with unbalanced is not the KL problem shifted by a "

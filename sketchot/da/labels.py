@@ -17,7 +17,14 @@ import numpy as np
 
 from .._validation import check_choice
 from ..gibbs import GibbsGeometry, gibbs_log_matvec, gibbs_matmat, gibbs_softmax_average
-from ..kernels import MIN_DENOMINATOR_RATIO, FusedPass, KernelInfo, KernelOperator
+from ..kernels import (
+    IDENTITY_STEP,
+    FusedPass,
+    KernelInfo,
+    KernelOperator,
+    RatioStep,
+    ratios_and_bad,
+)
 
 #: POT's mark of an unlabelled sample in ``ys`` / ``yt`` (``ot.utils`` ``MISSING_LABEL``).
 MISSING_LABEL = -1
@@ -178,18 +185,18 @@ class LabelledKernel(KernelOperator):
         rows = self.base.to_dense(max_bytes=index.size * self.shape[1] * 8, rows=index)
         return np.where(self.geometry.mask(index), rows, 0.0)
 
-    def fused_pass(self, side, w, numerator, *, log: bool = False, exponent: float = 1.0):
+    def fused_pass(self, side, w, numerator, *, log: bool = False, step: RatioStep = IDENTITY_STEP):
         if log:
             raise NotImplementedError("the labelled kernel declares no log-domain products")
         check_choice(side, "side", ("rows", "cols"))
         if side == "rows":  # L = K': products K' v, projection K'^T ratios
             products = self.matmat(w)
-            ratios, bad = _ratios(numerator, products, exponent)
+            ratios, bad = ratios_and_bad(numerator, products, step)
             return FusedPass(products, ratios, self.rmatmat(ratios), bad)
         # R = I: the products are w itself (K'^T u from the rows pass), the projection the
         # ratios
         products = np.array(w, dtype=np.float64)
-        ratios, bad = _ratios(numerator, products, exponent)
+        ratios, bad = ratios_and_bad(numerator, products, step)
         return FusedPass(products, ratios, ratios, bad)
 
     def project(self, side, values, index: Any = None, *, log: bool = False) -> np.ndarray:
@@ -200,18 +207,3 @@ class LabelledKernel(KernelOperator):
         full = np.zeros(n if side == "rows" else m)
         full[np.arange(full.size)[slice(None) if index is None else index]] = values
         return self.rmatmat(full) if side == "rows" else full
-
-
-def _ratios(numerator: np.ndarray, products: np.ndarray, exponent: float):
-    """``(numerator / products) ** exponent`` where the product is healthy (positive,
-    finite, not below ``MIN_DENOMINATOR_RATIO`` times the numerator), 0 elsewhere, and the
-    mask of the unhealthy entries with a positive numerator (the kernel contract)."""
-    active = numerator > 0
-    with np.errstate(invalid="ignore", over="ignore"):
-        healthy = (products >= numerator * MIN_DENOMINATOR_RATIO) & np.isfinite(products)
-        healthy &= products > 0
-    out = np.zeros_like(products, dtype=np.float64)
-    np.divide(numerator, products, out=out, where=active & healthy)
-    if exponent != 1.0:
-        np.power(out, exponent, out=out)
-    return out, active & ~healthy

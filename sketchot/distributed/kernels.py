@@ -33,9 +33,11 @@ import numpy as np
 
 from ..gibbs import block_rows, gibbs_softmax_average, neg_cost_over_reg, row_slices
 from ..kernels.base import (
+    IDENTITY_STEP,
     DeferredPass,
     KernelInfo,
     KernelOperator,
+    RatioStep,
     blocked_fused_pass,
     matrix_fused_pass,
     ratios_and_bad,
@@ -49,8 +51,19 @@ from .geometry import SPLIT_EVERY, DaskGibbsGeometry, persist_now
 MAX_CHAINED_PASSES = 100
 
 
+def _power_of(step: RatioStep) -> float:
+    """The power of a marginal step; a bounded step (a total-variation penalty) is refused:
+    the passes ship only a power to the workers."""
+    if step.bounded:
+        raise NotImplementedError(
+            "a bounded marginal step (unbalanced_type='TV') does not run on Dask arrays yet; "
+            "use unbalanced_type='KL' or in-memory arrays"
+        )
+    return float(step.power)
+
+
 def _ratios(numerator: np.ndarray, products: np.ndarray, exponent: float = 1.0) -> np.ndarray:
-    return ratios_and_bad(numerator, products, exponent)[0]
+    return ratios_and_bad(numerator, products, RatioStep(exponent))[0]
 
 
 def _bad(numerator: np.ndarray, products: np.ndarray) -> np.ndarray:
@@ -322,7 +335,7 @@ def _pass_chunk(
     ``w`` the first ``r`` entries of the sum of ``w_parts`` (the previous pass's partial
     sums, added in the same order on every chunk, or its total)."""
     w = _leading(_add(*w_parts), F.shape[1])
-    result = matrix_fused_pass(F, w, numerator, dtype, exponent)
+    result = matrix_fused_pass(F, w, numerator, dtype, RatioStep(exponent))
     return np.append(result.projection, result.n_bad)[None, :]
 
 
@@ -605,7 +618,13 @@ class DaskLowRankKernel(LowRankKernel):
 
     # -------------------------------------------------------- fused passes
     def fused_pass(
-        self, side: str, w: Any, numerator: Any, *, log: bool = False, exponent: float = 1.0
+        self,
+        side: str,
+        w: Any,
+        numerator: Any,
+        *,
+        log: bool = False,
+        step: RatioStep = IDENTITY_STEP,
     ) -> ChainedPass:
         """One lazy pass over the chunks of ``A`` (``'rows'``) or ``B`` (``'cols'``).
 
@@ -621,7 +640,7 @@ class DaskLowRankKernel(LowRankKernel):
             PassGraph.compute([graph])
             graph, summands = _input_of(w)
         graph = graph or PassGraph()
-        exponent = float(exponent)
+        exponent = _power_of(step)
         total = graph.sum_over_chunks(
             _pass_chunk, [factor, numerator], (self.dtype, exponent, *summands)
         )
@@ -667,7 +686,7 @@ def _exact_pass_chunk(Xc, x_sq, numerator, Yc, y_sq, w, reg, dtype, exponent) ->
         w,
         numerator,
         np.dtype(dtype),
-        exponent,
+        RatioStep(exponent),
     )
     return np.append(result.projection, result.n_bad)[None, :]
 
@@ -802,14 +821,20 @@ class DaskExactKernel(KernelOperator):
         return np.exp(block, out=block)
 
     def fused_pass(
-        self, side: str, w: Any, numerator: Any, *, log: bool = False, exponent: float = 1.0
+        self,
+        side: str,
+        w: Any,
+        numerator: Any,
+        *,
+        log: bool = False,
+        step: RatioStep = IDENTITY_STEP,
     ) -> ArrayPass:
         """Rows: one streamed pass (projection ``K^T ratios`` persisted, ``m``-sized).
         Cols: ``R = I``, elementwise on the ``m``-vector ``w`` (the ratios persisted: they
         are the next pass's input)."""
         refuse_log(self, log)
         g = self.geometry
-        exponent = float(exponent)
+        exponent = _power_of(step)
         if side == "cols":
             numerator = _align(numerator, g.Yc.chunks[0], "numerator")
             products = _align(w, g.Yc.chunks[0], "w")

@@ -39,7 +39,6 @@ from ..solver import (
     check_reg_m,
     choose_strategy,
     finish_solve,
-    fixed_point_target,
     iterate,
     sample_indices,
 )
@@ -476,12 +475,12 @@ def _true_kernel_check(result: DaskSinkhornResult, rows: np.ndarray, cols: np.nd
         log_ktu = _log_matvec(g.rows("y", cols), g.Xc, log_u, g.reg)
         row_mass = np.exp(u_rows + log_kv)
         col_mass = np.exp(v_cols + log_ktu)
-    rho_a, rho_b = result.problem.exponents
+    pen_a, pen_b = result.problem.penalties
     return check_from_masses(
         row_mass,
         col_mass,
-        fixed_point_target(a_rows, log_kv, rho_a),
-        fixed_point_target(b_cols, log_ktu, rho_b),
+        pen_a.fixed_point_marginal(a_rows, log_kv, g.reg),
+        pen_b.fixed_point_marginal(b_cols, log_ktu, g.reg),
         (n, m),
         result.scalars["mass_a"],
     )

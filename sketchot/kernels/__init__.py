@@ -3,11 +3,14 @@
 from . import exact, grid, local, matrix_lowrank, nystrom, polyts, rff  # noqa: F401  (registration)
 from .base import (
     CAPABILITIES,
+    IDENTITY_STEP,
     MIN_DENOMINATOR_RATIO,
     DeferredPass,
     FusedPass,
     KernelInfo,
     KernelOperator,
+    RatioStep,
+    ratios_and_bad,
 )
 from .build import build_kernel, make_kernel, require_policy
 from .exact import EXACT_BACKEND, ExactKernel, build_exact_from_cost
@@ -28,6 +31,7 @@ __all__ = [
     "CAPABILITIES",
     "EXACT_BACKEND",
     "GRID_BACKEND",
+    "IDENTITY_STEP",
     "MIN_DENOMINATOR_RATIO",
     "Backend",
     "DeferredPass",
@@ -37,6 +41,7 @@ __all__ = [
     "KernelInfo",
     "KernelOperator",
     "LowRankKernel",
+    "RatioStep",
     "available_backends",
     "backend_parameters",
     "build_exact_from_cost",
@@ -44,6 +49,7 @@ __all__ = [
     "comparable_parameters",
     "get_backend",
     "make_kernel",
+    "ratios_and_bad",
     "rebuild_parameters",
     "register_backend",
     "require_policy",

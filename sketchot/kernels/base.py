@@ -19,8 +19,9 @@ exact or block-structured: ``L = K``, ``R = I``). ``fused_pass('rows', w, c)`` c
 one pass over ``L``, the products ``p = L w``, the ratios ``s = c / p`` and the projection
 ``L^T s``; entries whose product is not positive, not finite or negligible are reported in
 a mask (their ratio is left at 0), never repaired: what to do with them is the solver's
-business. With ``exponent=rho`` the ratios are ``(c / p)^rho``: the update of unbalanced
-transport, whose KL marginal penalty ``reg_m`` gives ``rho = reg_m / (reg_m + reg)``.
+business, and so is the marginal penalty: a pass takes the penalty's ``step``
+(:class:`RatioStep`, a power and per-entry bounds built by the problem's penalty) and applies
+it to the ratios, never knowing which penalty it came from.
 ``fused_pass('cols', ...)`` is the same over ``R``. ``project(side, s, index)`` is
 ``L[index]^T s`` (or ``R[index]^T s``), for the solver to start an iteration or to add the
 rows it repaired. An iteration is bound by memory bandwidth, so one pass instead of two pays.
@@ -75,6 +76,70 @@ SIDES = ("rows", "cols")
 
 # A ratio's denominator below this fraction of its numerator means the scaling would overflow.
 MIN_DENOMINATOR_RATIO = 1e-300
+
+
+@dataclass(frozen=True)
+class RatioStep:
+    """A marginal penalty's step on the ratios of a fused pass: ``s = clip(r ** power, lower,
+    upper)`` of the ratios ``r = c / p`` (log form: ``clip(power (c - p), lower, upper)``).
+
+    The problem's penalty (:mod:`sketchot.solver.penalties`) builds it in the form of the
+    pass: a KL penalty ``reg_m`` is the power ``rho = reg_m / (reg_m + reg)``, a total-
+    variation penalty the bounds ``w e^(-+reg_m / reg)`` (shifted by absorbed offsets), a hard
+    constraint the identity. Kernels apply it block by block (:meth:`take`) and know nothing
+    else of the penalty.
+
+    Attributes
+    ----------
+    power : float
+        Exponent of the ratios (1: none).
+    lower, upper : ndarray of shape (n,) or None
+        Per-entry bounds of the new scalings, in the pass's form (logarithms for a log pass);
+        ``None``: unbounded.
+    """
+
+    power: float = 1.0
+    lower: np.ndarray | None = None
+    upper: np.ndarray | None = None
+
+    @property
+    def identity(self) -> bool:
+        """Whether the step leaves the ratios as they are (balanced transport)."""
+        return self.power == 1.0 and self.lower is None and self.upper is None
+
+    @property
+    def bounded(self) -> bool:
+        """Whether the step clips the ratios."""
+        return self.lower is not None or self.upper is not None
+
+    def take(self, index: Any) -> RatioStep:
+        """The step of the entries ``index`` (a block of a pass)."""
+        if not self.bounded:
+            return self
+        return RatioStep(
+            self.power,
+            None if self.lower is None else self.lower[index],
+            None if self.upper is None else self.upper[index],
+        )
+
+    def apply(self, ratios: np.ndarray) -> np.ndarray:
+        """The multiplicative step on ``ratios``, in place; returns ``ratios``."""
+        if self.power != 1.0:
+            np.power(ratios, self.power, out=ratios)
+        if self.bounded:
+            np.clip(ratios, self.lower, self.upper, out=ratios)
+        return ratios
+
+    def apply_log(self, log_ratios: np.ndarray) -> np.ndarray:
+        """The log-form step on ``log_ratios`` (a new array)."""
+        out = log_ratios if self.power == 1.0 else self.power * log_ratios
+        if self.bounded:
+            out = np.clip(out, self.lower, self.upper)
+        return out
+
+
+#: The step of a hard marginal constraint (balanced transport).
+IDENTITY_STEP = RatioStep()
 
 
 @dataclass
@@ -280,13 +345,13 @@ class KernelOperator(ABC):
         numerator: np.ndarray,
         *,
         log: bool = False,
-        exponent: float = 1.0,
+        step: RatioStep = IDENTITY_STEP,
     ) -> FusedPass:
         """One pass over ``L`` (``side='rows'``) or ``R`` (``'cols'``); see the module notes.
 
-        ``exponent`` raises the ratios to a power (unbalanced transport). With ``log=True``
-        (``'log_products'`` capability) every input and output is a logarithm: products
-        ``log(L exp(w))``, ratios ``exponent (numerator - products)`` and projection
+        ``step`` is the marginal penalty's step on the ratios (:class:`RatioStep`). With
+        ``log=True`` (``'log_products'`` capability) every input and output is a logarithm:
+        products ``log(L exp(w))``, ratios ``step(numerator - products)`` and projection
         ``log(L^T exp(ratios))``; bad entries are non-finite products of finite numerators.
         """
 
@@ -328,10 +393,10 @@ def check_operand(value: Any, length: int, name: str, *, vector: bool) -> np.nda
 
 
 def ratios_and_bad(
-    numerator: np.ndarray, products: np.ndarray, exponent: float = 1.0
+    numerator: np.ndarray, products: np.ndarray, step: RatioStep = IDENTITY_STEP
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(numerator / products) ** exponent`` where healthy (0 elsewhere) and the mask of bad
-    entries."""
+    """``step(numerator / products)`` where healthy (0 elsewhere) and the mask of bad
+    entries (``step`` of the same entries: :meth:`RatioStep.take`)."""
     active = numerator > 0
     with np.errstate(invalid="ignore", over="ignore"):
         healthy = (products >= numerator * MIN_DENOMINATOR_RATIO) & np.isfinite(products)
@@ -339,13 +404,15 @@ def ratios_and_bad(
     bad = active & ~healthy
     out = np.zeros_like(products, dtype=np.float64)
     np.divide(numerator, products, out=out, where=active & healthy)
-    if exponent != 1.0:
-        np.power(out, exponent, out=out)
+    if not step.identity:
+        step.apply(out)
+        if step.bounded:  # a clip must not lift the zeros of bad or inactive entries
+            out[~(active & healthy)] = 0.0
     return out, bad
 
 
 def fast_ratios_and_bad(
-    numerator: np.ndarray, products: np.ndarray, exponent: float = 1.0
+    numerator: np.ndarray, products: np.ndarray, step: RatioStep = IDENTITY_STEP
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`ratios_and_bad`, with a fast path for the usual case (every numerator positive,
     every product healthy): one division and no masks; the same values either way."""
@@ -358,22 +425,21 @@ def fast_ratios_and_bad(
             and np.isfinite(products.max(initial=0.0))
         ):
             ratios = numerator / products
-            if exponent != 1.0:
-                np.power(ratios, exponent, out=ratios)
+            step.apply(ratios)
             return ratios, np.zeros(products.shape, dtype=bool)
-    return ratios_and_bad(numerator, products, exponent)
+    return ratios_and_bad(numerator, products, step)
 
 
 def log_ratios_and_bad(
-    numerator: np.ndarray, products: np.ndarray, exponent: float = 1.0
+    numerator: np.ndarray, products: np.ndarray, step: RatioStep = IDENTITY_STEP
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The log-domain form of :func:`ratios_and_bad`: ``exponent (numerator - products)``
+    """The log-domain form of :func:`ratios_and_bad`: ``step(numerator - products)``
     where the numerator is finite and the product finite (``-inf`` elsewhere), and the mask
     of finite numerators with a non-finite product."""
     active = np.isfinite(numerator)
     bad = active & ~np.isfinite(products)
     with np.errstate(invalid="ignore"):
-        ratios = np.where(active & ~bad, exponent * (numerator - products), -np.inf)
+        ratios = np.where(active & ~bad, step.apply_log(numerator - products), -np.inf)
     return ratios, bad
 
 
@@ -400,16 +466,16 @@ def pass_slices(n_rows: int, n_cols: int, entries: int | None = None) -> list[sl
 
 
 def matrix_fused_pass(
-    F: np.ndarray, w: np.ndarray, numerator: np.ndarray, dtype, exponent: float = 1.0
+    F: np.ndarray, w: np.ndarray, numerator: np.ndarray, dtype, step: RatioStep = IDENTITY_STEP
 ) -> FusedPass:
     """:func:`blocked_fused_pass` over a stored matrix ``F`` (a factor), in the default row
     blocks of :func:`pass_slices`; :func:`dense_fused_pass` below the threaded size."""
     n_rows, n_cols = F.shape
     if n_rows * n_cols < THREADED_PASS_MIN_ENTRIES and F.dtype == dtype:
         # a pass in the calling thread: two whole products cost the least Python
-        return dense_fused_pass(F, w, numerator, exponent)
+        return dense_fused_pass(F, w, numerator, step)
     return blocked_fused_pass(
-        pass_slices(n_rows, n_cols), F.__getitem__, n_rows, n_cols, w, numerator, dtype, exponent
+        pass_slices(n_rows, n_cols), F.__getitem__, n_rows, n_cols, w, numerator, dtype, step
     )
 
 
@@ -418,14 +484,14 @@ class IdentityPass(FusedPass):
 
 
 def identity_pass(
-    w: np.ndarray, numerator: np.ndarray, *, log: bool = False, exponent: float = 1.0
+    w: np.ndarray, numerator: np.ndarray, *, log: bool = False, step: RatioStep = IDENTITY_STEP
 ) -> IdentityPass:
     """The columns pass of an operator with ``R = I`` (``K = L``: exact, block-local,
     stacked): the products are ``w`` itself (``K^T u`` from the previous rows pass) and the
     projection is the ratios."""
     products = np.array(w, dtype=np.float64)
     ratios_of = log_ratios_and_bad if log else fast_ratios_and_bad
-    ratios, bad = ratios_of(numerator, products, exponent)
+    ratios, bad = ratios_of(numerator, products, step)
     return IdentityPass(products, ratios, ratios, bad)
 
 
@@ -447,18 +513,18 @@ class ProjectedOnRead(FusedPass):
 
 
 def log_fused_pass(
-    log_product: Any, log_rproduct: Any, w: np.ndarray, numerator: np.ndarray, exponent: float
+    log_product: Any, log_rproduct: Any, w: np.ndarray, numerator: np.ndarray, step: RatioStep
 ) -> FusedPass:
     """The log-domain rows pass from an operator's two log products: ``log_product(w)``
     (``log(K exp(w))``), its ratios, and ``log_rproduct(ratios)`` (``log(K^T exp(r))``),
     the last when first read."""
     products = log_product(w)
-    ratios, bad = log_ratios_and_bad(numerator, products, exponent)
+    ratios, bad = log_ratios_and_bad(numerator, products, step)
     return ProjectedOnRead(products, ratios, bad, log_rproduct)
 
 
 def dense_fused_pass(
-    K: np.ndarray, w: np.ndarray, numerator: np.ndarray, exponent: float = 1.0
+    K: np.ndarray, w: np.ndarray, numerator: np.ndarray, step: RatioStep = IDENTITY_STEP
 ) -> FusedPass:
     """:meth:`KernelOperator.fused_pass` over a stored matrix ``K`` as two whole products,
     ``p = K w`` and ``K^T s``: BLAS threads them itself, which on a stored kernel beats the
@@ -466,7 +532,7 @@ def dense_fused_pass(
     compete for the same cores); products in ``K``'s dtype, ratios and sums in float64."""
     with np.errstate(over="ignore", invalid="ignore"):
         products = np.asarray(K @ w.astype(K.dtype, copy=False), dtype=np.float64)
-        ratios, bad = fast_ratios_and_bad(numerator, products, exponent)
+        ratios, bad = fast_ratios_and_bad(numerator, products, step)
         projection = np.asarray(ratios.astype(K.dtype, copy=False) @ K, dtype=np.float64)
     return FusedPass(products, ratios, projection, bad)
 
@@ -479,11 +545,11 @@ def blocked_fused_pass(
     w: np.ndarray,
     numerator: np.ndarray,
     dtype: np.dtype,
-    exponent: float = 1.0,
+    step: RatioStep = IDENTITY_STEP,
 ) -> FusedPass:
     """:meth:`KernelOperator.fused_pass` over a row-partitioned matrix ``F``.
 
-    For each block ``F_b = block_of(rows)``: ``p_b = F_b w``, ``s_b = (c_b / p_b)^exponent``
+    For each block ``F_b = block_of(rows)``: ``p_b = F_b w``, ``s_b = step(c_b / p_b)``
     (healthy entries), ``proj += F_b^T s_b``. Products run in ``dtype`` (float32 factors are never
     copied to float64); ratios and sums are float64. Large passes are split over the pool's
     threads (numpy releases the GIL) in groups of consecutive blocks that do not depend on the
@@ -510,11 +576,10 @@ def blocked_fused_pass(
                 # Fast path, taken by almost every block: one division and no masks.
                 if all_active and smallest >= floor and smallest > 0 and np.isfinite(p.max()):
                     s = np.divide(numerator[index], p, out=ratios[index])
-                    if exponent != 1.0:
-                        np.power(s, exponent, out=s)
+                    step.take(index).apply(s)
                 else:
                     s = ratios[index]
-                    s[...], bad[index] = ratios_and_bad(numerator[index], p, exponent)
+                    s[...], bad[index] = ratios_and_bad(numerator[index], p, step.take(index))
                 proj += s.astype(dtype, copy=False) @ F
         return proj
 

@@ -33,12 +33,14 @@ from ..gibbs import (
     row_slices,
 )
 from .base import (
+    IDENTITY_STEP,
     MIN_DENOMINATOR_RATIO,
     SIDES,
     THREADED_PASS_MIN_ENTRIES,
     FusedPass,
     KernelInfo,
     KernelOperator,
+    RatioStep,
     blocked_fused_pass,
     check_operand,
     dense_fused_pass,
@@ -184,10 +186,10 @@ class ExactKernel(KernelOperator):
         numerator: np.ndarray,
         *,
         log: bool = False,
-        exponent: float = 1.0,
+        step: RatioStep = IDENTITY_STEP,
     ) -> FusedPass:
         if side == "cols":
-            return identity_pass(w, numerator, log=log, exponent=exponent)
+            return identity_pass(w, numerator, log=log, step=step)
         if log:
             g = self.geometry
             return log_fused_pass(
@@ -195,13 +197,13 @@ class ExactKernel(KernelOperator):
                 lambda log_u: _true_log_matvec(g, log_u, transpose=True),
                 w,
                 numerator,
-                exponent,
+                step,
             )
         if self._dense is not None:
-            return dense_fused_pass(self._dense, w, numerator, exponent)
+            return dense_fused_pass(self._dense, w, numerator, step)
         n, m = self.shape
         return blocked_fused_pass(
-            self._block_slices(), self._block, n, m, w, numerator, self.dtype, exponent
+            self._block_slices(), self._block, n, m, w, numerator, self.dtype, step
         )
 
     def project(
@@ -316,11 +318,11 @@ class AbsorbedExactKernel(ExactKernel):
         numerator: np.ndarray,
         *,
         log: bool = False,
-        exponent: float = 1.0,
+        step: RatioStep = IDENTITY_STEP,
     ) -> FusedPass:
         if log:
             raise NotImplementedError("an absorbed kernel runs linear passes only")
-        return super().fused_pass(side, w, numerator, exponent=exponent)
+        return super().fused_pass(side, w, numerator, step=step)
 
     def absorbed(self, alpha, beta, previous=None):
         raise NotImplementedError("absorb into the parent kernel, not into an absorbed one")
@@ -620,41 +622,41 @@ class DeviceExactKernel(ExactKernel):
         numerator: np.ndarray,
         *,
         log: bool = False,
-        exponent: float = 1.0,
+        step: RatioStep = IDENTITY_STEP,
     ) -> FusedPass:
         if side == "cols":
-            return identity_pass(w, numerator, log=log, exponent=exponent)
+            return identity_pass(w, numerator, log=log, step=step)
         if log:
             return log_fused_pass(
                 lambda log_w: self._log_matvec(log_w, transpose=False),
                 lambda log_u: self._log_matvec(log_u, transpose=True),
                 w,
                 numerator,
-                exponent,
+                step,
             )
         if self._fused is not None and self._dense is None:
-            return self._fused_linear_pass(w, numerator, exponent)
+            return self._fused_linear_pass(w, numerator, step)
         weights = self._cast(w)
         if self._dense is not None:
             with np.errstate(over="ignore", invalid="ignore"):
                 products = self._on.get(self._dense @ weights)
-                ratios, bad = fast_ratios_and_bad(numerator, products, exponent)
+                ratios, bad = fast_ratios_and_bad(numerator, products, step)
             projection = self._on.get(self._cast(ratios) @ self._dense)
             return FusedPass(products, ratios, projection, bad)
-        return self._streamed_pass(weights, numerator, exponent)
+        return self._streamed_pass(weights, numerator, step)
 
     def _fused_linear_pass(
-        self, w: np.ndarray, numerator: np.ndarray, exponent: float
+        self, w: np.ndarray, numerator: np.ndarray, step: RatioStep
     ) -> FusedPass:
         """The linear pass as two fused products (``K w``, then ``K^T`` of the ratios; any
         sign), ratios and bad entries by the NumPy rules."""
         with np.errstate(over="ignore", invalid="ignore"):
             products = self._fused_matmat(w, transpose=False)[:, 0]
-            ratios, bad = fast_ratios_and_bad(numerator, products, exponent)
+            ratios, bad = fast_ratios_and_bad(numerator, products, step)
             projection = self._fused_matmat(ratios, transpose=True)[:, 0]
         return FusedPass(products, ratios, projection, bad)
 
-    def _streamed_pass(self, weights: Any, numerator: np.ndarray, exponent: float) -> FusedPass:
+    def _streamed_pass(self, weights: Any, numerator: np.ndarray, step: RatioStep) -> FusedPass:
         """Block by block: products on the device, their ratios on the host (the NumPy
         rules), the projection accumulated on the device."""
         products = np.empty(self.shape[0])
@@ -675,9 +677,9 @@ class DeviceExactKernel(ExactKernel):
                     and smallest > 0
                     and np.isfinite(p.max())
                 ):
-                    ratios[rows] = (numerator[rows] / p) ** exponent
+                    ratios[rows] = step.take(rows).apply(numerator[rows] / p)
                 else:
-                    ratios[rows], bad[rows] = ratios_and_bad(numerator[rows], p, exponent)
+                    ratios[rows], bad[rows] = ratios_and_bad(numerator[rows], p, step.take(rows))
                 projection = projection + self._cast(ratios[rows]) @ block
         return FusedPass(products, ratios, self._on.get(projection), bad)
 
@@ -769,10 +771,10 @@ class DeviceAbsorbedExactKernel(DeviceExactKernel):
         index = np.atleast_1d(np.arange(self.shape[0])[index])
         return np.vstack([self._on.get(self._computed_block(slice(i, i + 1))) for i in index])
 
-    def fused_pass(self, side, w, numerator, *, log=False, exponent=1.0) -> FusedPass:
+    def fused_pass(self, side, w, numerator, *, log=False, step=IDENTITY_STEP) -> FusedPass:
         if log:
             raise NotImplementedError("an absorbed kernel runs linear passes only")
-        return super().fused_pass(side, w, numerator, exponent=exponent)
+        return super().fused_pass(side, w, numerator, step=step)
 
     def absorbed(self, alpha, beta, previous=None):
         raise NotImplementedError("absorb into the parent kernel, not into an absorbed one")

@@ -20,9 +20,11 @@ from .._validation import check_choice
 from ..gibbs import GibbsGeometry, gibbs_matmat
 from ..grid import RegularGrid, grid_convolution
 from .base import (
+    IDENTITY_STEP,
     FusedPass,
     KernelInfo,
     KernelOperator,
+    RatioStep,
     check_operand,
     fast_ratios_and_bad,
     identity_pass,
@@ -162,21 +164,21 @@ class GridKernel(KernelOperator):
         numerator: np.ndarray,
         *,
         log: bool = False,
-        exponent: float = 1.0,
+        step: RatioStep = IDENTITY_STEP,
     ) -> FusedPass:
         if side == "cols":
-            return identity_pass(w, numerator, log=log, exponent=exponent)
+            return identity_pass(w, numerator, log=log, step=step)
         if log:
             return log_fused_pass(
                 self._log_matvec,
                 lambda log_u: self._log_matvec(log_u, transpose=True),
                 w,
                 numerator,
-                exponent,
+                step,
             )
         with np.errstate(over="ignore", invalid="ignore"):
             products = self.matmat(w)
-            ratios, bad = fast_ratios_and_bad(numerator, products, exponent)
+            ratios, bad = fast_ratios_and_bad(numerator, products, step)
             projection = self.rmatmat(ratios)
         return FusedPass(products, ratios, projection, bad)
 

@@ -31,11 +31,13 @@ from ..gibbs import GibbsGeometry
 from ..sketch import LocalGaussianExpansion
 from . import cost
 from .base import (
+    IDENTITY_STEP,
     SIDES,
     FusedPass,
     KernelInfo,
     KernelOperator,
     ProjectedOnRead,
+    RatioStep,
     check_operand,
     identity_pass,
     log_ratios_and_bad,
@@ -166,16 +168,16 @@ class LocalPolyKernel(KernelOperator):
         numerator: np.ndarray,
         *,
         log: bool = False,
-        exponent: float = 1.0,
+        step: RatioStep = IDENTITY_STEP,
     ) -> FusedPass:
         if side == "cols":
-            return identity_pass(w, numerator, log=log, exponent=exponent)
+            return identity_pass(w, numerator, log=log, step=step)
         if log:
             products = self.expansion.log_matvec(w)
-            ratios, bad = log_ratios_and_bad(numerator, products, exponent)
+            ratios, bad = log_ratios_and_bad(numerator, products, step)
         else:
             products = self.expansion.matmat(w)
-            ratios, bad = ratios_and_bad(numerator, products, exponent)
+            ratios, bad = ratios_and_bad(numerator, products, step)
         project = self.expansion.log_rmatvec if log else self.expansion.rmatmat
         return ProjectedOnRead(products, ratios, bad, project)
 

@@ -11,9 +11,11 @@ import numpy as np
 from .._arrays import DeviceArrays
 from ..gibbs import GibbsGeometry
 from .base import (
+    IDENTITY_STEP,
     FusedPass,
     KernelInfo,
     KernelOperator,
+    RatioStep,
     check_operand,
     fast_ratios_and_bad,
     matrix_fused_pass,
@@ -117,10 +119,10 @@ class LowRankKernel(KernelOperator):
         numerator: np.ndarray,
         *,
         log: bool = False,
-        exponent: float = 1.0,
+        step: RatioStep = IDENTITY_STEP,
     ) -> FusedPass:
         refuse_log(self, log)
-        return matrix_fused_pass(self._factor(side), w, numerator, self.dtype, exponent)
+        return matrix_fused_pass(self._factor(side), w, numerator, self.dtype, step)
 
     def project(
         self, side: str, values: np.ndarray, index: Any = None, *, log: bool = False
@@ -185,13 +187,13 @@ class DeviceLowRankKernel(LowRankKernel):
         U = self._on.put(check_operand(U, self.shape[0], "U", vector=False), self.dtype)
         return self._on.get(self._right_d @ (self._left_d.T @ U))
 
-    def fused_pass(self, side, w, numerator, *, log=False, exponent=1.0) -> FusedPass:
+    def fused_pass(self, side, w, numerator, *, log=False, step=IDENTITY_STEP) -> FusedPass:
         if log:
-            return super().fused_pass(side, w, numerator, log=log, exponent=exponent)
+            return super().fused_pass(side, w, numerator, log=log, step=step)
         factor = self._factor_d(side)
         with np.errstate(over="ignore", invalid="ignore"):
             products = self._on.get(factor @ self._on.put(w, self.dtype))
-            ratios, bad = fast_ratios_and_bad(numerator, products, exponent)
+            ratios, bad = fast_ratios_and_bad(numerator, products, step)
         projection = self._on.get(self._on.put(ratios, self.dtype) @ factor)
         return FusedPass(products, ratios, projection, bad)
 

@@ -25,9 +25,11 @@ from typing import Any
 import numpy as np
 
 from .base import (
+    IDENTITY_STEP,
     FusedPass,
     KernelInfo,
     KernelOperator,
+    RatioStep,
     check_operand,
     fast_ratios_and_bad,
     identity_pass,
@@ -166,23 +168,23 @@ class StackedExactKernel(KernelOperator):
         numerator: np.ndarray,
         *,
         log: bool = False,
-        exponent: float = 1.0,
+        step: RatioStep = IDENTITY_STEP,
     ) -> FusedPass:
         if side == "cols":
-            return identity_pass(w, numerator, log=log, exponent=exponent)
+            return identity_pass(w, numerator, log=log, step=step)
         if log:
-            return self._log_pass(w, numerator, exponent)
+            return self._log_pass(w, numerator, step)
         # two whole batched products: the solver keeps a stack within the cache
         # (sketchot.solver.batch), where they cost less than a pass in groups of pairs
         K = self.linear()
         W = self.stack(np.asarray(w, dtype=np.float64), "cols")
         with np.errstate(over="ignore", invalid="ignore"):
             products = np.matmul(K, W[:, :, None]).ravel()
-            ratios, bad = fast_ratios_and_bad(numerator, products, exponent)
+            ratios, bad = fast_ratios_and_bad(numerator, products, step)
             projection = np.matmul(self.stack(ratios, "rows")[:, None, :], K).ravel()
         return FusedPass(products, ratios, projection, bad)
 
-    def _log_pass(self, w: np.ndarray, numerator: np.ndarray, exponent: float) -> FusedPass:
+    def _log_pass(self, w: np.ndarray, numerator: np.ndarray, step: RatioStep) -> FusedPass:
         """The rows pass on logarithms, in groups of pairs (one temporary per group)."""
         W = self.stack(np.asarray(w, dtype=np.float64), "cols")
         products = np.empty((self.batch, self.n))
@@ -190,7 +192,7 @@ class StackedExactKernel(KernelOperator):
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             for g in self.groups():
                 products[g] = _log_matvec(self.log_kernel[g], W[g])
-            ratios, bad = log_ratios_and_bad(numerator, products.ravel(), exponent)
+            ratios, bad = log_ratios_and_bad(numerator, products.ravel(), step)
             R = self.stack(ratios, "rows")
             for g in self.groups():
                 projection[g] = _log_matvec(self.log_kernel[g].transpose(0, 2, 1), R[g])
@@ -273,10 +275,10 @@ class AbsorbedStackedKernel(StackedExactKernel):
             np.exp(store[k], out=store[k])
         self._linear = store
 
-    def fused_pass(self, side, w, numerator, *, log=False, exponent=1.0) -> FusedPass:
+    def fused_pass(self, side, w, numerator, *, log=False, step=IDENTITY_STEP) -> FusedPass:
         if log:
             raise NotImplementedError("an absorbed kernel runs linear passes only")
-        return super().fused_pass(side, w, numerator, exponent=exponent)
+        return super().fused_pass(side, w, numerator, step=step)
 
     def absorbed(self, alpha, beta, previous=None, blocks=None):
         raise NotImplementedError("absorb into the parent kernel, not into an absorbed one")

@@ -37,20 +37,20 @@ from .errors import (
 )
 from .matrix import sinkhorn_matrix
 from .options import SAFEGUARD_POLICIES, SolverOptions
+from .penalties import KL, PENALTY_TYPES, TV, Balanced, Penalty, make_penalty
 from .plain import PlainRun, entropic_dual, plain_sinkhorn, plan_summaries
 from .plans import (
     LazyPlan,
     PlanSummary,
     TrueKernelCheck,
     check_from_masses,
-    fixed_point_target,
     plan_summary,
     sample_indices,
     sampled_true_kernel_check,
     true_kernel_check,
     value_error_estimate,
 )
-from .problem import MASS_RTOL, Problem, check_reg_m, make_problem
+from .problem import MASS_RTOL, Problem, check_reg_m, check_unbalanced_type, make_problem
 from .progress import IterationTable, Progress
 from .result import NumpyInDtype, ResultView, SinkhornResult, in_points_dtype
 from .safeguard import Safeguard
@@ -75,10 +75,14 @@ from .targets import (
 )
 
 __all__ = [
+    "KL",
     "MASS_RTOL",
+    "PENALTY_TYPES",
     "SAFEGUARD_POLICIES",
     "SAMPLED_CHECK_SIZE",
+    "TV",
     "AccuracyWarning",
+    "Balanced",
     "BatchResult",
     "InvalidResultError",
     "InvalidResultWarning",
@@ -87,6 +91,7 @@ __all__ = [
     "LazyPlan",
     "NonPositiveKernelError",
     "NumpyInDtype",
+    "Penalty",
     "PlainRun",
     "PlanSummary",
     "Problem",
@@ -105,12 +110,13 @@ __all__ = [
     "check_problem",
     "check_reg_m",
     "check_stacked_weights",
+    "check_unbalanced_type",
     "choose_strategy",
     "entropic_dual",
     "finish_solve",
-    "fixed_point_target",
     "in_points_dtype",
     "iterate",
+    "make_penalty",
     "make_problem",
     "make_targets",
     "plain_sinkhorn",

@@ -94,7 +94,7 @@ class Run:
     kernel : KernelOperator
         The kernel at ``problem.reg``.
     problem : Problem
-        Weights, ``reg``, marginal exponents and an optional warm start.
+        Weights, ``reg``, marginal penalties and an optional warm start.
     strategy : {'multiplicative', 'absorb', 'log'}
         The strategy's name.
     anderson : int

@@ -150,7 +150,7 @@ def is_symmetric(kernel: KernelOperator, problem: Problem) -> bool:
     if not isinstance(X, np.ndarray) or not isinstance(Y, np.ndarray):
         return False
     return (
-        problem.reg_m[0] == problem.reg_m[1]
+        problem.penalties[0] == problem.penalties[1]
         and np.array_equal(problem.a, problem.b)
         and X.shape == Y.shape
         and (X is Y or np.array_equal(X, Y))
@@ -200,7 +200,7 @@ def iterate(
     kernel : KernelOperator
         The kernel at ``problem.reg``.
     problem : Problem
-        Weights, ``reg``, marginal exponents and an optional warm start.
+        Weights, ``reg``, marginal penalties and an optional warm start.
     tol : float
         Stop when the residual (module notes) falls below ``tol``; ``0`` never stops early.
     max_iter : int

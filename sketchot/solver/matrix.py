@@ -48,6 +48,7 @@ def sinkhorn_matrix(
     *,
     options: SolverOptions,
     reg_m: Any = None,
+    unbalanced_type: Any = "KL",
     warmstart: Any = None,
     rng: Any = None,
     dtype: Any = np.float64,
@@ -76,7 +77,9 @@ def sinkhorn_matrix(
     options : SolverOptions
         The solver's options (``log_domain``, ``epsilon_scaling``, ``accuracy``, ...).
     reg_m : float or pair, optional
-        KL marginal penalties (``None``: balanced transport).
+        Marginal penalties (``None``: balanced transport).
+    unbalanced_type : {'KL', 'TV'}, default='KL'
+        Their type (:mod:`~sketchot.solver.penalties`).
     warmstart : tuple of ndarray, optional
         ``(log u, log v)`` to start from.
     rng : None, int or numpy.random.Generator
@@ -107,7 +110,10 @@ def sinkhorn_matrix(
     n, m = geometry.shape
     check_weights_length(a, "a", n, "rows")
     check_weights_length(b, "b", m, "columns")
-    problem = make_problem(a, b, (n, m), geometry.reg, reg_m, **warm_start(warmstart))
+    problem = make_problem(
+        a, b, (n, m), geometry.reg, reg_m, unbalanced_type=unbalanced_type,
+        **warm_start(warmstart),
+    )  # fmt: skip
     hard = tuple(bool(np.isinf(penalty)) for penalty in problem.reg_m)
     if geometry.offset and not all(hard):
         raise RenamableValueError(

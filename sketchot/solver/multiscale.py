@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -218,7 +218,9 @@ def coarse_to_fine_start(
     coarse_geometry = GibbsGeometry(
         coarse_x.centers, coarse_y.centers, reg, geometry.cost, geometry.cost.p
     )
-    coarse_problem = Problem(coarse_x.masses, coarse_y.masses, reg, problem.reg_m)
+    coarse_problem = replace(
+        problem, a=coarse_x.masses, b=coarse_y.masses, reg=reg, log_u0=None, log_v0=None, notes=()
+    )
     # the coarse kernel is small (k x k): the exact kind's record, stored
     exact = backends_of_kind(EXACT_KIND, cost=geometry.cost)[0]
     kernel = build_kernel(coarse_geometry, exact.name)
@@ -227,18 +229,15 @@ def coarse_to_fine_start(
         strategy=choose_strategy(kernel, "auto"), anderson=anderson,
         schedule=annealing_kernels(kernel),
     )  # fmt: skip
-    rho_a, rho_b = problem.exponents
-    # soft-min of the fine points against the coarse measure: u = a (K_coarse v)^-rho
+    pen_a, pen_b = problem.penalties
+    # soft-min of the fine points against the coarse measure, then the penalty's update
+    # (u = a (K_coarse v)^-rho for a KL penalty)
     with np.errstate(divide="ignore"):
         log_a, log_b = np.log(problem.a), np.log(problem.b)
-    log_u0 = log_a - rho_a * gibbs_log_matvec(
-        geometry.Xc, coarse_y.centers, reg, state.log_v, cost=geometry.cost
-    )
-    log_v0 = log_b - rho_b * gibbs_log_matvec(
-        geometry.Yc, coarse_x.centers, reg, state.log_u, cost=geometry.cost
-    )
-    log_u0 = np.where(problem.a > 0, log_u0, -np.inf)
-    log_v0 = np.where(problem.b > 0, log_v0, -np.inf)
+    log_kv = gibbs_log_matvec(geometry.Xc, coarse_y.centers, reg, state.log_v, cost=geometry.cost)
+    log_ktu = gibbs_log_matvec(geometry.Yc, coarse_x.centers, reg, state.log_u, cost=geometry.cost)
+    log_u0 = pen_a.log_scaling(log_a, log_kv, reg)
+    log_v0 = pen_b.log_scaling(log_b, log_ktu, reg)
     error = state.history[-1][1] if state.history else math.nan
     info = {
         "clusters": (coarse_x.centers.shape[0], coarse_y.centers.shape[0]),

@@ -21,6 +21,7 @@ from ..gibbs import block_rows, row_slices, sq_norms
 from ..kernels import KernelOperator
 from ..kernels.base import MIN_DENOMINATOR_RATIO, THREADED_PASS_MIN_ENTRIES, check_operand
 from ..kernels.device import runs_on_device
+from .penalties import BALANCED, Penalty
 
 # exp() of a sum of log-scalings above this would overflow float64 (with margin).
 SAFE_LOG = 650.0
@@ -523,19 +524,6 @@ def _sampled_l1(errors: np.ndarray, size: int, mass: float) -> tuple[float, floa
     return estimate, (estimate + 2.0 * size * spread * correction / np.sqrt(k)) / mass
 
 
-def fixed_point_target(weights: np.ndarray, log_product: np.ndarray, exponent: float) -> np.ndarray:
-    """The marginal a Sinkhorn fixed point must have: ``w`` for a hard constraint, else
-    ``w (K v)^(1 - rho)`` (from ``u = w (K v)^-rho``), given ``log (K v)``.
-
-    The check's residual ``|u (K v) - target|`` is then 0 exactly at the fixed point, for
-    balanced and unbalanced transport alike."""
-    if exponent == 1.0:
-        return weights
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        log_w = np.log(weights)
-        return np.where(weights > 0, np.exp(log_w + (1.0 - exponent) * log_product), 0.0)
-
-
 def value_error_estimate(
     f: np.ndarray, g: np.ndarray, error_a: Any, error_b: Any, balanced: bool = True
 ) -> np.ndarray:
@@ -575,7 +563,7 @@ def true_kernel_check(
     log_v: np.ndarray,
     rows: np.ndarray,
     cols: np.ndarray,
-    exponents: tuple[float, float] = (1.0, 1.0),
+    penalties: tuple[Penalty, Penalty] = (BALANCED, BALANCED),
 ) -> TrueKernelCheck:
     """The true-kernel check on given rows and columns, in log-sum-exp form:
     ``O((len(rows) m + len(cols) n) d)``, finite for any ``reg``.
@@ -592,9 +580,9 @@ def true_kernel_check(
     rows, cols : ndarray of int
         The rows and columns to evaluate (all of them for an exhaustive check; the residuals
         are scaled by ``n / len(rows)`` and ``m / len(cols)``).
-    exponents : tuple of float, default=(1.0, 1.0)
-        The problem's ``(rho_a, rho_b)``: 1 for a hard marginal constraint, below 1 for an
-        unbalanced one (``fixed_point_target`` gives the marginal the fixed point must have).
+    penalties : pair of Penalty, default=(Balanced(), Balanced())
+        The problem's marginal penalties: each gives the marginal the fixed point must have
+        (:meth:`~sketchot.solver.penalties.Penalty.fixed_point_marginal`).
 
     Returns
     -------
@@ -608,8 +596,8 @@ def true_kernel_check(
         log_ktu = g.log_matvec(cols, log_u, transpose=True)
         row_mass = np.exp(log_u[rows] + log_kv)
         col_mass = np.exp(log_v[cols] + log_ktu)
-    row_target = fixed_point_target(a[rows], log_kv, exponents[0])
-    col_target = fixed_point_target(b[cols], log_ktu, exponents[1])
+    row_target = penalties[0].fixed_point_marginal(a[rows], log_kv, g.reg)
+    col_target = penalties[1].fixed_point_marginal(b[cols], log_ktu, g.reg)
     return check_from_masses(row_mass, col_mass, row_target, col_target, (n, m), float(a.sum()))
 
 
@@ -621,7 +609,7 @@ def sampled_true_kernel_check(
     log_v: np.ndarray,
     n_samples: int,
     generator: np.random.Generator,
-    exponents: tuple[float, float] = (1.0, 1.0),
+    penalties: tuple[Penalty, Penalty] = (BALANCED, BALANCED),
 ) -> TrueKernelCheck:
     """:func:`true_kernel_check` of any scalings on ``n_samples`` rows and columns drawn
     uniformly without replacement (all of them when there are fewer), rows first, as
@@ -640,8 +628,8 @@ def sampled_true_kernel_check(
         Rows and columns to sample.
     generator : numpy.random.Generator
         The draw.
-    exponents : tuple of float, default=(1.0, 1.0)
-        The problem's ``(rho_a, rho_b)`` (1 for balanced transport).
+    penalties : pair of Penalty, default=(Balanced(), Balanced())
+        The problem's marginal penalties (:attr:`Problem.penalties`).
 
     Returns
     -------
@@ -649,7 +637,7 @@ def sampled_true_kernel_check(
     """
     n, m = kernel.shape
     rows, cols = (sample_indices(size, n_samples, generator) for size in (n, m))
-    return true_kernel_check(kernel, a, b, log_u, log_v, rows, cols, exponents)
+    return true_kernel_check(kernel, a, b, log_u, log_v, rows, cols, penalties)
 
 
 def check_from_masses(

@@ -29,6 +29,7 @@ from .._validation import (
     check_weights,
     describe,
 )
+from .penalties import PENALTY_TYPES, Penalty, make_penalty
 
 #: Masses that differ by less than this (relative) are treated as equal in balanced
 #: transport; ``b`` is then rescaled to ``a``'s mass so that ``tol`` stays reachable.
@@ -47,6 +48,8 @@ class Problem:
         Entropic regularisation (> 0).
     reg_m : tuple of float
         ``(reg_m_a, reg_m_b)``; ``inf`` is a hard constraint.
+    unbalanced_type : {'KL', 'TV'}
+        The type of the finite penalties (POT's ``unbalanced_type``): :attr:`penalties`.
     log_u0, log_v0 : ndarray or None
         Warm-start log-scalings (both or neither).
     notes : tuple of str
@@ -60,6 +63,7 @@ class Problem:
     log_u0: np.ndarray | None = None
     log_v0: np.ndarray | None = None
     notes: tuple[str, ...] = ()
+    unbalanced_type: str = "KL"
 
     @property
     def balanced(self) -> bool:
@@ -67,9 +71,23 @@ class Problem:
         return math.isinf(self.reg_m[0]) and math.isinf(self.reg_m[1])
 
     @property
+    def penalties(self) -> tuple[Penalty, Penalty]:
+        """The marginal penalties ``(D_a, D_b)`` (:mod:`~sketchot.solver.penalties`): the
+        steps of the passes, the fixed point's marginals and the value's terms."""
+        return tuple(make_penalty(r, self.unbalanced_type) for r in self.reg_m)
+
+    @property
     def exponents(self) -> tuple[float, float]:
-        """``(rho_a, rho_b)``, ``rho = reg_m / (reg_m + reg)`` (1 for a hard side)."""
-        return tuple(1.0 if math.isinf(r) else r / (r + self.reg) for r in self.reg_m)
+        """``(rho_a, rho_b)``, ``rho = reg_m / (reg_m + reg)`` (1 for a hard side): the
+        powers of KL penalties, for the paths whose updates are powers only (several
+        targets, Dask); other penalties are refused there by name."""
+        penalties = self.penalties
+        if not all(p.power_step for p in penalties):
+            raise NotImplementedError(
+                f"unbalanced_type={self.unbalanced_type!r} is not a power of the ratios; "
+                "this path solves KL penalties (unbalanced_type='KL') only"
+            )
+        return tuple(p.exponent(self.reg) for p in penalties)
 
     def at_reg(self, reg: float, f: np.ndarray | None, g: np.ndarray | None) -> Problem:
         """The same problem at another ``reg``, warm-started from potentials in cost units
@@ -163,6 +181,35 @@ def check_reg_m(reg_m: Any, reg: float) -> tuple[float, float]:
     return (out[0], out[1])
 
 
+def check_unbalanced_type(unbalanced_type: Any) -> str:
+    """POT's ``unbalanced_type`` as ``'KL'`` or ``'TV'`` (case-insensitive); ``'L2'`` and
+    anything else are refused by name (:class:`UnknownPenaltyError`)."""
+    if not isinstance(unbalanced_type, str):
+        raise TypeError(
+            f"unbalanced_type must be one of {list(PENALTY_TYPES)} (case-insensitive); got "
+            f"{describe(unbalanced_type)}"
+        )
+    kind = unbalanced_type.upper()
+    if kind not in PENALTY_TYPES:
+        hint = (
+            ": the quadratic penalty has no closed-form Sinkhorn step (POT solves it with "
+            "L-BFGS-B, ot.unbalanced.lbfgsb_unbalanced)"
+            if kind == "L2"
+            else ""
+        )
+        raise UnknownPenaltyError(
+            f"unbalanced_type must be one of {list(PENALTY_TYPES)} (case-insensitive); got "
+            f"{unbalanced_type!r}{hint}"
+        )
+    return kind
+
+
+class UnknownPenaltyError(ValueError, NotImplementedError):
+    """An ``unbalanced_type`` the solver does not have: a ``ValueError`` (a bad argument) and
+    the ``NotImplementedError`` POT's ``ot.solve`` raises for it, so POT's tests port as
+    they are."""
+
+
 def make_problem(
     a: Any,
     b: Any,
@@ -172,6 +219,7 @@ def make_problem(
     *,
     log_u0: Any = None,
     log_v0: Any = None,
+    unbalanced_type: Any = "KL",
 ) -> Problem:
     """Validate weights against the clouds' sizes ``shape = (n, m)``, ``reg`` and ``reg_m``.
 
@@ -184,6 +232,7 @@ def make_problem(
     n, m = shape
     reg = check_float(reg, "reg", positive=True)
     pair = check_reg_m(reg_m, reg)
+    kind = check_unbalanced_type(unbalanced_type)
     a = check_weights(a, "a", n, "X")
     b = check_weights(b, "b", m, "Y")
     notes: list[str] = []
@@ -222,4 +271,4 @@ def make_problem(
             starts.append(None)
             continue
         starts.append(_check_start(value, index, weights, points))
-    return Problem(a, b, reg, pair, starts[0], starts[1], tuple(notes))
+    return Problem(a, b, reg, pair, starts[0], starts[1], tuple(notes), kind)

@@ -195,10 +195,9 @@ class SinkhornResult:
             )
         total_a, total_b = float(self.a.sum()), float(self.b.sum())
         value = self.reg * (entropic - self.mass + total_a * total_b)
-        sides = zip(self.reg_m, self.marginals, (self.a, self.b), strict=True)
+        sides = zip(self.problem.penalties, self.marginals, (self.a, self.b), strict=True)
         for penalty, marginal, weights in sides:
-            if np.isfinite(penalty):
-                value += penalty * _kl(marginal, weights)
+            value += penalty.value(marginal, weights)
         return float(value)
 
     @property
@@ -318,7 +317,7 @@ class SinkhornResult:
         generator = check_rng(rng)
         return sampled_true_kernel_check(
             self.kernel, self.a, self.b, *self.potentials, n_samples, generator,
-            self.problem.exponents,
+            self.problem.penalties,
         )  # fmt: skip
 
     def _check_inside(self, mapped: np.ndarray, cloud: np.ndarray, name: str) -> None:
@@ -347,13 +346,6 @@ class SinkhornResult:
             f"value_linear={self.value_linear:.6g}, marginal_errors=({err_a:.2e}, "
             f"{err_b:.2e}))"
         )
-
-
-def _kl(p: np.ndarray, q: np.ndarray) -> float:
-    """Generalised ``KL(p | q) = sum p log(p / q) - p + q`` (``0 log 0 = 0``)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        terms = np.where(p > 0, p * (np.log(p) - np.log(q)), 0.0)
-    return float(terms.sum() - p.sum() + q.sum())
 
 
 def _masked_dot(weights: np.ndarray, logs: np.ndarray) -> float:

@@ -30,7 +30,7 @@ import warnings
 import numpy as np
 
 from .._validation import user_stacklevel
-from ..kernels import FusedPass, KernelOperator, get_backend
+from ..kernels import IDENTITY_STEP, FusedPass, KernelOperator, RatioStep, get_backend
 from .errors import KernelSafeguardWarning, NonPositiveKernelError
 
 # Floor of the 'clip' policy, relative to the largest healthy denominator of the pass.
@@ -63,13 +63,12 @@ class Safeguard:
         result: FusedPass,
         numerator: np.ndarray,
         other: np.ndarray,
-        *,
-        exponent: float = 1.0,
+        step: RatioStep = IDENTITY_STEP,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Repaired ``(ratios, projection)`` of a pass with bad entries.
 
         ``other`` is the vector the pass multiplied (``v`` for ``'rows'``, ``u`` for
-        ``'cols'``), which the exact repair needs; ``exponent`` that of the pass.
+        ``'cols'``), which the exact repair needs; ``step`` the penalty step of the pass.
         """
         positions = np.flatnonzero(result.bad)
         count = positions.size
@@ -79,7 +78,9 @@ class Safeguard:
         if self.policy == "propagate":
             ratios = result.ratios.copy()
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                ratios[positions] = (numerator[positions] / result.products[positions]) ** exponent
+                ratios[positions] = step.take(positions).apply(
+                    numerator[positions] / result.products[positions]
+                )
             projection = result.projection + self.kernel.project(side, ratios[positions], positions)
             return ratios, projection
         if self.policy == "raise":
@@ -106,7 +107,7 @@ class Safeguard:
             healthy = healthy[np.isfinite(healthy)]
             denominators[unresolved] = CLIP_RATIO * (healthy.max() if healthy.size else 1.0)
         ratios = result.ratios.copy()
-        ratios[positions] = (numerator[positions] / denominators) ** exponent
+        ratios[positions] = step.take(positions).apply(numerator[positions] / denominators)
         projection = result.projection + self.kernel.project(side, ratios[positions], positions)
         return ratios, projection
 

@@ -38,11 +38,11 @@ from . import newton
 from .advice import advise
 from .engine import STALL_CHECKS, annealing_kernels, choose_strategy, is_symmetric, iterate
 from .errors import AccuracyWarning, InvalidResultError, InvalidResultWarning
+from .grid_start import grid_coarse_start
 from .multiscale import cluster_count, coarse_pays, coarse_to_fine_start
 from .options import DEFAULT_ANDERSON_MEMORY, SolverOptions
 from .plans import (
     check_from_masses,
-    fixed_point_target,
     plan_summary,
     sampled_true_kernel_check,
 )
@@ -72,6 +72,7 @@ def sinkhorn(
     *,
     options: SolverOptions,
     reg_m: Any = None,
+    unbalanced_type: Any = "KL",
     metric: Any = "sqeuclidean",
     p: float = 2.0,
     warmstart: Any = None,
@@ -89,7 +90,10 @@ def sinkhorn(
     geometry = check_problem(X, Y, reg, metric, p)
     if backend_params.get("dtype") is None and options.accuracy is None:
         backend_params["dtype"] = np.float64  # no accuracy to hold float32 to: float64
-    problem = make_problem(a, b, geometry.shape, geometry.reg, reg_m, **warm_start(warmstart))
+    problem = make_problem(
+        a, b, geometry.shape, geometry.reg, reg_m, unbalanced_type=unbalanced_type,
+        **warm_start(warmstart),
+    )  # fmt: skip
     problem, coarse = coarse_start(problem, geometry, options, rng)
     if backend == "auto":
         result = require_policy(policy, "backend='auto'").solve_auto(
@@ -129,14 +133,20 @@ def coarse_start(
     ):
         return problem, None
     # grids: the clusters' start costs O(N x clusters) exact log products, more than the
-    # axis-by-axis solve it would shorten (a 512 x 512 image: 13 s against about 1 s)
-    if wanted == "auto" and grid_clouds(getattr(geometry, "X", None), getattr(geometry, "Y", None)):
-        return problem, None
-    # a child stream: the kernel's own draws stay those of rng
-    start = coarse_to_fine_start(
-        problem, geometry, clusters=cluster_count(geometry.shape),
-        anderson=DEFAULT_ANDERSON_MEMORY, rng=check_rng(rng).spawn(1)[0],
-    )  # fmt: skip
+    # axis-by-axis solve it would shorten; a pyramid of halved grids instead (grid_start)
+    grids = geometry.cost.sqeuclidean and grid_clouds(
+        getattr(geometry, "X", None), getattr(geometry, "Y", None)
+    )
+    if grids:
+        start = grid_coarse_start(problem, geometry, anderson=DEFAULT_ANDERSON_MEMORY)
+        if start is None:  # grids too small to halve
+            return problem, None
+    else:
+        # a child stream: the kernel's own draws stay those of rng
+        start = coarse_to_fine_start(
+            problem, geometry, clusters=cluster_count(geometry.shape),
+            anderson=DEFAULT_ANDERSON_MEMORY, rng=check_rng(rng).spawn(1)[0],
+        )  # fmt: skip
     info = start.info
     finite = np.all(np.isfinite(start.log_u0[problem.a > 0])) and np.all(
         np.isfinite(start.log_v0[problem.b > 0])
@@ -150,10 +160,12 @@ def coarse_start(
             f"sketchot.sinkhorn: coarse-to-fine start from {info['clusters']} clusters "
             f"({info['coarse_iter']} coarse iterations, {info['seconds']:.2f} s)"
         )
-    note = (
-        f"started from a coarse solve on {info['clusters'][0]} x {info['clusters'][1]} "
-        f"cluster centres ({info['seconds']:.2f} s)"
+    support = (
+        f"grids of shapes {info['grids'][0][0]} and {info['grids'][0][1]}"
+        if grids
+        else f"{info['clusters'][0]} x {info['clusters'][1]} cluster centres"
     )
+    note = f"started from a coarse solve on {support} ({info['seconds']:.2f} s)"
     warm = replace(problem, log_u0=start.log_u0, log_v0=start.log_v0, notes=(*problem.notes, note))
     return warm, info
 
@@ -171,7 +183,9 @@ def warm_start(warmstart: Any) -> dict[str, Any]:
 
 
 #: The public solves' named parameters besides the options, for did-you-mean suggestions.
-PROBLEM_NAMES = ("reg_m", "metric", "p", "warmstart", "rng", "rank", "dtype")
+PROBLEM_NAMES = (
+    "reg_m", "unbalanced_type", "metric", "p", "warmstart", "rng", "rank", "dtype",
+)  # fmt: skip
 
 
 def check_backend_params(caller: str, backend: str, params: dict[str, Any]) -> None:
@@ -249,6 +263,7 @@ def sinkhorn_kernel(
     *,
     options: SolverOptions,
     reg_m: Any = None,
+    unbalanced_type: Any = "KL",
     metric: Any = None,
     p: Any = None,
     warmstart: Any = None,
@@ -259,7 +274,10 @@ def sinkhorn_kernel(
     if not isinstance(kernel, KernelOperator):
         raise TypeError(f"kernel must be a sketchot KernelOperator; got {describe(kernel)}")
     check_kernel_metric(kernel, metric, p)
-    problem = make_problem(a, b, kernel.shape, kernel.geometry.reg, reg_m, **warm_start(warmstart))
+    problem = make_problem(
+        a, b, kernel.shape, kernel.geometry.reg, reg_m, unbalanced_type=unbalanced_type,
+        **warm_start(warmstart),
+    )  # fmt: skip
     problem, coarse = coarse_start(problem, kernel.geometry, options, rng)
     result = solve(problem, kernel, options, rng=rng)
     if coarse is not None:
@@ -511,7 +529,7 @@ def _check_true_kernel(kernel, problem, potentials, marginals, options, rng):
     n, m = kernel.shape
     single = problem.balanced and min(n, m) == 1
     log_u, log_v = potentials
-    rho_a, rho_b = problem.exponents
+    pen_a, pen_b = problem.penalties
     a, b = problem.a, problem.b
     if "exact" in kernel.info.capabilities or single:
         # The plan's own marginals are the true-kernel check, exactly and at no cost: for
@@ -524,8 +542,8 @@ def _check_true_kernel(kernel, problem, potentials, marginals, options, rng):
         return check_from_masses(
             np.where(a > 0, row, 0.0),
             np.where(b > 0, col, 0.0),
-            fixed_point_target(a, log_kv, rho_a),
-            fixed_point_target(b, log_ktu, rho_b),
+            pen_a.fixed_point_marginal(a, log_kv, problem.reg),
+            pen_b.fixed_point_marginal(b, log_ktu, problem.reg),
             (n, m),
             float(a.sum()),
         )
@@ -534,7 +552,7 @@ def _check_true_kernel(kernel, problem, potentials, marginals, options, rng):
         samples = max(n, m) if n * m <= EXHAUSTIVE_CHECK_ENTRIES else SAMPLED_CHECK_SIZE
     samples = check_int(samples, "true_kernel_samples", minimum=1)
     return sampled_true_kernel_check(
-        kernel, a, b, log_u, log_v, samples, check_rng(rng), (rho_a, rho_b)
+        kernel, a, b, log_u, log_v, samples, check_rng(rng), (pen_a, pen_b)
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels import KernelOperator
+from ..kernels import KernelOperator, RatioStep
 from ..kernels.base import fast_ratios_and_bad
 from .problem import Problem
 from .safeguard import Safeguard
@@ -38,7 +38,7 @@ STRATEGIES = ("multiplicative", "absorb", "log")
 
 class Strategy:
     """The state every form shares: the kernel and its absorbed version, the problem's
-    weights, exponents and supports, absorbed offsets and counters. The linear forms'
+    weights, penalties and supports, absorbed offsets and counters. The linear forms'
     behaviour is the default; :class:`LogDomain` overrides it.
 
     Parameters
@@ -46,7 +46,7 @@ class Strategy:
     kernel : KernelOperator
         The kernel at ``problem.reg``.
     problem : Problem
-        Weights, ``reg``, marginal exponents and an optional warm start.
+        Weights, ``reg``, marginal penalties and an optional warm start.
     guard : Safeguard, optional
         Policy for bad denominators (multiplicative strategy).
     """
@@ -64,7 +64,7 @@ class Strategy:
         self.all_active = bool(self.active["rows"].all() and self.active["cols"].all())
         with np.errstate(divide="ignore"):
             self.log_weights = {"rows": np.log(problem.a), "cols": np.log(problem.b)}
-        self.exponent = {"rows": problem.exponents[0], "cols": problem.exponents[1]}
+        self.penalty = {"rows": problem.penalties[0], "cols": problem.penalties[1]}
         caps = kernel.info.capabilities
         self.blocks = kernel.info.params["batch"] if "block_diagonal" in caps else 1
         self.counts = {"absorptions": 0, "resets": 0}
@@ -75,10 +75,9 @@ class Strategy:
 
     # ------------------------------------------------------------ numerators
     def log_numerator(self, side: str) -> np.ndarray:
-        """``log w / rho``: the KL-penalised update ``s = w (K s')^-rho`` is
-        ``(w^(1/rho) / K s')^rho``."""
-        rho = self.exponent[side]
-        return self.log_weights[side] if rho == 1.0 else self.log_weights[side] / rho
+        """The logarithm of the passes' numerator, from the side's penalty (``log w / rho``
+        for a KL penalty: ``s = w (K s')^-rho`` is ``(w^(1/rho) / K s')^rho``)."""
+        return self.penalty[side].log_numerator(self.log_weights[side], self.problem.reg)
 
     def shifted_log_numerator(self, side: str) -> np.ndarray:
         """The numerator's logarithm in the form's variables (:class:`Absorbed` shifts it)."""
@@ -86,18 +85,27 @@ class Strategy:
 
     def numerator(self, side: str) -> np.ndarray:
         """The numerator of the passes, in their form."""
-        rho = self.exponent[side]
-        if rho == 1.0:
+        if self.penalty[side].exponent(self.problem.reg) == 1.0:
             return self.problem.a if side == "rows" else self.problem.b
         log_numerator = self.shifted_log_numerator(side)
         with np.errstate(over="ignore", invalid="ignore"):
             return np.where(self.active[side], np.exp(log_numerator), 0.0)
 
+    def step(self, side: str, log: bool | None = None, offset: Any = None) -> RatioStep:
+        """The side's penalty step in the form of the passes (the current offsets unless
+        ``offset`` is given; ``log`` defaults to the form's)."""
+        return self.penalty[side].step(
+            self.log_weights[side],
+            self.offset[side] if offset is None else offset,
+            self.problem.reg,
+            self.log if log is None else log,
+        )
+
     # ------------------------------------------------------------ the half-step
     def fused_pass(self, side: str, w: np.ndarray):
         """``(numerator, pass)``: one fused pass of the current operator."""
         numerator = self.numerator(side)
-        result = self.op.fused_pass(side, w, numerator, log=self.log, exponent=self.exponent[side])
+        result = self.op.fused_pass(side, w, numerator, log=self.log, step=self.step(side))
         return numerator, result
 
     def half_step(self, side: str, w: np.ndarray, other: np.ndarray):
@@ -106,9 +114,7 @@ class Strategy:
         numerator, result = self.fused_pass(side, w)
         if not result.n_bad or self.guard is None:
             return result.ratios, result.projection, result
-        ratios, projection = self.guard.apply(
-            side, result, numerator, other, exponent=self.exponent[side]
-        )
+        ratios, projection = self.guard.apply(side, result, numerator, other, self.step(side))
         return ratios, projection, result
 
     def project(self, side: str, s: np.ndarray) -> np.ndarray:
@@ -137,11 +143,12 @@ class Strategy:
         kernel = self.kernel
         z = kernel.project("rows", log_u, log=True)
         cols = kernel.fused_pass(
-            "cols", z, self.log_numerator("cols"), log=True, exponent=self.exponent["cols"]
-        )
+            "cols", z, self.log_numerator("cols"), log=True,
+            step=self.step("cols", log=True, offset=0.0),
+        )  # fmt: skip
         rows = kernel.fused_pass(
             "rows", cols.projection, self.log_numerator("rows"), log=True,
-            exponent=self.exponent["rows"],
+            step=self.step("rows", log=True, offset=0.0),
         )  # fmt: skip
         return rows.ratios, cols.ratios
 
@@ -176,9 +183,9 @@ class Strategy:
     # ------------------------------------------------------------ the symmetric iteration
     def symmetric_product(self, s: np.ndarray):
         """``(K s, the plain update of s, bad entries)`` in the form: one product."""
-        numerator, exponent = self.numerator("rows"), self.exponent["rows"]
+        numerator, step = self.numerator("rows"), self.step("rows")
         products = self.op.matvec(s)
-        ratios, bad = fast_ratios_and_bad(numerator, products, exponent)
+        ratios, bad = fast_ratios_and_bad(numerator, products, step)
         return products, ratios, bad
 
     def average(self, s: np.ndarray, ratios: np.ndarray) -> np.ndarray:
@@ -259,10 +266,11 @@ class Absorbed(Strategy):
     name = "absorb"
 
     def shifted_log_numerator(self, side: str) -> np.ndarray:
-        """``w^(1/rho) e^(offset (1 - 1/rho))``'s logarithm, so that the absorbed scaling
-        ``s~ = s e^-offset`` follows ``s = w (K s')^-rho``."""
-        rho = self.exponent[side]
-        return self.log_numerator(side) + self.offset[side] * (1.0 - 1.0 / rho)
+        """The numerator's logarithm shifted by the offsets as the penalty says
+        (``w^(1/rho) e^(offset (1 - 1/rho))`` for a KL penalty), so that the absorbed scaling
+        ``s~ = s e^-offset`` follows the update of ``s``."""
+        shift = self.penalty[side].numerator_shift(self.offset[side], self.problem.reg)
+        return self.log_numerator(side) + shift
 
     def half_step(self, side: str, w: np.ndarray, other: np.ndarray):
         _, result = self.fused_pass(side, w)

@@ -59,10 +59,10 @@ from .acceleration import AndersonMixer
 from .engine import STAGE_TOL, annealing_kernels
 from .errors import AccuracyWarning, InvalidResultError, InvalidResultWarning
 from .options import SolverOptions
+from .penalties import Penalty, make_penalty
 from .plans import (
     TrueKernelCheck,
     check_from_masses,
-    fixed_point_target,
     plan_summary,
     sample_indices,
     true_kernel_check,
@@ -121,9 +121,15 @@ class TargetsProblem:
         return math.isinf(self.reg_m[0]) and math.isinf(self.reg_m[1])
 
     @property
+    def penalties(self) -> tuple[Penalty, Penalty]:
+        """The KL penalties (or hard constraints) of the two sides: the targets' iteration
+        raises its ratios to powers, so it solves KL penalties only."""
+        return tuple(make_penalty(r, "KL") for r in self.reg_m)
+
+    @property
     def exponents(self) -> tuple[float, float]:
         """``(rho_a, rho_b)`` (1 for a hard side)."""
-        return tuple(1.0 if math.isinf(r) else r / (r + self.reg) for r in self.reg_m)
+        return tuple(p.exponent(self.reg) for p in self.penalties)
 
     def column(self, j: int, log_u0: Any = None, log_v0: Any = None) -> Problem:
         """Target ``j`` as a one-target :class:`Problem` (for a solve alone)."""
@@ -973,7 +979,7 @@ def _checks(kernel, problem, log_u, log_v, row, col, options, rng) -> list[TrueK
     """Each target's true-kernel check: from the plan's marginals for the exact kernel (or a
     single point on one side), else on rows and columns sampled once for every target."""
     n, m = kernel.shape
-    rho_a, rho_b = problem.exponents
+    pen_a, pen_b = problem.penalties
     a = problem.a
     if "exact" in kernel.info.capabilities or (problem.balanced and min(n, m) == 1):
         out = []
@@ -986,8 +992,8 @@ def _checks(kernel, problem, log_u, log_v, row, col, options, rng) -> list[TrueK
                 check_from_masses(
                     np.where(a > 0, row[:, j], 0.0),
                     np.where(b > 0, col[:, j], 0.0),
-                    fixed_point_target(a, log_kv, rho_a),
-                    fixed_point_target(b, log_ktu, rho_b),
+                    pen_a.fixed_point_marginal(a, log_kv, problem.reg),
+                    pen_b.fixed_point_marginal(b, log_ktu, problem.reg),
                     (n, m),
                     float(a.sum()),
                 )
@@ -1001,7 +1007,7 @@ def _checks(kernel, problem, log_u, log_v, row, col, options, rng) -> list[TrueK
     rows, cols = (sample_indices(size, samples, generator) for size in (n, m))
     return [
         true_kernel_check(
-            kernel, a, problem.B[:, j], log_u[:, j], log_v[:, j], rows, cols, (rho_a, rho_b)
+            kernel, a, problem.B[:, j], log_u[:, j], log_v[:, j], rows, cols, (pen_a, pen_b)
         )
         for j in range(problem.k)
     ]

@@ -74,12 +74,14 @@ def test_solve_sample():
 )  # fmt: skip
 def test_solve_sample_not_implemented_types(kwargs):
     """POT test_solvers.py::test_solve_sample (its two ``NotImplementedError`` cases):
-    sketchot solves one problem (KL regularisation and KL marginal penalties) and has no
-    ``reg_type`` / ``unbalanced_type``: the keyword is refused by name with a ``TypeError``
-    (documented difference)."""
+    an unknown ``unbalanced_type`` raises POT's ``NotImplementedError`` (also a
+    ``ValueError`` naming the argument); ``solve_sample`` has no ``reg_type`` (KL
+    regularisation only): that keyword is refused by name with a ``TypeError`` (documented
+    difference)."""
     X_s, X_t, _, _ = grid_case()
     name = next(key for key in kwargs if key.endswith("_type"))
-    with pytest.raises(TypeError, match=name):
+    expected = NotImplementedError if name == "unbalanced_type" else TypeError
+    with pytest.raises(expected, match=name):
         sketchot.solve_sample(X_s, X_t, backend="exact", **{"reg": 1, **kwargs})
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from sketchot import policy
 from sketchot.da import LabelledGeometry, LabelledKernel
 from sketchot.gibbs import GibbsGeometry
-from sketchot.kernels import build_kernel
+from sketchot.kernels import RatioStep, build_kernel
 
 REG = 0.7
 
@@ -61,7 +61,7 @@ def test_products_are_the_masked_kernels(ys, yt, seed, backend):
     np.testing.assert_allclose(rows.ratios, expected, rtol=1e-12)
     np.testing.assert_allclose(rows.projection, own.T @ expected, rtol=1e-12, atol=1e-15)
     b = np.full(yt.size, 1.0 / yt.size)
-    cols = kernel.fused_pass("cols", rows.projection, b, exponent=0.5)
+    cols = kernel.fused_pass("cols", rows.projection, b, step=RatioStep(0.5))
     assert cols.projection is cols.ratios
     np.testing.assert_array_equal(cols.products, rows.projection)
     np.testing.assert_allclose(

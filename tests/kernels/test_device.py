@@ -11,7 +11,7 @@ from backend_params import contract_params
 import sketchot
 from sketchot._arrays import array_context
 from sketchot.gibbs import GibbsGeometry
-from sketchot.kernels import ExactKernel, LowRankKernel
+from sketchot.kernels import IDENTITY_STEP, ExactKernel, LowRankKernel, RatioStep
 from sketchot.kernels.base import ratios_and_bad
 from sketchot.kernels.exact import DeviceExactKernel
 from sketchot.kernels.lowrank import DeviceLowRankKernel
@@ -61,8 +61,20 @@ def test_products_rows_and_out_of_sample_match(kernels):
     assert device.matvec(v) @ u == pytest.approx(v @ device.rmatvec(u), rel=1e-12)
 
 
-@pytest.mark.parametrize("exponent", [1.0, 0.7])
-def test_fused_passes_linear_and_log_match(kernels, exponent):
+def _step(kind: str, top: np.ndarray, log: bool) -> RatioStep:
+    """A penalty step of each kind in the pass's form: hard, KL's power, TV's bounds."""
+    if kind == "hard":
+        return IDENTITY_STEP
+    if kind == "kl":
+        return RatioStep(0.7)
+    with np.errstate(divide="ignore"):
+        if log:
+            return RatioStep(1.0, top - 1.0, top + 1.0)
+        return RatioStep(1.0, top * np.exp(-1.0), top * np.exp(1.0))
+
+
+@pytest.mark.parametrize("kind", ["hard", "kl", "tv"])
+def test_fused_passes_linear_and_log_match(kernels, kind):
     reference, device = kernels
     rng = np.random.default_rng(2)
     w, numerator = rng.random(55) + 0.1, np.full(70, 1 / 70)
@@ -71,8 +83,9 @@ def test_fused_passes_linear_and_log_match(kernels, exponent):
         with np.errstate(divide="ignore"):  # log 0 = -inf: the zero weight
             values = np.log(w) if log else w
             top = np.log(numerator) if log else numerator
-            ours = device.fused_pass("rows", values, top, log=log, exponent=exponent)
-            theirs = reference.fused_pass("rows", values, top, log=log, exponent=exponent)
+            step = _step(kind, top, log)
+            ours = device.fused_pass("rows", values, top, log=log, step=step)
+            theirs = reference.fused_pass("rows", values, top, log=log, step=step)
         for name in ("products", "ratios", "projection"):
             np.testing.assert_allclose(
                 getattr(ours, name), getattr(theirs, name), rtol=RTOL, err_msg=name
