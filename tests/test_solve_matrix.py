@@ -42,14 +42,18 @@ def random_case(seed, n=40, m=30):
     return a / a.sum(), b / b.sum(), ot.dist(X, Y)
 
 
-def pot_unbalanced_value(plan, M, a, b, reg, unbalanced):
-    """POT's unbalanced objective with the generalised KL (``kl_div(..., mass=True)``)."""
+def pot_unbalanced_value(plan, M, a, b, reg, unbalanced, unbalanced_type="KL"):
+    """POT's unbalanced objective with the generalised KL (``kl_div(..., mass=True)``) and
+    the penalty of ``unbalanced_type`` (``ot.unbalanced._lbfgs``'s ``marg_kl``, ``marg_tv``)."""
     nx = ot.backend.NumpyBackend()
     sides = unbalanced if isinstance(unbalanced, tuple) else (unbalanced, unbalanced)
     value = np.sum(plan * M) + reg * nx.kl_div(plan, a[:, None] * b[None, :], mass=True)
     for penalty, marginal, weights in zip(sides, (plan.sum(1), plan.sum(0)), (a, b), strict=True):
         if np.isfinite(penalty):
-            value += penalty * nx.kl_div(marginal, weights, mass=True)
+            if unbalanced_type == "TV":
+                value += penalty * np.abs(marginal - weights).sum()
+            else:
+                value += penalty * nx.kl_div(marginal, weights, mass=True)
     return value
 
 
@@ -90,7 +94,7 @@ def test_solve_not_implemented():
         sketchot.solve(M, reg=1.0, reg_type="cryptic divergence")
     with pytest.raises(NotImplementedError):
         sketchot.solve(M, unbalanced=1.0, unbalanced_type="cryptic divergence")
-    with pytest.raises(NotImplementedError, match="unbalanced_type must be 'KL'"):
+    with pytest.raises(NotImplementedError, match=r"unbalanced_type must be one of \['KL', 'TV'\]"):
         sketchot.solve(M, reg=1.0, unbalanced=1.0, unbalanced_type="cryptic divergence")
 
 
@@ -103,8 +107,7 @@ REFUSED_WITH_REG = {
     "L2": "reg_type must be 'KL' or 'entropy'; got 'L2'",
     "tuple": "POT's general regulariser",
     ("entropy", "unbalanced"): "reg_type='entropy' with unbalanced",
-    ("L2", "unbalanced_type"): "POT's 'L2' penalty is not implemented yet \\(issue 43",
-    ("TV", "unbalanced_type"): "POT's 'TV' penalty is not implemented yet \\(issue 43",
+    ("L2", "unbalanced_type"): "unbalanced_type must be one of .* quadratic penalty",
 }
 
 
@@ -114,7 +117,7 @@ def _refusal(reg_type, unbalanced, unbalanced_type):
         return REFUSED_WITH_REG[reg_type]
     if unbalanced is None:
         return None
-    if unbalanced_type != "KL":
+    if unbalanced_type == "L2":
         return REFUSED_WITH_REG[(unbalanced_type, "unbalanced_type")]
     if reg_type == "entropy":
         return REFUSED_WITH_REG[("entropy", "unbalanced")]
@@ -153,6 +156,13 @@ def test_solve_grid(reg, reg_type, unbalanced, unbalanced_type):
     if reg is None:
         assert sol.notes == ["reg=None: exact transport solved by POT (ot.solve)"]
         assert isinstance(sol, ot.utils.OTResult)
+    elif unbalanced is not None and unbalanced_type == "TV":
+        # POT's L-BFGS-B on the non-smooth primal stops short (tests/solver/
+        # test_penalties.py): our objective is at most POT's, both in POT's formula
+        value = pot_unbalanced_value(sol.plan, M, a, b, reg, unbalanced, "TV")
+        assert np.allclose(sol.value, value)
+        assert value <= pot_unbalanced_value(ref.plan, M, a, b, reg, unbalanced, "TV") + 1e-12
+        return
     elif unbalanced is not None:  # POT 0.9.7's value drops the KL's mass terms
         np.testing.assert_allclose(sol.plan, ref.plan, atol=1e-5)
         assert np.allclose(sol.value, pot_unbalanced_value(sol.plan, M, a, b, reg, unbalanced))
@@ -331,8 +341,8 @@ def test_read_only_strided_repeated_and_threaded_calls_give_the_same_bits():
         (dict(reg=-1.0), ValueError, "reg"),
         (dict(reg=0.1, c=np.ones((4, 3))), NotImplementedError, "c must be None"),
         (dict(reg=0.1, reg_type="L2"), NotImplementedError, "got 'L2' \\(POT's quadratic"),
-        (dict(reg=0.1, unbalanced=1.0, unbalanced_type="TV"), NotImplementedError, "issue 43"),
-        (dict(reg=0.1, unbalanced=1.0, unbalanced_type="L2"), NotImplementedError, "issue 43"),
+        (dict(reg=0.1, unbalanced=1.0, unbalanced_type="L2"), NotImplementedError,
+         "quadratic penalty has no closed-form Sinkhorn step"),
         (dict(reg=0.1, unbalanced=1.0, reg_type="entropy"), NotImplementedError, "L-BFGS-B"),
         (dict(reg=0.1, method="sinkhorn_log"), ValueError, "method must be None with reg"),
         (dict(reg=0.1, plan_init=np.ones((4, 3))), ValueError, "plan_init must be None"),
