@@ -141,6 +141,20 @@ def _on_dask(kernel: Any, *weights: Any) -> bool:
     return any_dask(getattr(geometry, "X", None), *weights)
 
 
+def _penalty_type(unbalanced_type: Any, b: Any, on_dask: bool) -> str:
+    """The validated ``unbalanced_type``; a penalty other than KL is refused by name with
+    several targets and on Dask, whose iterations only raise the ratios to powers."""
+    unbalanced_type = check_unbalanced_type(unbalanced_type)
+    if unbalanced_type != "KL" and (several_targets(b) or on_dask):
+        where = "several targets (b of shape (m, k))" if several_targets(b) else "Dask arrays"
+        raise NotImplementedError(
+            f"unbalanced_type={unbalanced_type!r} is not implemented with {where}: their "
+            "iterations raise the ratios to powers (KL penalties); solve each problem alone "
+            "in memory, or pass unbalanced_type='KL'"
+        )
+    return unbalanced_type
+
+
 def _build(rank: Any, dtype: Any) -> dict[str, Any]:
     """``rank`` and ``dtype`` as the builders take them (``rank=None``: not given)."""
     if dtype is not None:
@@ -318,14 +332,7 @@ def sinkhorn(
     """
     options = _options(locals())
     build = _build(rank, dtype)
-    unbalanced_type = check_unbalanced_type(unbalanced_type)
-    if unbalanced_type != "KL" and (several_targets(b) or any_dask(a, b, X, Y)):
-        where = "several targets (b of shape (m, k))" if several_targets(b) else "Dask arrays"
-        raise NotImplementedError(
-            f"unbalanced_type={unbalanced_type!r} is not implemented with {where}: their "
-            "iterations raise the ratios to powers (KL penalties); solve each problem alone "
-            "in memory, or pass unbalanced_type='KL'"
-        )
+    unbalanced_type = _penalty_type(unbalanced_type, b, any_dask(a, b, X, Y))
     if several_targets(b):
         if any_dask(a, b, X, Y):
             raise NotImplementedError(
@@ -827,14 +834,7 @@ def sinkhorn_kernel(
     (True, True)
     """
     options = _options(locals())
-    unbalanced_type = check_unbalanced_type(unbalanced_type)
-    if unbalanced_type != "KL" and (several_targets(b) or _on_dask(kernel, a, b)):
-        where = "several targets (b of shape (m, k))" if several_targets(b) else "Dask arrays"
-        raise NotImplementedError(
-            f"unbalanced_type={unbalanced_type!r} is not implemented with {where}: their "
-            "iterations raise the ratios to powers (KL penalties); solve each problem alone "
-            "in memory, or pass unbalanced_type='KL'"
-        )
+    unbalanced_type = _penalty_type(unbalanced_type, b, _on_dask(kernel, a, b))
     if several_targets(b):
         if _on_dask(kernel, a, b):
             raise NotImplementedError(

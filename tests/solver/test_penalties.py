@@ -285,20 +285,12 @@ def test_tv_on_a_grid():
     rng = np.random.default_rng(5)
     a, b = rng.random(len(points)) + 0.1, rng.random(len(points)) + 0.1
     a, b = a / a.sum(), 1.4 * b / b.sum()
-    solves = {
-        backend: sketchot.sinkhorn(
-            a,
-            b,
-            points,
-            points,
-            reg=0.01,
-            reg_m=0.02,
-            unbalanced_type="TV",
-            backend=backend,
-            tol=1e-11,
+    solves = {}
+    for backend in ("grid", "exact"):
+        solves[backend] = sketchot.sinkhorn(
+            a, b, points, points, reg=0.01, reg_m=0.02, unbalanced_type="TV",
+            backend=backend, tol=1e-11,
         )  # fmt: skip
-        for backend in ("grid", "exact")
-    }
     assert solves["grid"].accuracy_met
     assert relative_l1(solves["grid"].plan, solves["exact"].plan) <= 1e-8
     assert solves["grid"].value == pytest.approx(solves["exact"].value, rel=1e-9)
@@ -352,6 +344,17 @@ def test_tv_with_several_targets_is_refused_by_name():
         sketchot.sinkhorn(a, B, X, Y, reg=reg, reg_m=1.0, unbalanced_type="TV")
     with pytest.raises(NotImplementedError, match=r"unbalanced_type='TV'.*several targets"):
         sketchot.solve(M, a, B, reg=reg, unbalanced=1.0, unbalanced_type="TV")
+
+
+def test_tv_on_dask_arrays_is_refused_by_name():
+    """Refused before anything is computed (no cluster needed): the Dask passes ship only
+    a power of the ratios to the workers."""
+    da = pytest.importorskip("dask.array")
+    X, Y, a, b, _, reg, _ = scaled((1.0, 1.0))
+    with pytest.raises(NotImplementedError, match=r"unbalanced_type='TV'.*Dask arrays"):
+        sketchot.sinkhorn(
+            a, b, da.from_array(X, chunks=35), Y, reg=reg, reg_m=1.0, unbalanced_type="TV"
+        )
 
 
 def test_kl_is_the_default_and_unchanged():
