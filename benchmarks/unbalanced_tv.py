@@ -100,7 +100,7 @@ def markdown(output: dict[str, Any]) -> str:
     header = ["n", "reg", "method", "seconds", "time / POT", "used", "iterations",
               "certified residual", "objective", "objective - best", "mass"]  # fmt: skip
     table = [
-        [r["n"], r["reg"], r["method"], f"{r['seconds']:.2f}", f"{r['time_ratio_to_pot']:.3f}",
+        [r["n"], r["reg"], r["method"], f"{r['seconds']:.2f}", f"{r['time_ratio_to_pot']:.2g}",
          r["used"], "-" if r["n_iter"] is None else r["n_iter"],
          "-" if r["residual"] is None else f"{r['residual']:.1e}", f"{r['objective']:.6f}",
          f"{r['above_best']:.1e}", f"{r['mass']:.4f}"]
