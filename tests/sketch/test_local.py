@@ -10,6 +10,7 @@ small ``ROUNDING`` slack covers. Signed weights are compared relative to ``|K| |
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -422,6 +423,139 @@ def test_truncated_log_products_within_entry_bound_plus_truncate(kind):
     pair_sq = np.sum((x.centers[ka:, None, :] - cut._y.centers[None, cut._y.n_small :]) ** 2, 2)
     keep = local._kept_pairs(pair_sq, x.centers[ka:], x.cluster_radius[ka:], bounds, reg, truncate)
     assert keep.mean() < 0.5
+
+
+def _batches(cuts: list[int], size: int) -> list:
+    """Contiguous batches ``first:stop`` of ``size`` clusters cut at ``cuts``."""
+    edges = [0, *sorted(set(cuts) - {0, size}), size]
+    return [
+        local._Batch(np.arange(a, b), a, b, None, None, None, None)
+        for a, b in itertools.pairwise(edges)
+    ]
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    n_out=st.integers(1, 12),
+    n_in=st.integers(1, 12),
+    density=st.floats(0.0, 1.0),
+    data=st.data(),
+)
+def test_sparse_pairs_compute_every_kept_pair(seed, n_out, n_in, density, data):
+    """Invariant of ``_Sparsity`` (truncated products): for any kept pairs and any batches
+    of either side, a kept pair ``(A, B)`` has its moments formed (``A`` among the columns
+    of ``B``'s input batch) and read (``B`` among the inputs of ``A``'s output batch), and
+    a batch forms or reads nothing that no kept pair of its clusters needs."""
+    keep = np.random.default_rng(seed).random((n_out, n_in)) < density
+    in_cuts = data.draw(st.lists(st.integers(0, n_in), max_size=n_in))
+    out_cuts = data.draw(st.lists(st.integers(0, n_out), max_size=n_out))
+    in_batches, out_batches = _batches(in_cuts, n_in), _batches(out_cuts, n_out)
+    sparsity = local.products._Sparsity(keep, in_batches, out_batches)
+    formed = np.zeros_like(keep)
+    for batch in in_batches:
+        columns = sparsity.columns[batch.first]
+        columns = np.arange(n_out) if columns is None else columns
+        formed[columns, batch.first : batch.stop] = True
+        assert np.array_equal(np.sort(columns), np.flatnonzero(keep[:, batch.ids].any(axis=1)))
+    read = np.zeros_like(keep)
+    for batch in out_batches:
+        inputs = sparsity.inputs[batch.first]
+        inputs = np.arange(n_in) if inputs is None else inputs
+        read[batch.first : batch.stop, inputs] = True
+        assert np.array_equal(np.sort(inputs), np.flatnonzero(keep[batch.ids].any(axis=0)))
+    assert np.all(formed[keep]) and np.all(read[keep])
+    assert sum(sparsity.n_columns(b) * (b.stop - b.first) for b in in_batches) == formed.sum()
+
+
+@pytest.mark.parametrize("row_block", [64, 4096])
+def test_sparse_pairs_keep_the_certified_error(monkeypatch, row_block):
+    """Truncated products form and read only the kept pairs' moments (``_Sparsity``)
+    instead of every pair of a group of output clusters against the inputs the group keeps:
+    fewer entries, and each product is still within ``entry_error_bound_ + truncate`` of the
+    exact one (the means within ``means_error_bound_``), as the group-wide products were.
+    ``row_block = 64`` makes every cluster a batch of its own and splits the large ones in
+    row blocks, as at 10^6 points (the pair-level case); 4096: a few clusters a batch."""
+    monkeypatch.setattr(local.clusters, "_ROW_BLOCK", row_block)
+    monkeypatch.setattr(local.products, "_TRUNCATED_ROWS", row_block)
+    X, Y = clouds("photo", 2000, 1800, seed=71)
+    reg, truncate = 0.003, 1e-6
+    rng = np.random.default_rng(8)
+    log_v = -0.9 * np.sum((Y - 0.5) ** 2, axis=1) / reg + 3 * rng.normal(size=Y.shape[0])
+    log_u = 5 * rng.normal(size=X.shape[0])
+    kernel = LocalGaussianExpansion(
+        reg, tau=2.0, rtol=1e-6, exact_below=0, truncate=truncate, rng=0
+    ).fit(X, Y)
+    tol = kernel.entry_error_bound_ + truncate + ROUNDING
+    sparse = (kernel.log_matvec(log_v), kernel.log_rmatvec(log_u))
+    sparse_means = kernel.log_means(log_v)
+    sparse_work = kernel.iteration_work()["entries"]
+    # the group-wide products: every pair of a group against the inputs it keeps
+    monkeypatch.setattr(local.products._Sparsity, "of", classmethod(lambda *_: None))
+    dense = (kernel.log_matvec(log_v), kernel.log_rmatvec(log_u))
+    dense_work = kernel.iteration_work()["entries"]
+    assert sparse_work < (0.8 if row_block == 64 else 1.0) * dense_work
+    cases = ((X, Y, log_v), (Y, X, log_u))
+    for ours, group_wide, (P, Q, w) in zip(sparse, dense, cases, strict=True):
+        exact = gibbs_log_matvec(P, Q, reg, w)
+        assert np.max(np.abs(ours - exact)) <= tol
+        assert np.max(np.abs(group_wide - exact)) <= tol
+        # fewer pairs: only positive terms the bound allows to skip are missing
+        assert np.all(ours <= group_wide + 2 * kernel.entry_error_bound_ + ROUNDING)
+    log_sum, means = sparse_means
+    assert np.max(np.abs(log_sum - sparse[0])) <= 2 * kernel.entry_error_bound_
+    exact_means = gibbs_softmax_average(X, Y, reg, log_v, Y)
+    assert np.max(np.abs(means - exact_means)) <= kernel.means_error_bound_ + ROUNDING
+
+
+@pytest.mark.parametrize("row_block", [64, 4096])
+def test_shared_input_pass_is_the_per_group_arithmetic(monkeypatch, row_block):
+    """A truncated product forms the moments of several groups of output clusters input
+    batch by input batch (each batch's features read once for all of them): the same bits
+    as the groups one after the other, also with the means and the timing sample."""
+    monkeypatch.setattr(local.clusters, "_ROW_BLOCK", row_block)
+    monkeypatch.setattr(local.products, "_TRUNCATED_ROWS", row_block)
+    # small moments: many groups of a few output clusters, a few groups per shared pass
+    monkeypatch.setattr(local.device, "_MOMENT_BYTES", 1 << 16)
+    monkeypatch.setattr(local.products, "_SHARED_GROUPS", 8)
+    X, Y = clouds("photo", 1500, 1300, seed=73)
+    reg = 0.003
+    kernel = LocalGaussianExpansion(reg, tau=2.0, rtol=1e-6, exact_below=0, truncate=1e-6, rng=0)
+    kernel.fit(X, Y)
+    log_v = 3 * np.random.default_rng(9).normal(size=Y.shape[0])
+    args = (log_v, None, kernel._monomials, reg, kernel._truncate)
+    reads: dict[int, int] = {}  # per batch's features: the groups that read them
+    features = local.products._BatchFeatures.__call__
+
+    def counted(self, rows):
+        reads[id(self)] = reads.get(id(self), 0) + (rows is None)
+        return features(self, rows)
+
+    monkeypatch.setattr(local.products._BatchFeatures, "__call__", counted)
+    shared = local._apply(kernel._x, kernel._y, *args)
+    assert max(reads.values()) > 1  # a batch's features served several groups
+    shared_means = kernel.log_means(log_v)
+    shared_sample = local._apply(kernel._x, kernel._y, *args, stride=2)
+    groups = []
+
+    def one_by_one(product, ids_list, parallel):
+        groups.append(len(ids_list))
+        for ids in ids_list:
+            product.one_group(ids, parallel)
+
+    monkeypatch.setattr(local.products._Product, "shared_input_pass", one_by_one)
+    for ours, theirs in zip(
+        (shared, shared_means, shared_sample),
+        (
+            local._apply(kernel._x, kernel._y, *args),
+            kernel.log_means(log_v),
+            local._apply(kernel._x, kernel._y, *args, stride=2),
+        ),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(ours[0], theirs[0])
+        np.testing.assert_array_equal(ours[1], theirs[1])
+    assert groups[0] > 8  # more groups than one shared pass takes
 
 
 def test_truncate_is_validated():

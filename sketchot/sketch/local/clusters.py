@@ -245,14 +245,18 @@ class _Side:
     def rows(self, cluster: int) -> slice:
         return slice(int(self.offsets[cluster]), int(self.offsets[cluster + 1]))
 
-    def batches(self, ids: np.ndarray, max_clusters: int) -> list[_Batch]:
+    def batches(
+        self, ids: np.ndarray, max_clusters: int, max_rows: int | None = None
+    ) -> list[_Batch]:
         """Clusters ``ids`` (ascending: size classes in order) in batches, each padded.
 
-        A batch has at most ``max_clusters`` clusters and about ``_ROW_BLOCK`` padded rows;
+        A batch has at most ``max_clusters`` clusters and about ``max_rows`` (default
+        ``_ROW_BLOCK``) padded rows;
         sizes within a batch differ by at most a factor 5/4 (plus 4 rows), so padding wastes
         little. A cluster above ``_ROW_BLOCK`` rows is a batch of its own (unpadded).
         """
         sizes = np.diff(self.offsets)
+        max_rows = _ROW_BLOCK if max_rows is None else max_rows
         out: list[_Batch] = []
         c0 = 0
         while c0 < ids.size:
@@ -261,7 +265,7 @@ class _Side:
                 c1 < ids.size
                 and c1 - c0 < max_clusters
                 and sizes[ids[c1]] <= 1.25 * sizes[ids[c0]] + 4
-                and (c1 - c0 + 1) * max(width, sizes[ids[c1]]) <= _ROW_BLOCK
+                and (c1 - c0 + 1) * max(width, sizes[ids[c1]]) <= max_rows
             ):
                 width = max(width, sizes[ids[c1]])
                 c1 += 1
