@@ -2,8 +2,9 @@
 sketchot.sinkhorn, a loop of POT's ``ot.solve_sample``, POT's ``ot.solve_sample_batch`` and
 GeomLoss's batched ``SamplesLoss`` (where installed).
 
-Data: ``B`` pairs of 200-point clouds in 2-D (``default_rng(seed)``: source uniform in the
-unit square, target a Gaussian blob of random centre and scale), uniform weights. ``reg`` =
+Data: ``B`` pairs of 200-point clouds in 2-D (``--dim 3``: 3-D; ``default_rng(seed)``: source
+uniform in the unit square or cube, target a Gaussian blob of random centre and scale),
+uniform weights. ``reg`` =
 0.1 and 0.01 times the mean squared distance between the points of a pair (averaged over the
 pairs).
 
@@ -11,13 +12,14 @@ Methods, each timed from the clouds to the results (cost matrices included):
 
 ``sinkhorn_batch``
     ``sketchot.sinkhorn_batch(X, Y, reg=reg)``: the accuracy's stopping rule (L1 residual
-    below 1e-4 of the mass, every pair checked on its own), Anderson mixing per pair.
+    below 1e-4 of the mass, every pair checked on its own in float64), Anderson mixing per
+    pair, float32 passes.
 ``sinkhorn_batch anderson=0``
     The same with the plain iteration (no mixing).
 ``sinkhorn_batch round_iter=100``
     The same with rounds of 100 iterations (the default 40: converged pairs leave sooner).
 ``sinkhorn_batch tol=1e-9``
-    The same at POT's criterion (L2 column residual 1e-9 per pair).
+    The same at POT's criterion (L2 column residual 1e-9 per pair; float64 passes).
 ``sinkhorn_batch ragged`` and ``sinkhorn loop ragged``
     A ragged batch: pair ``k`` keeps its first ``n_k`` and ``m_k`` points (drawn in
     ``[100, 200]``), as a list of clouds in one ``sinkhorn_batch`` call (padded with points
@@ -49,6 +51,7 @@ Reported: solves per second and the largest L1 marginal error of any pair relati
     python benchmarks/batch.py --quick    # B = 1000 (sketchot's loop and GeomLoss over 100,
                                           # POT over 20), about 2 minutes
     python benchmarks/batch.py            # B = 1000 (loops over 200)
+    python benchmarks/batch.py --quick --dim 3 --skip pot geomloss   # batch_quick_3d.md
 """
 
 from __future__ import annotations
@@ -74,11 +77,11 @@ PAIRWISE_CLOUDS = 45
 FACTORS = (0.1, 0.01)
 
 
-def make_pairs(B: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def make_pairs(B: int, seed: int, dim: int = 2) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    X = rng.random((B, N_POINTS, 2))
-    centres = rng.uniform(0.2, 0.8, size=(B, 1, 2))
-    Y = centres + rng.uniform(0.05, 0.3, size=(B, 1, 1)) * rng.normal(size=(B, N_POINTS, 2))
+    X = rng.random((B, N_POINTS, dim))
+    centres = rng.uniform(0.2, 0.8, size=(B, 1, dim))
+    Y = centres + rng.uniform(0.05, 0.3, size=(B, 1, 1)) * rng.normal(size=(B, N_POINTS, dim))
     return X, Y
 
 
@@ -94,8 +97,9 @@ def error_of(plan: np.ndarray) -> float:
     return float(max(rows, cols) / plan.sum())
 
 
-def run(B: int, loop_pairs: int, peer_pairs: int, seed: int, skip: set[str], repeat: int):
-    X, Y = make_pairs(B, seed)
+def run(B: int, loop_pairs: int, peer_pairs: int, seed: int, skip: set[str], repeat: int,
+        dim: int = 2):  # fmt: skip
+    X, Y = make_pairs(B, seed, dim)
     scale = mean_sq_distance(X, Y)
     rows: list[dict[str, Any]] = []
     for factor in FACTORS:
@@ -216,6 +220,8 @@ def main() -> None:
     parser.add_argument("--loop-pairs", type=int, default=200)
     parser.add_argument("--peer-pairs", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dim", type=int, default=2, choices=[2, 3],
+                        help="dimension of the clouds (3: results under *_3d)")  # fmt: skip
     parser.add_argument("--repeat", type=int, default=3,
                         help="runs of the default batch solve, the loop and GeomLoss (fastest "
                              "reported)")  # fmt: skip
@@ -226,12 +232,12 @@ def main() -> None:
         B, loop, peers = 1000, 100, 20
     else:
         B, loop, peers = args.pairs, args.loop_pairs, args.peer_pairs
-    rows = run(B, loop, peers, args.seed, set(args.skip), args.repeat)
-    stem = "batch_quick" if args.quick else "batch"
+    rows = run(B, loop, peers, args.seed, set(args.skip), args.repeat, args.dim)
+    stem = ("batch_quick" if args.quick else "batch") + ("_3d" if args.dim == 3 else "")
     meta = {"python": sys.version.split()[0], "numpy": np.__version__, "pot": ot.__version__,
             "machine": platform.machine(), "cpus": os.cpu_count(), "pairs": B,
             "loop_pairs": loop, "peer_pairs": peers, "repeat": args.repeat,
-            "points": N_POINTS, "d": 2, "load": os.getloadavg()}  # fmt: skip
+            "points": N_POINTS, "d": args.dim, "load": os.getloadavg()}  # fmt: skip
     write_json(RESULTS_DIR / f"{stem}.json", {"meta": meta, "rows": rows})
     table = md_table(
         ["reg / mean sq. dist.", "method", "pairs timed", "seconds", "solves / s",

@@ -14,8 +14,14 @@ It declares the exact kernel's capabilities (``'exact'``, ``'nonnegative'``,
 ``'log_products'``, ``'absorb'``): the engine runs the absorption-stabilised iteration
 (Schmitzer 2019) on it, finite for any ``reg``.
 
-Memory ``B n m`` float64 for ``-C / reg``, and as much again for the absorbed kernel; time
-``O(B n m)`` per pass.
+Precision. ``-C / reg`` is float64 always; ``dtype=numpy.float32`` stores the absorbed
+kernels (and the linear kernel) in float32, whose linear passes read half the bytes (a chunk
+of the batch solver stays in the cache at twice the pairs); their exponents are computed in
+float64 and exponentiated in float32. The values, weights and scalings the passes return are
+float64.
+
+Memory ``B n m`` float64 for ``-C / reg``, and ``B n m`` entries of ``dtype`` for the
+absorbed kernel; time ``O(B n m)`` per pass.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from .._validation import check_dtype
 from .base import (
     IDENTITY_STEP,
     FusedPass,
@@ -96,6 +103,8 @@ class StackedExactKernel(KernelOperator):
         Float64 memory of at least ``log_kernel.size`` entries for the first absorbed kernel,
         reused from stack to stack by a caller that solves many (fresh memory costs a page
         fault per 4 KiB on first write); default: allocated.
+    dtype : {numpy.float64, numpy.float32}, default=numpy.float64
+        Storage of the linear and absorbed kernels (module notes).
     """
 
     def __init__(
@@ -104,6 +113,7 @@ class StackedExactKernel(KernelOperator):
         reg: float,
         max_cost: float | None = None,
         buffer: np.ndarray | None = None,
+        dtype: Any = np.float64,
     ) -> None:
         info = KernelInfo(
             "stacked_exact",
@@ -112,11 +122,13 @@ class StackedExactKernel(KernelOperator):
                 {"exact", "nonnegative", "log_products", "absorb", "block_diagonal"}
             ),
         )
-        super().__init__(StackedGeometry(log_kernel, reg, max_cost), info, np.float64)
+        super().__init__(StackedGeometry(log_kernel, reg, max_cost), info, check_dtype(dtype))
         self.log_kernel = log_kernel
         self.batch, self.n, self.m = log_kernel.shape
         self._linear: np.ndarray | None = None
         self._buffer = buffer
+        #: the last rows pass (:meth:`_linear_projection`)
+        self._recent: _Recent | None = None
         #: the last absorbed form built from this kernel (its storage is reused)
         self.latest: AbsorbedStackedKernel | None = None
 
@@ -131,16 +143,23 @@ class StackedExactKernel(KernelOperator):
         return [slice(k, min(k + step, self.batch)) for k in range(0, self.batch, step)]
 
     def linear(self) -> np.ndarray:
-        """The stacked kernel ``exp(-C / reg)`` (computed on first use)."""
+        """The stacked kernel ``exp(-C / reg)`` in ``dtype`` (computed on first use)."""
         if self._linear is None:
-            self._linear = np.exp(self.log_kernel)
+            self._linear = np.exp(self.log_kernel).astype(self.dtype, copy=False)
         return self._linear
 
     def storage(self) -> np.ndarray:
-        """An array of ``log_kernel``'s shape for an absorbed kernel: in ``buffer`` if given."""
+        """An array of ``log_kernel``'s shape and ``dtype`` for an absorbed kernel: in
+        ``buffer`` if given."""
         if self._buffer is None:
-            return np.empty_like(self.log_kernel)
-        return self._buffer.ravel()[: self.log_kernel.size].reshape(self.log_kernel.shape)
+            return np.empty(self.log_kernel.shape, dtype=self.dtype)
+        memory = self._buffer.ravel().view(self.dtype)
+        return memory[: self.log_kernel.size].reshape(self.log_kernel.shape)
+
+    def operand(self, values: np.ndarray, side: str) -> np.ndarray:
+        """A vector of float64 values over the rows or columns, stacked (:meth:`stack`) in
+        the kernel's ``dtype`` for a product (no float64 copy of a float32 kernel)."""
+        return self.stack(np.asarray(values, dtype=np.float64), side).astype(self.dtype, copy=False)
 
     # ------------------------------------------------------------ products
     def matmat(self, V: Any) -> np.ndarray:
@@ -177,11 +196,13 @@ class StackedExactKernel(KernelOperator):
         # two whole batched products: the solver keeps a stack within the cache
         # (sketchot.solver.batch), where they cost less than a pass in groups of pairs
         K = self.linear()
-        W = self.stack(np.asarray(w, dtype=np.float64), "cols")
+        W = self.operand(w, "cols")
         with np.errstate(over="ignore", invalid="ignore"):
-            products = np.matmul(K, W[:, :, None]).ravel()
+            products = np.matmul(K, W[:, :, None]).ravel().astype(np.float64, copy=False)
             ratios, bad = fast_ratios_and_bad(numerator, products, step)
-            projection = np.matmul(self.stack(ratios, "rows")[:, None, :], K).ravel()
+            projection = np.matmul(self.operand(ratios, "rows")[:, None, :], K).ravel()
+        projection = projection.astype(np.float64, copy=False)
+        self._recent = _Recent(ratios, projection)
         return FusedPass(products, ratios, projection, bad)
 
     def _log_pass(self, w: np.ndarray, numerator: np.ndarray, step: RatioStep) -> FusedPass:
@@ -208,14 +229,32 @@ class StackedExactKernel(KernelOperator):
             values = full
         if side == "cols":
             return np.array(values, dtype=np.float64)
-        U = self.stack(np.asarray(values, dtype=np.float64), "rows")
         if not log:
-            with np.errstate(over="ignore", invalid="ignore"):
-                return np.matmul(U[:, None, :], self.linear()).ravel()
+            return self._linear_projection(np.asarray(values, dtype=np.float64))
+        U = self.stack(np.asarray(values, dtype=np.float64), "rows")
         out = np.empty((self.batch, self.m))
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             for g in self.groups():
                 out[g] = _log_matvec(self.log_kernel[g].transpose(0, 2, 1), U[g])
+        return out.ravel()
+
+    def _linear_projection(self, values: np.ndarray) -> np.ndarray:
+        """``values^T K`` pair by pair; the pairs whose kernel and values are those of the
+        last rows pass (:class:`_Recent`) reuse its projection (an absorption of a few pairs
+        is followed by the projection of the whole stack)."""
+        recent, K = self._recent, self.linear()
+        U = self.operand(values, "rows")
+        if recent is None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                out = np.matmul(U[:, None, :], K).ravel()
+            return out.astype(np.float64, copy=False)
+        redo = recent.stale | np.any(
+            self.stack(values, "rows") != self.stack(recent.ratios, "rows"), axis=1
+        )
+        out = self.stack(recent.projection, "cols").copy()
+        if redo.any():
+            with np.errstate(over="ignore", invalid="ignore"):
+                out[redo] = np.matmul(U[redo][:, None, :], K[redo])[:, 0, :]
         return out.ravel()
 
     def absorbed(
@@ -255,7 +294,7 @@ class AbsorbedStackedKernel(StackedExactKernel):
     ) -> None:
         KernelOperator.__init__(
             self, parent.geometry, KernelInfo("stacked_exact", dict(parent.info.params)),
-            np.float64,
+            parent.dtype,
         )  # fmt: skip
         self.log_kernel = parent.log_kernel
         self.batch, self.n, self.m = parent.batch, parent.n, parent.m
@@ -266,14 +305,24 @@ class AbsorbedStackedKernel(StackedExactKernel):
         if blocks is not None and not reuse:
             raise ValueError("blocks re-absorbs part of a previous absorbed kernel; got none")
         store = previous._linear if reuse else parent.storage()
-        floor = LOG_FLOOR[np.dtype(np.float64)]
         alpha_k, beta_k = self.stack(self.alpha, "rows"), self.stack(self.beta, "cols")
-        for k in (slice(None),) if blocks is None else np.flatnonzero(blocks):
-            np.add(self.log_kernel[k], alpha_k[k][..., :, None], out=store[k])
-            store[k] += beta_k[k][..., None, :]
-            np.maximum(store[k], floor, out=store[k])  # -inf too
-            np.exp(store[k], out=store[k])
+        if blocks is not None:
+            parts = [slice(k, k + 1) for k in np.flatnonzero(blocks)]
+        elif self.dtype == np.float64:
+            parts = [slice(None)]
+        else:  # float64 exponents in groups of pairs (a float64 temporary per group)
+            parts = self.groups()
+        # float32: the float64 exponents of one group at a time, in one temporary
+        largest = max(store[k].size for k in parts)
+        temp = None if self.dtype == np.float64 else np.empty(largest)
+        for k in parts:
+            _absorb(store[k], self.log_kernel[k], alpha_k[k], beta_k[k], temp)
         self._linear = store
+        # the pairs kept from previous keep its last rows pass
+        self._recent = None
+        if blocks is not None and previous._recent is not None:
+            self._recent = previous._recent.without(np.asarray(blocks, dtype=bool))
+        self._buffer = None
 
     def fused_pass(self, side, w, numerator, *, log=False, step=IDENTITY_STEP) -> FusedPass:
         if log:
@@ -282,6 +331,35 @@ class AbsorbedStackedKernel(StackedExactKernel):
 
     def absorbed(self, alpha, beta, previous=None, blocks=None):
         raise NotImplementedError("absorb into the parent kernel, not into an absorbed one")
+
+
+class _Recent:
+    """The ratios and projection of a rows pass, and the pairs whose kernel changed since
+    (``stale``): their projection is not the pass's any more. Copies (the caller owns the
+    pass's arrays)."""
+
+    def __init__(self, ratios: np.ndarray, projection: np.ndarray, stale: Any = False) -> None:
+        self.ratios, self.projection, self.stale = ratios.copy(), projection.copy(), stale
+
+    def without(self, blocks: np.ndarray) -> _Recent:
+        """The same pass with the pairs ``blocks`` (a mask) stale too."""
+        recent = _Recent.__new__(_Recent)
+        recent.ratios, recent.projection = self.ratios, self.projection
+        recent.stale = blocks | self.stale
+        return recent
+
+
+def _absorb(out, log_kernel, alpha, beta, temp=None) -> None:
+    """``out = exp(max(alpha_i + beta_j + log_kernel_ij, floor))`` for a group of pairs, the
+    exponents in float64 (in ``out`` itself when it is float64, else in ``temp``, float64
+    memory of at least ``out.size`` entries), the floor
+    :data:`~sketchot.kernels.exact.LOG_FLOOR` of ``out``'s dtype (``-inf`` too)."""
+    exponent = out if temp is None else temp[: out.size].reshape(out.shape)
+    np.add(log_kernel, alpha[..., :, None], out=exponent)
+    exponent += beta[..., None, :]
+    # clamped (and rounded to float32 once, when out is float32), then exponentiated in place
+    np.maximum(exponent, LOG_FLOOR[out.dtype], out=out, casting="same_kind")
+    np.exp(out, out=out)
 
 
 def _log_matvec(log_kernel: np.ndarray, log_w: np.ndarray) -> np.ndarray:

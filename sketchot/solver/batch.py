@@ -29,9 +29,17 @@ does not depend on the number of threads, so neither do the results. Within a ch
 engine re-absorbs only the pairs whose scalings left its range
 (:meth:`~sketchot.kernels.stacked.StackedExactKernel.absorbed` with ``blocks``).
 
+Precision. At ``tol >= FLOAT32_MIN_TOL`` (the default accuracy's 1e-4 included) the absorbed
+kernels are stored in float32 (:class:`~sketchot.kernels.stacked.StackedExactKernel`'s
+``dtype``): a pass reads half the bytes. The float32 residual only nominates the pairs that
+may leave: each of them is checked in float64 on its exact kernel (``P = exp(log u + log v -
+C / reg)``, summed in float64) and leaves only if that check meets ``tol``; a pair that misses
+it stays for the next round. Every pair's reported marginals, errors and values are those
+float64 sums. The choice depends on ``tol`` alone (never on time, load or threads).
+
 The start is POT's, except for the pairs where it would underflow
 (:func:`_start`); each pair's marginals and values are summed from the last absorbed kernel
-when it leaves (:class:`_PlanSums`).
+(float64) or from its exact kernel (float32) when it leaves (:class:`_PlanSums`).
 """
 
 from __future__ import annotations
@@ -49,7 +57,7 @@ from .._defaults import DEFAULT_MAX_DENSE_BYTES
 from .._memory import USABLE_FRACTION, available_bytes
 from .._parallel import Part, get_num_threads, run_parts
 from .._validation import check_float, check_int, describe, refuse_masked, unknown_names
-from ..kernels.stacked import StackedExactKernel, stacked_log_kernel
+from ..kernels.stacked import GROUP_ENTRIES, StackedExactKernel, stacked_log_kernel
 from .engine import ABSORB_THRESHOLD, choose_strategy, iterate
 from .options import SolverOptions
 from .problem import MASS_RTOL, make_problem
@@ -58,8 +66,15 @@ from .problem import MASS_RTOL, make_problem
 BYTES_PER_ENTRY = 24
 
 #: Kernel entries of a chunk at most: its stacks stay in the cache across iterations, where a
-#: pass costs a fraction of one streamed from memory.
+#: pass costs a fraction of one streamed from memory (a float32 chunk is not made larger: on
+#: a shared cache, half the bytes measured faster than twice the pairs).
 CACHE_ENTRIES = 1 << 20
+
+#: The passes run on float32 absorbed kernels when ``tol`` is at least this (module notes):
+#: ten times the float32 passes' own error in the residual (about ``sqrt(n)`` float32
+#: roundings of each column sum, relative), so that the float64 check of a pair that the
+#: float32 residual lets go meets ``tol`` (tests/solver/test_batch.py measures both).
+FLOAT32_MIN_TOL = 1e-5
 
 #: Iterations between two checks of the engine: a check costs a fraction of a pass over a
 #: stack of kernels, and checking every iteration stops each run as soon as it has converged.
@@ -260,6 +275,7 @@ def solve_batch(
     X, Y, a, b, reg, notes, sizes = check_batch(X, Y, a, b, reg, names)
     tol, norm = options.stopping()
     B, n, m = X.shape[0], X.shape[1], Y.shape[1]
+    dtype = pass_dtype(tol, options.log_domain)
     chunk = chunk_size(B, n, m, max_bytes)
     out = _Outputs(B, n, m)
     order = by_spread(X, Y, chunk)
@@ -278,9 +294,9 @@ def solve_batch(
             try:
                 buffer = buffers.get_nowait()
             except queue.Empty:
-                buffer = np.empty(chunk * n * m)
+                buffer = np.empty(chunk * n * m, dtype=dtype)
             _solve_chunk(log_kernel, a[pairs], b[pairs], reg, options, tol, norm, round_iter,
-                         out, pairs, buffer, part)  # fmt: skip
+                         out, pairs, buffer, part, dtype)  # fmt: skip
             buffers.put(buffer)
             if options.verbose:
                 with lock:
@@ -319,6 +335,15 @@ class _Outputs:
         self.converged = np.zeros(B, dtype=bool)
 
 
+def pass_dtype(tol: float, log_domain: Any) -> np.dtype:
+    """The precision of the passes: float32 at ``tol >= FLOAT32_MIN_TOL`` with absorption
+    (``log_domain`` not ``False``), float64 otherwise (module notes). Depends on nothing
+    else."""
+    if tol >= FLOAT32_MIN_TOL and log_domain is not False:
+        return np.dtype(np.float32)
+    return np.dtype(np.float64)
+
+
 def chunk_size(B: int, n: int, m: int, max_bytes: int) -> int:
     """Pairs per chunk: their stacks fit ``max_bytes`` and half the available memory."""
     per_pair = BYTES_PER_ENTRY * n * m
@@ -348,13 +373,15 @@ def by_spread(X: np.ndarray, Y: np.ndarray, chunk: int) -> np.ndarray:
 
 
 def _solve_chunk(
-    log_kernel, a, b, reg, options, tol, norm, round_iter, out, pairs, buffer=None, part=None
-) -> None:
+    log_kernel, a, b, reg, options, tol, norm, round_iter, out, pairs, buffer=None, part=None,
+    dtype=np.float64,
+) -> None:  # fmt: skip
     """Rounds of the engine on the stack of the pairs not converged yet (module notes); each
     pair's results are summarised when it leaves. ``buffer``: memory for the absorbed
     kernels, reused from chunk to chunk. ``part``: the worker's :class:`~sketchot._parallel.Part`,
     whose cancel flag is checked at every check of the engine and between rounds (a chunk
-    runs for up to ``max_iter`` iterations: Ctrl-C must not wait for it)."""
+    runs for up to ``max_iter`` iterations: Ctrl-C must not wait for it). ``dtype``: the
+    absorbed kernels' (:func:`pass_dtype`)."""
     watch = None if part is None else _CancelCheck(part)
     count, n, m = log_kernel.shape
     spreads = -log_kernel.min(axis=(1, 2))  # each pair's largest cost over reg
@@ -368,7 +395,7 @@ def _solve_chunk(
         whole = active.size == count
         stack = log_kernel if whole else log_kernel[active]
         kernel = StackedExactKernel(
-            stack, reg, max_cost=reg * float(spreads[active].max()), buffer=buffer
+            stack, reg, max_cost=reg * float(spreads[active].max()), buffer=buffer, dtype=dtype
         )
         starts = {"log_u0": log_u[active].ravel(), "log_v0": log_v[active].ravel()}
         problem = make_problem(a[active].ravel(), b[active].ravel(), kernel.shape, reg, **starts)
@@ -383,14 +410,26 @@ def _solve_chunk(
         log_v[active] = state.log_v.reshape(-1, m)
         n_iter[active] += state.n_iter
         sums = _PlanSums(kernel, log_u[active], log_v[active], reg)
-        diff = np.where(b[active] > 0, sums.col, 0.0) - b[active]
-        errors[active] = np.linalg.norm(diff, ord=1 if norm == "l1" else 2, axis=1) / masses[active]
+        errors[active] = _errors(sums.col, b[active], norm) / masses[active]
         last = state.status in ("stalled", "breakdown") or n_iter[active[0]] >= options.max_iter
         leaving = np.ones(active.size, dtype=bool) if last else errors[active] <= tol
+        if sums.exact is not None:  # float32 passes: the float64 check decides
+            checked = sums.exact(leaving, stack)
+            errors[active[leaving]] = _errors(checked, b[active][leaving], norm) / masses[
+                active[leaving]]  # fmt: skip
+            if not last:
+                leaving &= errors[active] <= tol
         sums.store(leaving, stack, a[active], b[active], out, pairs[active])
         active = active[~leaving]
     out.n_iter[pairs], out.errors[pairs] = n_iter, errors
     out.converged[pairs] = errors <= tol
+
+
+def _errors(col: np.ndarray, b: np.ndarray, norm: str) -> np.ndarray:
+    """Each pair's column residual ``||col_k - b_k||`` in the stopping norm (zero-weight
+    columns ignored)."""
+    diff = np.where(b > 0, col, 0.0) - b
+    return np.linalg.norm(diff, ord=1 if norm == "l1" else 2, axis=1)
 
 
 class _CancelCheck:
@@ -413,20 +452,24 @@ def _start(log_kernel, a, b, spreads) -> tuple[np.ndarray, np.ndarray]:
     from the c-transforms ``log u_i = log a_i - max_j (-C_ij / reg)``, ``log v_j = log b_j -
     max_i (log u_i - C_ij / reg)`` (the ``reg -> 0`` limit of one log-domain iteration, with
     no exponential): every row and column of their absorbed kernels then has an entry of
-    the order of its weight."""
+    the order of its weight. The test is float64's whatever the passes' precision: a
+    float32 absorbed kernel floors the entries that POT's start underflows (the engine
+    re-absorbs their rows), which took fewer iterations than the c-transforms (53 against
+    56 on the benchmark's 3-D pairs at reg 0.01 x the mean squared distance)."""
     n, m = log_kernel.shape[1:]
     log_u = np.where(a > 0, -np.log(n), -np.inf)
     log_v = np.where(b > 0, -np.log(m), -np.inf)
     tiny = -np.log(np.finfo(np.float64).tiny)
     tau = ABSORB_THRESHOLD[np.dtype(np.float64)]
-    low = spreads + tau + np.log(max(n, m)) >= tiny - 1.0
-    if low.any():
-        with np.errstate(divide="ignore"):
-            log_a, log_b = np.log(a[low]), np.log(b[low])
-        stack = log_kernel if low.all() else log_kernel[low]
-        log_u[low] = log_a - stack.max(axis=2)
-        terms = stack + log_u[low][:, :, None]
-        log_v[low] = log_b - terms.max(axis=1)
+    low = np.flatnonzero(spreads + tau + np.log(max(n, m)) >= tiny - 1.0)
+    step = max(1, GROUP_ENTRIES // (n * m))  # a group's copy stays in the cache
+    with np.errstate(divide="ignore"):
+        for g in range(0, low.size, step):
+            pick = low[g : g + step]
+            terms = log_kernel[pick]
+            log_u[pick] = np.log(a[pick]) - terms.max(axis=2)
+            terms += log_u[pick][:, :, None]
+            log_v[pick] = np.log(b[pick]) - terms.max(axis=1)
     return log_u, log_v
 
 
@@ -434,11 +477,15 @@ class _PlanSums:
     """The column sums of the plans of a round's stack, then (:meth:`store`) the rows sums,
     ``<P, M>`` and the value of the pairs that leave it. From the last absorbed kernel (the
     true kernel scaled entry by entry: ``P = diag(u~) K~ diag(v~)``, linear passes and no
-    exponential) when the engine absorbed, in the log domain otherwise."""
+    exponential) when the engine absorbed in float64, in the log domain when it did not.
+    A float32 absorbed kernel's column sums only nominate the pairs that may leave:
+    :attr:`exact` (``None`` otherwise) sums their plans in float64 from their exact kernels
+    (:func:`_exact_sums`), and :meth:`store` stores those sums."""
 
     def __init__(self, kernel: StackedExactKernel, log_u, log_v, reg: float) -> None:
         self.op, self.reg = kernel.latest, reg
         self.log_u, self.log_v = log_u, log_v
+        self.exact = None
         if self.op is None:
             self.col = np.exp(log_v + kernel.project("rows", log_u.ravel(), log=True).reshape(
                 log_v.shape))  # fmt: skip
@@ -447,7 +494,27 @@ class _PlanSums:
             self.u = np.nan_to_num(np.exp(log_u - kernel.stack(self.op.alpha, "rows")))
             self.v = np.nan_to_num(np.exp(log_v - kernel.stack(self.op.beta, "cols")))
         K = self.op.linear()
-        self.col = self.v * np.matmul(self.u[:, None, :], K)[:, 0, :]
+        if K.dtype == np.float64:
+            self.col = self.v * np.matmul(self.u[:, None, :], K)[:, 0, :]
+            return
+        # float32: the absorbed scalings are within e^tau, the products in range
+        sums = np.matmul(self.u.astype(K.dtype)[:, None, :], K)[:, 0, :]
+        self.col = self.v * sums.astype(np.float64)
+        self.exact = self._exact
+        self.checked = np.zeros(log_u.shape[0], dtype=bool)
+        self.row = np.zeros_like(log_u)
+        self.linear = np.zeros(log_u.shape[0])
+
+    def _exact(self, pairs: np.ndarray, log_kernel: np.ndarray) -> np.ndarray:
+        """The float64 column sums of the plans of ``pairs`` (a mask over the stack), which
+        replace the float32 ones; their row sums and ``<P, M>`` are kept for :meth:`store`."""
+        index = np.flatnonzero(pairs)
+        row, col, linear = _exact_sums(
+            log_kernel, index, self.log_u[index], self.log_v[index], self.reg
+        )
+        self.col[index], self.row[index], self.linear[index] = col, row, linear
+        self.checked[index] = True
+        return col
 
     def store(self, leaving, log_kernel, a, b, out, index) -> None:
         """Fill ``out`` at ``index[leaving]`` for the pairs ``leaving`` (a mask)."""
@@ -456,13 +523,18 @@ class _PlanSums:
         every = leaving.all()
         pick = slice(None) if every else leaving
         log_u, log_v, col = self.log_u[pick], self.log_v[pick], self.col[pick]
-        L = log_kernel if every else log_kernel[leaving]
-        if self.op is None:
+        if self.exact is not None:
+            if not self.checked[leaving].all():
+                raise RuntimeError("a pair left a float32 stack without its float64 check")
+            row, linear = self.row[pick], self.linear[pick]
+        elif self.op is None:
+            L = log_kernel if every else log_kernel[leaving]
             P = np.exp(L + log_u[:, :, None] + log_v[:, None, :])
             row = P.sum(axis=2)
             P *= L
             linear = -self.reg * P.sum(axis=(1, 2))
         else:
+            L = log_kernel if every else log_kernel[leaving]
             K = self.op.linear() if every else self.op.linear()[leaving]
             u, v = self.u[pick], self.v[pick]
             row = u * np.matmul(K, v[:, :, None])[:, :, 0]
@@ -481,6 +553,25 @@ class _PlanSums:
         out.log_u[k], out.log_v[k] = log_u, log_v
 
 
+def _exact_sums(log_kernel, index, log_u, log_v, reg):
+    """``(row sums, column sums, <P, M>)`` of the plans ``P_k = exp(log u_k + log v_k +
+    log_kernel_k)`` of the pairs ``index`` of the stack, in float64, in groups of pairs (one
+    temporary per group, :data:`~sketchot.kernels.stacked.GROUP_ENTRIES` entries)."""
+    n, m = log_kernel.shape[1:]
+    row, col, linear = np.empty((index.size, n)), np.empty((index.size, m)), np.empty(index.size)
+    step = max(1, GROUP_ENTRIES // (n * m))
+    with np.errstate(over="ignore", invalid="ignore"):
+        for g in range(0, index.size, step):
+            part = slice(g, g + step)
+            L = log_kernel[index[part]]
+            P = L + log_u[part][:, :, None]
+            P += log_v[part][:, None, :]
+            np.exp(P, out=P)
+            row[part], col[part] = P.sum(axis=2), P.sum(axis=1)
+            linear[part] = -reg * np.einsum("bij,bij->b", P, L)
+    return row, col, linear
+
+
 #: Arguments of sketchot's other solves that the batches do not take, and why.
 NOT_IN_BATCHES = {
     "metric": "the batches solve the squared Euclidean cost only; solve other costs pair by "
@@ -491,7 +582,8 @@ NOT_IN_BATCHES = {
     "unbalanced": "the batches solve balanced transport only",
     "backend": "the batches solve on exact kernels (the pairs are small)",
     "rank": "the batches solve on exact kernels (no rank)",
-    "dtype": "the batches compute in float64",
+    "dtype": "the batches choose their passes' precision from tol (float32 from 1e-5, "
+    "every result checked in float64)",
     "rng": "the batches draw nothing (exact kernels, deterministic)",
     "warmstart": "the batches start cold",
     "potentials_init": "the batches start cold",

@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 
 import sketchot
 from sketchot.kernels.stacked import StackedExactKernel, stacked_log_kernel
-from sketchot.solver.batch import BatchResult, by_spread, chunk_size
+from sketchot.solver import batch as batch_module
+from sketchot.solver.batch import FLOAT32_MIN_TOL, BatchResult, by_spread, chunk_size, pass_dtype
 from sketchot.solver.engine import iterate
 from sketchot.solver.problem import make_problem
 
@@ -313,3 +314,97 @@ def test_partial_absorption_recomputes_only_its_blocks():
     np.testing.assert_array_equal(second.linear()[[0, 2]], kept[[0, 2]])
     with pytest.raises(ValueError, match="previous absorbed kernel"):
         kernel.absorbed(alpha, beta, blocks=np.array([True, False, False]))
+
+
+def test_the_passes_precision_depends_on_tol_alone():
+    """float32 passes from FLOAT32_MIN_TOL (the default accuracy's 1e-4 included), float64
+    below it and on the multiplicative path (no absorption to keep float32 in range)."""
+    assert FLOAT32_MIN_TOL == 1e-5
+    assert pass_dtype(1e-4, "auto") == np.float32 and pass_dtype(1e-5, True) == np.float32
+    assert pass_dtype(9.9e-6, "auto") == np.float64 and pass_dtype(1e-9, "auto") == np.float64
+    assert pass_dtype(1e-4, False) == np.float64
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_float32_stacked_passes_match_float64(dtype):
+    """The float32 kernel's passes return float64 values within float32's rounding of the
+    float64 kernel's (about sqrt(m) roundings of 6e-8 per sum: 1e-5 relative is loose), and
+    the float64 kernel's are unchanged."""
+    X, Y, a, _ = pairs(18, B=4, n=30, m=40)
+    reg = 0.05
+    L = stacked_log_kernel(X, Y, reg)
+    rng = np.random.default_rng(1)
+    alpha, beta = rng.normal(size=120) - 3.0, rng.normal(size=160)
+    exact = StackedExactKernel(L, reg).absorbed(alpha, beta)
+    other = StackedExactKernel(L, reg, dtype=dtype).absorbed(alpha, beta)
+    assert other.linear().dtype == dtype and other.dtype == dtype
+    w = rng.random(160) + 0.5
+    ref, got = exact.fused_pass("rows", w, a.ravel()), other.fused_pass("rows", w, a.ravel())
+    for name in ("products", "ratios", "projection"):
+        value = getattr(got, name)
+        assert value.dtype == np.float64
+        np.testing.assert_allclose(value, getattr(ref, name), rtol=1e-5)
+    u = rng.random(120)
+    np.testing.assert_allclose(other.project("rows", u), exact.project("rows", u), rtol=1e-5)
+
+
+def test_projection_after_a_partial_absorption_reuses_only_the_kept_pairs():
+    """After a rows pass, the absorption of one pair, then the projection of the new
+    scalings: the kept pairs' projections are the pass's, the re-absorbed pair's and any
+    pair whose scaling changed are recomputed; the same bits as a fresh product."""
+    X, Y, a, _ = pairs(19, B=3, n=20, m=25)
+    reg = 0.05
+    L = stacked_log_kernel(X, Y, reg)
+    rng = np.random.default_rng(2)
+    alpha, beta = rng.normal(size=60), rng.normal(size=75)
+    kernel = StackedExactKernel(L, reg)
+    first = kernel.absorbed(alpha, beta)
+    rows = first.fused_pass("rows", np.ones(75), a.ravel())
+    alpha2 = alpha.copy()
+    alpha2[20:40] += np.log(rows.ratios[20:40])  # pair 1's scalings moved into its kernel
+    second = kernel.absorbed(alpha2, beta, previous=first, blocks=np.array([False, True, False]))
+    u = rows.ratios.copy()
+    u[20:40] = 1.0
+    u[45] *= 2.0  # pair 2's scaling changed too
+    fresh = StackedExactKernel(L, reg).absorbed(alpha2, beta).project("rows", u)
+    np.testing.assert_array_equal(second.project("rows", u), fresh)
+    np.testing.assert_array_equal(second.project("rows", u)[:25], rows.projection[:25])
+
+
+def test_float32_passes_report_float64_sums_of_each_plan():
+    """Default accuracy at small reg (float32 passes): every reported marginal, value and
+    error is the float64 sum of the pair's own plan exp(log u + log v - C / reg), and each
+    converged pair meets tol in that float64 check."""
+    rng = np.random.default_rng(20)
+    X, Y = rng.random((6, 40, 3)), rng.random((6, 50, 3)) * 0.8 + 0.2
+    reg = 0.01 * float(np.mean([ot.dist(x, y).mean() for x, y in zip(X, Y, strict=True)]))
+    res = sketchot.sinkhorn_batch(X, Y, reg=reg)
+    assert res.converged.all() and res.tol == pytest.approx(1e-4) and res.norm == "l1"
+    for k in range(6):
+        C = ot.dist(X[k], Y[k])
+        P = np.exp(res.potentials[0][k][:, None] + res.potentials[1][k][None, :] - C / reg)
+        np.testing.assert_allclose(res.marginals[0][k], P.sum(axis=1), rtol=1e-12)
+        np.testing.assert_allclose(res.marginals[1][k], P.sum(axis=0), rtol=1e-12)
+        assert res.value_linear[k] == pytest.approx(float((P * C).sum()), rel=1e-12)
+        col_error = np.abs(P.sum(axis=0) - res.b[k]).sum() / res.a[k].sum()
+        assert res.errors[k] == pytest.approx(col_error, rel=1e-9) and col_error <= res.tol
+    # the float64 solve of the same problems (tol below FLOAT32_MIN_TOL) agrees to the
+    # accuracy asked: values within 1e-3 relative (both plans within 1e-4 of the marginals)
+    tight = sketchot.sinkhorn_batch(X, Y, reg=reg, tol=1e-9)
+    np.testing.assert_allclose(res.value, tight.value, rtol=1e-3)
+
+
+def test_a_pair_that_misses_the_float64_check_stays(monkeypatch):
+    """float32 passes forced below their floor (tol 1e-9, FLOAT32_MIN_TOL lowered): the
+    float32 residual nominates pairs that the float64 check refuses; they stay and end
+    unconverged at max_iter, saying so, with their float64 errors (never the float32)."""
+    monkeypatch.setattr(batch_module, "FLOAT32_MIN_TOL", 0.0)
+    X, Y, a, b = pairs(21, B=4, n=30, m=35)
+    res = sketchot.sinkhorn_batch(X, Y, a, b, reg=0.05, tol=1e-9, max_iter=300)
+    for k in range(4):
+        C = ot.dist(X[k], Y[k])
+        P = np.exp(res.potentials[0][k][:, None] + res.potentials[1][k][None, :] - C / 0.05)
+        col_error = np.linalg.norm(P.sum(axis=0) - b[k])  # POT's L2 rule at an explicit tol
+        assert res.errors[k] == pytest.approx(col_error, rel=1e-6, abs=1e-15)
+    np.testing.assert_array_equal(res.converged, res.errors <= 1e-9)
+    assert not res.converged.all() and (res.n_iter[~res.converged] == 300).all()
