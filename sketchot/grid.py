@@ -43,10 +43,16 @@ Which regime does what:
 * smaller ``reg``: ``J`` blocks (32 for a 512-point axis at ``1e-4 x`` the squared
   diameter of a square), still one BLAS call per output block with the full input axis,
   plus ``J`` scalings of the input, no more transcendental functions;
-* axes whose kernel would exceed :data:`MAX_AXIS_KERNEL_ENTRIES` (a 1-D histogram of
-  ``10^6`` bins): the shifted kernel blocks are computed when used and a block pair is
-  skipped when a bound shows its whole contribution is below ``1e-20`` of the output's
-  (exact to rounding; the cost grows with the number of pairs that matter).
+* uniform axes whose kernel would exceed :data:`MAX_AXIS_KERNEL_ENTRIES` (a 1-D histogram
+  of ``10^6`` bins), and the axis of a 1-D grid once it needs blocks: the banded pass
+  (:class:`_BandedAxis`): blocks of about ``sqrt(reg) / 2`` of length, the exponent of each
+  block pair split exactly into input and output tilts and one Gaussian block shared by all
+  pairs (one BLAS product per pass), a pair skipped only when a bound shows its whole
+  contribution below ``1e-20`` of a lower bound of its outputs (exact to rounding;
+  ``O(N x band)``);
+* other axes beyond :data:`MAX_AXIS_KERNEL_ENTRIES` (uneven coordinates): the shifted
+  kernel blocks are computed when used, with the same skipping rule against the
+  ``e^-600`` floor (``O(N^2)`` exponentials).
 
 ``method='logsumexp'`` computes the same quantity by an exact log-sum-exp over each axis
 (``n_in`` exponentials per output entry: the reference the tests compare against).
@@ -195,6 +201,9 @@ class RegularGrid:
             X = X[:, None]
         if X.ndim != 2 or X.shape[0] == 0:
             raise ValueError(f"{name} must be an (n, d) array of points; got shape {X.shape}")
+        ordered = _c_order_grid(X)
+        if ordered is not None:  # the common case (a grid's own points()): no sort
+            return ordered, np.arange(X.shape[0])
         axes = [np.unique(X[:, k]) for k in range(X.shape[1])]
         size = math.prod(len(a) for a in axes)
         if size != X.shape[0]:
@@ -253,6 +262,37 @@ class RegularGrid:
         return f"RegularGrid(shape={self.shape})"
 
 
+def _c_order_grid(X: np.ndarray) -> RegularGrid | None:
+    """The grid whose points in C order are exactly the rows of ``X``, or ``None``:
+    ``O(N d)`` (the shape read from where the leading coordinates first change, then every
+    point compared)."""
+    N, d = X.shape
+    shape: list[int] = []
+    stride = 1
+    for k in range(d - 1, -1, -1):
+        if k == 0:
+            n = N // stride
+        else:
+            # the points one stride apart keep their leading coordinates for n_k steps
+            lead = X[::stride, :k]
+            changed = np.flatnonzero((lead[1:] != lead[0]).any(axis=1))
+            n = int(changed[0]) + 1 if changed.size else lead.shape[0]
+        shape.insert(0, n)
+        stride *= n
+    if stride != N:
+        return None
+    axes = []
+    stride = 1
+    for k in range(d - 1, -1, -1):
+        axis = X[::stride, k][: shape[k]]
+        if not (np.all(np.isfinite(axis)) and np.all(np.diff(axis) > 0)):
+            return None
+        axes.insert(0, axis)
+        stride *= shape[k]
+    grid = RegularGrid(axes)
+    return grid if np.array_equal(grid.points(), X) else None
+
+
 def check_grid(value: Any, name: str) -> RegularGrid:
     """``value`` if it is a :class:`RegularGrid`, else a ``TypeError`` naming ``name``."""
     if not isinstance(value, RegularGrid):
@@ -288,10 +328,23 @@ class _AxisKernel:
     t_blocks: np.ndarray
     kappa: np.ndarray  # (J_in, J_out) largest exponent of each block pair
     matrix: np.ndarray | None  # (n_in, n_out) shifted kernel, or None when streamed
+    banded: _BandedAxis | None = None  # uniform axes too long to store
 
     @classmethod
-    def build(cls, s: np.ndarray, t: np.ndarray, reg: float) -> _AxisKernel:
-        stored = s.size * t.size <= MAX_AXIS_KERNEL_ENTRIES
+    def build(cls, s: np.ndarray, t: np.ndarray, reg: float, alone: bool = False) -> _AxisKernel:
+        """The axis kernel; ``alone``: the grid's only axis (its passes have a row or a few,
+        where the banded pass beats the stored one's block loop once the axis needs blocks)."""
+        storable = s.size * t.size <= MAX_AXIS_KERNEL_ENTRIES
+        stored = storable
+        if alone and stored:
+            lo, hi = min(s[0], t[0]), max(s[-1], t[-1])
+            stored = (hi - lo) ** 2 / reg <= BLOCK_RANGE  # one block: a single BLAS product
+        if not stored:
+            banded = _BandedAxis.build(s, t, reg)
+            stored = storable  # not uniform: stored (blocks) or streamed as it fits
+            if banded is not None:
+                one = np.array([0, 1])
+                return cls(s, t, reg, one, one, np.zeros((1, 1)), None, banded)
         count = 1
         while True:
             sb, tb = _blocks(s.size, count), _blocks(t.size, count)
@@ -324,45 +377,53 @@ class _AxisKernel:
         return _AxisKernel(
             self.t, self.s, self.reg, self.t_blocks, self.s_blocks, self.kappa.T,
             None if self.matrix is None else self.matrix.T,
+            None if self.banded is None else self.banded.transpose(),
         )  # fmt: skip
 
     def apply(self, X: np.ndarray) -> np.ndarray:
-        """``out[m, i] = log sum_j exp(X[m, j] - (t_i - s_j)^2 / reg)`` for ``X`` of shape
-        ``(M, n_in)`` (finite or ``-inf``)."""
+        """``out[p, i, q] = log sum_j exp(X[p, j, q] - (t_i - s_j)^2 / reg)`` for ``X`` of
+        shape ``(P, n_in, Q)`` (finite or ``-inf``): the axis pass along the middle axis of a
+        C-contiguous grid array, with no transposed copy (``Q == 1``: ``E @ K``; else
+        ``K^T @ E``, one BLAS call per leading index)."""
+        if self.banded is not None:
+            return self.banded.apply(X)
         sb, tb = self.s_blocks, self.t_blocks
         sizes = np.diff(sb)
-        mu = np.maximum.reduceat(X, sb[:-1], axis=1)  # (M, J_in)
-        finite_mu = np.isfinite(mu)
+        single_in = len(sizes) == 1
+        mu = np.maximum.reduceat(X, sb[:-1], axis=1) if not single_in else X.max(1, keepdims=True)
+        finite_mu = np.isfinite(mu)  # (P, J_in, Q)
         mu0 = np.where(finite_mu, mu, 0.0)
         # one block: a broadcast shift, no repeated copy
-        E = X - (mu0 if len(sizes) == 1 else np.repeat(mu0, sizes, axis=1))
+        E = X - (mu0 if single_in else np.repeat(mu0, sizes, axis=1))
         np.exp(E, out=E)  # -inf entries give 0
-        out = np.empty((X.shape[0], self.t.size))
-        single_in = len(sizes) == 1
-        for c in range(len(tb) - 1):
+        n_out = len(tb) - 1
+        out = None if n_out == 1 else np.empty((X.shape[0], self.t.size, X.shape[2]))
+        for c in range(n_out):
             cols = slice(tb[c], tb[c + 1])
-            shift = np.where(finite_mu, mu0 + self.kappa[:, c], -np.inf)  # (M, J_in)
-            sigma = shift.max(axis=1)
+            shift = np.where(finite_mu, mu0 + self.kappa[None, :, c, None], -np.inf)
+            sigma = shift.max(axis=1, keepdims=True)  # (P, 1, Q)
             live = np.isfinite(sigma)
             sigma0 = np.where(live, sigma, 0.0)
-            weight = np.exp(shift - sigma0[:, None])  # in [0, 1], 1 at the leading pair
+            weight = np.exp(shift - sigma0)  # in [0, 1], 1 at the leading pair
             if self.matrix is not None:
-                if single_in:
-                    S = E @ self.matrix[:, cols]
-                    S *= weight
+                if single_in:  # the weight is 1 on live rows (the others are set below)
+                    S = _contract(E, self.matrix[:, cols])
                 else:
                     # pairs whose weight underflows to 0 everywhere add exactly nothing
-                    used = np.flatnonzero(weight.any(axis=0))
+                    used = np.flatnonzero(weight.any(axis=(0, 2)))
                     lo, hi = (used[0], used[-1] + 1) if used.size else (0, 1)
                     rows = slice(sb[lo], sb[hi])
                     scaled = E[:, rows] * np.repeat(weight[:, lo:hi], sizes[lo:hi], axis=1)
-                    S = scaled @ self.matrix[rows, cols]
+                    S = _contract(scaled, self.matrix[rows, cols])
             else:
                 S = self._streamed(E, weight, c, cols)
             with np.errstate(divide="ignore"):
                 res = np.log(S, out=S)
-            res += sigma0[:, None]
-            res[~live] = -np.inf
+            res += sigma0
+            if not live.all():
+                res[np.broadcast_to(~live, res.shape)] = -np.inf
+            if out is None:
+                return res
             out[:, cols] = res
         return out
 
@@ -373,15 +434,239 @@ class _AxisKernel:
         sb = self.s_blocks
         sizes = np.diff(sb)
         # a pair contributes at most size_b * weight; the output is at least e^-BLOCK_RANGE
-        bound = weight * sizes[None, :]
-        keep = np.flatnonzero((bound >= SKIP_FRACTION * math.exp(-BLOCK_RANGE)).any(axis=0))
-        S = np.zeros((E.shape[0], cols.stop - cols.start))
+        bound = weight * sizes[None, :, None]
+        floor = SKIP_FRACTION * math.exp(-BLOCK_RANGE)
+        keep = np.flatnonzero((bound >= floor).any(axis=(0, 2)))
+        S = np.zeros((E.shape[0], cols.stop - cols.start, E.shape[2]))
         for b in keep:
             rows = slice(sb[b], sb[b + 1])
             block = self._block(self.s, self.t, self.reg, sb, self.t_blocks, self.kappa,
                                 rows, cols)  # fmt: skip
-            S += (E[:, rows] * weight[:, b : b + 1]) @ block
+            S += _contract(E[:, rows] * weight[:, b : b + 1], block)
         return S
+
+
+class _BandedAxis:
+    """The 1-D kernel between two uniform axes of the same spacing ``h`` too long to store
+    (a histogram of ``10^6`` bins), applied block pair by block pair, only the pairs that can
+    matter.
+
+    Both axes are cut into blocks of ``w`` points (about ``sqrt(reg) / (2 h)``; the last
+    padded with zero mass). On the pair of input block ``b`` and output block ``c`` (offset
+    ``o = c - b``, block starts ``D_o = t_0 - s_0 + o w h`` apart) the exponent splits
+    exactly::
+
+        -(t_i - s_j)^2 / reg = -D_o^2 / reg - beta_o u + beta_o v - (u - v)^2 h^2 / reg,
+
+    ``beta_o = 2 D_o h / reg``, ``u`` and ``v`` the positions in the blocks: the input is
+    tilted by ``beta_o v`` and shifted by its maximum (entries in ``[0, 1]``), multiplied by
+    the one ``w x w`` Gaussian block ``G = exp(-(u - v)^2 h^2 / reg)`` (entries in
+    ``[e^-(w h)^2 / reg, 1]``: every pair's leading term far above underflow, whatever its
+    distance), and the tilt ``-beta_o u`` and the shifts go back in the log domain. All pairs
+    share ``G``: one BLAS product per pass; the pairs of an output block are summed by a
+    log-sum-exp.
+
+    Which pairs: with ``mu_b`` the block maxima and ``kappa_o`` the pair's largest exponent,
+    ``sigma_c = max_b mu_b + kappa_o``; the leading pair holds an entry ``e^(sigma_c -
+    spread)`` (``spread`` the pair's exponent range), a lower bound of every output of ``c``;
+    a pair whose whole contribution, at most ``w e^(mu_b + kappa_o)``, is below
+    :data:`SKIP_FRACTION` of it is skipped, so what is dropped is below float64 rounding of
+    every output: the pass is exact to rounding and costs ``O(N x band)``, the band the pairs
+    that can matter (found by bisection, :meth:`_pairs`).
+    """
+
+    def __init__(self, s0: float, t0: float, steps: tuple[float, float], sizes: tuple[int, int],
+                 reg: float, widths: tuple[int, int]) -> None:  # fmt: skip
+        self.s0, self.t0, self.reg = s0, t0, reg
+        (self.h_in, self.h_out), (self.n_in, self.n_out) = steps, sizes
+        (self.w_in, self.w_out) = widths
+        # both blocks span the same length: the pair (b, c) depends on c - b only
+        self.length = self.w_in * self.h_in
+        self.j_in, self.j_out = -(-self.n_in // self.w_in), -(-self.n_out // self.w_out)
+        # offsets o = c - b from -(j_in - 1) to j_out - 1: the range of t - s on each pair
+        o = np.arange(-(self.j_in - 1), self.j_out)
+        self.start = (t0 - s0) + o * self.length  # D_o
+        lo = self.start - (self.w_in - 1) * self.h_in
+        hi = self.start + (self.w_out - 1) * self.h_out
+        near = np.where((lo <= 0) & (hi >= 0), 0.0, np.minimum(lo * lo, hi * hi))
+        self.kappa = -near / reg
+        self.spread = (np.maximum(lo * lo, hi * hi) - near) / reg
+        v, u = np.arange(self.w_in) * self.h_in, np.arange(self.w_out) * self.h_out
+        self.gauss = np.exp(-((u[None, :] - v[:, None]) ** 2) / reg)  # (w_in, w_out)
+
+    @classmethod
+    def build(cls, s: np.ndarray, t: np.ndarray, reg: float) -> _BandedAxis | None:
+        """The banded kernel when ``s`` and ``t`` are uniform with one spacing (to rounding
+        of their coordinates), else ``None``."""
+        if s.size < 2 or t.size < 2:
+            return None
+        steps = [(a[-1] - a[0]) / (a.size - 1) for a in (s, t)]
+        scale = 16 * np.finfo(float).eps * max(np.abs(s).max(), np.abs(t).max(), *steps)
+        for axis, h in zip((s, t), steps, strict=True):
+            if np.abs(axis - (axis[0] + h * np.arange(axis.size))).max() > scale:
+                return None
+        # spacings in an integer ratio r (a grid and its halving: 2): blocks of w and r w
+        # points, the same length (pair (b, c) depends on c - b only)
+        ratio = max(steps) / min(steps)
+        r = round(ratio)
+        if abs(ratio - r) > 64 * np.finfo(float).eps * ratio:
+            return None
+        width = int(np.clip(math.sqrt(reg) / (2 * max(steps)), 1, STREAM_BLOCK))
+        if steps[0] >= steps[1]:
+            widths, h_in, h_out = (width, width * r), steps[0], steps[0] / r
+        else:
+            widths, h_in, h_out = (width * r, width), steps[1] / r, steps[1]
+        return cls(float(s[0]), float(t[0]), (h_in, h_out), (s.size, t.size), reg, widths)
+
+    def transpose(self) -> _BandedAxis:
+        """The kernel from ``t`` to ``s``."""
+        return _BandedAxis(self.t0, self.s0, (self.h_out, self.h_in), (self.n_out, self.n_in),
+                           self.reg, (self.w_out, self.w_in))  # fmt: skip
+
+    def apply(self, X: np.ndarray) -> np.ndarray:
+        """The pass for ``X`` of shape ``(P, n_in, Q)``, one row ``X[p, :, q]`` at a time."""
+        P, _, Q = X.shape
+        out = np.empty((P, self.n_out, Q))
+        for p in range(P):
+            for q in range(Q):
+                out[p, :, q] = self._row(X[p, :, q])
+        return out
+
+    def _row(self, x: np.ndarray) -> np.ndarray:
+        w, j_in, j_out = self.w_in, self.j_in, self.j_out
+        padded = np.full(j_in * w, -np.inf)
+        padded[: self.n_in] = x
+        blocks = padded.reshape(j_in, w)
+        mu = blocks.max(axis=1)
+        live = np.isfinite(mu)
+        if not live.any():
+            return np.full(self.n_out, -np.inf)
+        cs, bs, shift = self._pairs(mu, live)
+        index = cs - bs + j_in - 1
+        # sigma_c (the leading pair, which the search keeps); the final test on its range
+        sigma = np.full(j_out, -np.inf)
+        np.maximum.at(sigma, cs, shift)
+        lead_spread = np.zeros(j_out)
+        lead = shift == sigma[cs]
+        np.maximum.at(lead_spread, cs[lead], self.spread[index[lead]])
+        keep = shift - sigma[cs] + lead_spread[cs] >= math.log(SKIP_FRACTION) - math.log(w)
+        order = np.argsort(cs[keep], kind="stable")
+        cs, bs, index = cs[keep][order], bs[keep][order], index[keep][order]
+        # the tilted, shifted inputs of every pair, one product with the Gaussian block
+        k = np.arange(w)
+        beta = 2.0 * self.start[index] / self.reg
+        tilted = blocks[bs] + (beta * self.h_in)[:, None] * k[None, :]
+        top = tilted.max(axis=1)
+        np.exp(tilted - top[:, None], out=tilted)  # -inf entries give 0
+        logs = tilted @ self.gauss
+        with np.errstate(divide="ignore"):
+            np.log(logs, out=logs)
+        u = np.arange(self.w_out) * self.h_out
+        logs += (top - self.start[index] ** 2 / self.reg)[:, None] - beta[:, None] * u[None, :]
+        # log-sum-exp over the pairs of each output block
+        starts = np.flatnonzero(np.r_[True, np.diff(cs) > 0])
+        peak = np.maximum.reduceat(logs, starts, axis=0)
+        np.exp(logs - np.repeat(peak, np.diff(np.r_[starts, cs.size]), axis=0), out=logs)
+        sums = np.add.reduceat(logs, starts, axis=0)
+        out = np.full((j_out, self.w_out), -np.inf)
+        with np.errstate(divide="ignore"):
+            out[cs[starts]] = np.log(sums) + peak
+        return out.ravel()[: self.n_out]
+
+    def _pairs(self, mu: np.ndarray, live: np.ndarray):
+        """``(c, b, mu_b + kappa_(c-b))`` of every pair within the skip floor of a lower
+        bound of its output block, found by bisecting ``b``'s range with range-maximum
+        bounds (a sparse table of ``mu``): ``O(pairs x log J)``, not ``J_in x J_out``."""
+        w, j_in, j_out = self.w_in, self.j_in, self.j_out
+        kappa, spread = self.kappa, self.spread
+        peak = int(np.argmax(kappa)) - (j_in - 1)  # the offset of the nearest pairs
+        c = np.arange(j_out)
+        # lower bound of every output of c: a pair near the peak or the nearest live blocks
+        live_at = np.flatnonzero(live)
+        at = np.searchsorted(live_at, np.clip(c - peak, 0, j_in - 1))
+        candidates = [c - peak + k for k in (-2, -1, 0, 1, 2)]
+        candidates += [live_at[np.clip(at, 0, live_at.size - 1)],
+                       live_at[np.clip(at - 1, 0, live_at.size - 1)]]  # fmt: skip
+        candidates.append(self._leaders(mu, live))
+        low = np.full(j_out, -np.inf)
+        for b in candidates:
+            ok = (b >= 0) & (b < j_in)
+            bb = np.where(ok, b, 0)
+            o = c - bb + j_in - 1
+            value = np.where(ok & live[bb], mu[bb] + kappa[o] - spread[o], -np.inf)
+            low = np.maximum(low, value)
+        threshold = low + math.log(SKIP_FRACTION) - math.log(w)
+        # sparse table: table[k][i] = max(mu[i : i + 2^k])
+        table = [np.where(live, mu, -np.inf)]
+        while (1 << len(table)) <= j_in:
+            prev, half = table[-1], 1 << (len(table) - 1)
+            table.append(np.maximum(prev[:-half], prev[half:]))
+        C, lo, hi = c, np.zeros(j_out, dtype=np.intp), np.full(j_out, j_in - 1, dtype=np.intp)
+        found_c, found_b = [], []
+        while C.size:
+            length = hi - lo + 1
+            k = np.floor(np.log2(length)).astype(np.intp)
+            top = np.empty(C.size)
+            for level in np.unique(k):
+                sel = k == level
+                t = table[level]
+                top[sel] = np.maximum(t[lo[sel]], t[hi[sel] - (1 << level) + 1])
+            # the largest kappa over offsets c - hi .. c - lo: at the one nearest the peak
+            o = np.clip(peak, C - hi, C - lo)
+            bound = top + kappa[o + j_in - 1]
+            keep = bound >= threshold[C]
+            C, lo, hi, length = C[keep], lo[keep], hi[keep], length[keep]
+            single = length == 1
+            found_c.append(C[single])
+            found_b.append(lo[single])
+            C, lo, hi = C[~single], lo[~single], hi[~single]
+            mid = (lo + hi) // 2
+            C, lo, hi = (
+                np.concatenate([C, C]),
+                np.concatenate([lo, mid + 1]),
+                np.concatenate([mid, hi]),
+            )
+        cs, bs = np.concatenate(found_c), np.concatenate(found_b)
+        return cs, bs, mu[bs] + kappa[cs - bs + j_in - 1]
+
+    def _leaders(self, mu: np.ndarray, live: np.ndarray) -> np.ndarray:
+        """For every output block ``c``, the input block ``b`` maximising ``mu_b - (t_c -
+        s_b)^2 / reg`` between block starts (the lower envelope of parabolas of
+        Felzenszwalb and Huttenlocher, ``O(J)``): a near-leading pair, whose entries bound
+        the output below."""
+        alpha = self.length**2 / self.reg
+        # maximise mu_b - alpha (p - b)^2 at p = c + (t_0 - s_0) / (w h): minimise f_b + (p - b)^2
+        bs = np.flatnonzero(live)
+        f = -mu[bs] / alpha
+        v = np.empty(bs.size, dtype=np.intp)  # envelope's parabolas (indices into bs)
+        z = np.empty(bs.size + 1)  # their boundaries
+        k = 0
+        v[0], z[0], z[1] = 0, -np.inf, np.inf
+        for q in range(1, bs.size):
+            while True:
+                r = v[k]
+                cross = ((f[q] + bs[q] ** 2) - (f[r] + bs[r] ** 2)) / (2.0 * (bs[q] - bs[r]))
+                if cross <= z[k] and k > 0:
+                    k -= 1
+                    continue
+                break
+            if cross <= z[k]:  # k == 0: q replaces the first parabola
+                v[0] = q
+                z[1] = np.inf
+                continue
+            k += 1
+            v[k], z[k], z[k + 1] = q, cross, np.inf
+        points = np.arange(self.j_out) + (self.t0 - self.s0) / self.length
+        which = np.searchsorted(z[1 : k + 1], points, side="left")
+        return bs[v[which]]
+
+
+def _contract(E: np.ndarray, K: np.ndarray) -> np.ndarray:
+    """``out[p, i, q] = sum_j E[p, j, q] K[j, i]`` as BLAS products without copying ``E``."""
+    P, n, Q = E.shape
+    if Q == 1:
+        return (E.reshape(P, n) @ K).reshape(P, K.shape[1], 1)
+    return np.matmul(K.T, E)
 
 
 def _axis_logsumexp(X: np.ndarray, s: np.ndarray, t: np.ndarray, reg: float) -> np.ndarray:
@@ -416,7 +701,8 @@ class GridConvolution:
         if source.ndim != target.ndim:
             raise ValueError(f"source_grid and target_grid must have the same number of axes;"
                              f" got {source.ndim} and {target.ndim}")  # fmt: skip
-        self._axes = [_AxisKernel.build(s, t, self.reg)
+        alone = source.ndim == 1
+        self._axes = [_AxisKernel.build(s, t, self.reg, alone)
                       for s, t in zip(source.axes, target.axes, strict=True)]  # fmt: skip
         self._transposed: list[_AxisKernel] | None = None
 
@@ -431,23 +717,26 @@ class GridConvolution:
             self._transposed = [a.transpose() for a in self._axes]
         return self._run(log_v, self.target, self.source, self._transposed, method, True)
 
-    def _run(self, log_w, src, dst, kernels, method, transposed) -> np.ndarray:
+    def _run(self, log_w, src, dst, kernels, method, transposed, check=True) -> np.ndarray:
         method = check_choice(method, "method", ("blas", "logsumexp"))
         name = "log_v" if transposed else "log_w"
-        array = _check_log_weights(log_w, name, src.shape)
+        array = _check_log_weights(log_w, name, src.shape) if check else log_w
         lead = array.shape[: array.ndim - src.ndim]
-        d = src.ndim
-        current = array.reshape((-1, *src.shape))
-        for k in range(d):
-            moved = np.moveaxis(current, k + 1, -1)
-            rest = moved.shape[:-1]
-            flat = np.ascontiguousarray(moved).reshape(-1, moved.shape[-1])
+        current = np.ascontiguousarray(array).reshape((-1, *src.shape))
+        for k in range(src.ndim):
+            # (histograms x axes before k, axis k, axes after k): C-contiguous, no copy
+            shape = current.shape
+            pre, post = math.prod(shape[: k + 1]), math.prod(shape[k + 2 :])
+            X = current.reshape(pre, shape[k + 1], post)
             if method == "blas":
-                done = kernels[k].apply(flat)
+                done = kernels[k].apply(X)
             else:
-                done = _axis_logsumexp(flat, src.axes[k], dst.axes[k], self.reg)
-            current = np.moveaxis(done.reshape(*rest, dst.shape[k]), -1, k + 1)
-        return np.ascontiguousarray(current).reshape(*lead, *dst.shape)
+                moved = np.moveaxis(X, 1, -1).reshape(-1, shape[k + 1])
+                flat = _axis_logsumexp(moved, src.axes[k], dst.axes[k], self.reg)
+                done = np.moveaxis(flat.reshape(pre, post, -1), -1, 1)
+            current = np.ascontiguousarray(done).reshape(*shape[: k + 1], dst.shape[k],
+                                                         *shape[k + 2 :])  # fmt: skip
+        return current.reshape(*lead, *dst.shape)
 
 
 def _check_log_weights(value: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -459,7 +748,7 @@ def _check_log_weights(value: Any, name: str, shape: tuple[int, ...]) -> np.ndar
     if array.shape[array.ndim - len(shape) :] != shape or array.ndim < len(shape):
         raise ValueError(f"{name} must have trailing shape {shape} (the source grid's); got "
                          f"shape {array.shape}")  # fmt: skip
-    if np.isnan(array).any() or np.isposinf(array).any():
+    if not (array < np.inf).all():  # one pass: NaN and +inf compare False
         raise ValueError(f"{name} must be finite or -inf (zero mass); got NaN or +inf")
     return array
 
@@ -529,11 +818,13 @@ def grid_clouds(X: Any, Y: Any) -> bool:
     if X.ndim != 2 or Y.ndim != 2 or X.shape[1] != Y.shape[1] or min(len(X), len(Y)) < 2:
         return False
     for points in (X, Y):
+        if _c_order_grid(np.asarray(points, dtype=np.float64)) is not None:
+            continue  # a grid in C order: O(N d)
         # the cheap refusal first: a grid has as many points as axis-value combinations
         if math.prod(np.unique(points[:, k]).size for k in range(points.shape[1])) != len(points):
             return False
-    try:
-        RegularGrid.from_points(X), RegularGrid.from_points(Y)
-    except ValueError:
-        return False
+        try:
+            RegularGrid.from_points(points)
+        except ValueError:
+            return False
     return True

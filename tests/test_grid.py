@@ -182,3 +182,94 @@ def test_from_points_recovers_any_order():
 def test_bad_input_names_the_argument(call, error, match):
     with pytest.raises(error, match=match):
         call(RegularGrid.from_shape((3, 4)))
+
+
+@pytest.mark.parametrize(
+    ("n_s", "n_t", "origin", "reg"),
+    [
+        (300, 300, 0.0, 1e-3),  # one grid, a wide kernel: every pair near the band
+        (400, 257, 0.37, 1e-4),  # different lengths and origins, a narrow kernel
+        (500, 500, 0.0, 5e-4),  # blocks of one point (sqrt(reg) / 2 below the spacing)
+    ],
+)
+def test_banded_axis_matches_dense(monkeypatch, n_s, n_t, origin, reg):
+    """Uniform axes too long to store take the banded pass (block pairs by offset, the pairs
+    below 1e-20 of their output's lower bound skipped): the dense definition to rounding."""
+    import sketchot.grid as module
+
+    rng = np.random.default_rng(5)
+    h = 1.0 / 299
+    source = RegularGrid([h * np.arange(n_s)])
+    target = RegularGrid([origin + h * np.arange(n_t)])
+    log_w = rng.normal(size=(3, n_s)) * 30
+    log_w[0] += (source.axes[0] - 0.5) ** 2 / reg * 0.3  # mass far from the diagonal
+    log_w[1, : n_s // 3] = -np.inf  # a zero-mass stretch
+    log_w[2, ::7] = -np.inf
+    monkeypatch.setattr(module, "MAX_AXIS_KERNEL_ENTRIES", 1000)
+    conv = GridConvolution(source, target, reg)
+    assert conv._axes[0].banded is not None and conv._axes[0].matrix is None
+    close(conv.log_apply(log_w), dense(log_w, source, target, reg))
+    log_v = rng.normal(size=(2, n_t)) * 30
+    close(conv.log_apply_transpose(log_v), dense(log_v, target, source, reg))
+
+
+def test_banded_axis_needs_uniform_axes(monkeypatch):
+    import sketchot.grid as module
+
+    monkeypatch.setattr(module, "MAX_AXIS_KERNEL_ENTRIES", 1000)
+    rng = np.random.default_rng(6)
+    uneven = RegularGrid([np.sort(rng.random(200))])
+    conv = GridConvolution(uneven, uneven, 1e-3)
+    assert conv._axes[0].banded is None and conv._axes[0].matrix is None  # streamed
+    log_w = rng.normal(size=200)
+    close(conv.log_apply(log_w), dense(log_w, uneven, uneven, 1e-3))
+
+
+def test_a_1d_solve_on_the_banded_pass_equals_the_stored_one(monkeypatch):
+    import sketchot
+    import sketchot.grid as module
+
+    x = np.linspace(0, 1, 600)
+    a = np.exp(-((x - 0.3) ** 2) / 0.01) + 1e-3
+    b = np.exp(-((x - 0.6) ** 2) / 0.02) + 1e-3
+    a, b = a / a.sum(), b / b.sum()
+    stored = sketchot.solve_grid(a, b, 1e-3, warn=False)
+    monkeypatch.setattr(module, "MAX_AXIS_KERNEL_ENTRIES", 1000)
+    module._CACHE.clear()
+    banded = sketchot.solve_grid(a, b, 1e-3, warn=False)
+    assert banded.accuracy_met and stored.accuracy_met
+    assert banded.result.n_iter == stored.result.n_iter
+    # the same iteration on products equal to rounding
+    np.testing.assert_allclose(banded.value_linear, stored.value_linear, rtol=1e-9)
+    np.testing.assert_allclose(banded.f, stored.f, rtol=1e-9, atol=1e-12)
+
+
+def test_from_points_in_c_order_needs_no_sort():
+    grid = RegularGrid.from_shape((4, 3, 5), spacing=(0.5, 1.0, 2.0))
+    found, order = RegularGrid.from_points(grid.points())
+    assert found == grid
+    np.testing.assert_array_equal(order, np.arange(grid.size))
+    # a C-ordered grid with one point moved is not a grid in C order: the general path
+    pts = grid.points()
+    pts[[3, 4]] = pts[[4, 3]]
+    found, order = RegularGrid.from_points(pts)
+    np.testing.assert_array_equal(pts[order], grid.points())
+    with pytest.raises(ValueError, match="Y is not a tensor-product grid"):
+        RegularGrid.from_points(np.vstack([grid.points(), grid.points()[:1]]), name="Y")
+
+
+@pytest.mark.parametrize("reg", [1e-3, 1e-4])
+def test_banded_axis_between_a_grid_and_its_halving(monkeypatch, reg):
+    """Spacings in ratio 2 (the coarse-to-fine start's carry): blocks of w and 2 w points."""
+    import sketchot.grid as module
+
+    rng = np.random.default_rng(7)
+    fine = RegularGrid.from_shape(600, extent=1.0)
+    coarse = RegularGrid([fine.axes[0].reshape(300, 2).mean(axis=1)])
+    monkeypatch.setattr(module, "MAX_AXIS_KERNEL_ENTRIES", 1000)
+    conv = GridConvolution(coarse, fine, reg)
+    assert conv._axes[0].banded is not None
+    log_w = rng.normal(size=300) * 30 + (coarse.axes[0] - 0.4) ** 2 / reg * 0.2
+    close(conv.log_apply(log_w), dense(log_w, coarse, fine, reg))
+    log_v = rng.normal(size=600) * 30
+    close(conv.log_apply_transpose(log_v), dense(log_v, fine, coarse, reg))

@@ -18,7 +18,7 @@ import numpy as np
 
 from .._validation import check_choice
 from ..gibbs import GibbsGeometry, gibbs_matmat
-from ..grid import RegularGrid, grid_convolution
+from ..grid import MAX_AXIS_KERNEL_ENTRIES, RegularGrid, grid_convolution
 from .base import (
     IDENTITY_STEP,
     FusedPass,
@@ -75,13 +75,8 @@ class GridKernel(KernelOperator):
             product_rtol=0.0,
         )
         super().__init__(geometry, info, np.float64)
-        reg = geometry.reg
-        # the plain 1-D kernels (target rows, source columns): the linear products
-        self._mats = [
-            np.exp(-((t[:, None] - s[None, :]) ** 2) / reg)
-            for s, t in zip(self.y_grid.axes, self.x_grid.axes, strict=True)
-        ]
-        self._conv = grid_convolution(self.y_grid, self.x_grid, reg)
+        self._mats: list[np.ndarray] | None = None  # the linear products' 1-D kernels, lazy
+        self._conv = grid_convolution(self.y_grid, self.x_grid, geometry.reg)
 
     # ----------------------------------------------------------- layout
     def _to_grid(self, values: np.ndarray, side: str) -> np.ndarray:
@@ -103,11 +98,34 @@ class GridKernel(KernelOperator):
 
     # ----------------------------------------------------------- products
     def _linear(self, arrays: np.ndarray, transpose: bool) -> np.ndarray:
+        axes = zip(self.y_grid.axes, self.x_grid.axes, strict=True)
+        if any(s.size * t.size > MAX_AXIS_KERNEL_ENTRIES for s, t in axes):
+            return self._linear_by_logs(arrays, transpose)
+        if self._mats is None:
+            # the plain 1-D kernels (target rows, source columns)
+            self._mats = [
+                np.exp(-((t[:, None] - s[None, :]) ** 2) / self.geometry.reg)
+                for s, t in zip(self.y_grid.axes, self.x_grid.axes, strict=True)
+            ]
         current = arrays
         for k, mat in enumerate(self._mats):
             current = np.moveaxis(np.moveaxis(current, k + 1, -1) @ (mat if transpose else mat.T),
                                   -1, k + 1)  # fmt: skip
         return current
+
+    def _linear_by_logs(self, arrays: np.ndarray, transpose: bool) -> np.ndarray:
+        """The linear product on axes too long to store a 1-D kernel (a histogram of
+        ``10^6`` bins): the log convolution of the positive and the negative parts (each
+        exact to rounding, underflow included, as the stored kernel's product)."""
+        apply = self._conv.log_apply_transpose if transpose else self._conv.log_apply
+        out = 0.0
+        with np.errstate(divide="ignore"):
+            for sign in (1.0, -1.0):
+                part = np.maximum(sign * arrays, 0.0)
+                if part.any():
+                    out = out + sign * np.exp(apply(np.log(part)))
+        shape = self.y_grid.shape if transpose else self.x_grid.shape
+        return np.broadcast_to(out, (arrays.shape[0], *shape)).copy()
 
     def matmat(self, V: Any) -> np.ndarray:
         V = check_operand(V, self.shape[1], "V", vector=False)
@@ -207,7 +225,8 @@ def grid_memory(n: int, m: int, d: int, params: dict, itemsize: int) -> float:
     """Bytes of a grid kernel: the 1-D kernels (at most ``(n m)^(1/1)`` entries per axis for
     a 1-D grid, ``sqrt`` of it per axis in 2-D, ...) and a few ``N``-sized work arrays."""
     dim = max(1, d)
-    per_axis = (float(n) * m) ** (1.0 / dim)
+    # an axis beyond MAX_AXIS_KERNEL_ENTRIES stores no kernel: its banded pass caches blocks
+    per_axis = min((float(n) * m) ** (1.0 / dim), MAX_AXIS_KERNEL_ENTRIES)
     return 2 * dim * per_axis * itemsize + 8 * (n + m) * 8
 
 

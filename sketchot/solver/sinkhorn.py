@@ -134,9 +134,10 @@ def coarse_start(
         return problem, None
     # grids: the clusters' start costs O(N x clusters) exact log products, more than the
     # axis-by-axis solve it would shorten; a pyramid of halved grids instead (grid_start)
-    grids = geometry.cost.sqeuclidean and grid_clouds(
-        getattr(geometry, "X", None), getattr(geometry, "Y", None)
-    )
+    on_grid = grid_clouds(getattr(geometry, "X", None), getattr(geometry, "Y", None))
+    grids = on_grid and geometry.cost.sqeuclidean
+    if on_grid and not grids and wanted == "auto":
+        return problem, None
     if grids:
         start = grid_coarse_start(problem, geometry, anderson=DEFAULT_ANDERSON_MEMORY)
         if start is None:  # grids too small to halve

@@ -182,3 +182,25 @@ def test_no_runtime_warning_on_a_grid_solve():
         warnings.simplefilter("error", RuntimeWarning)
         sketchot.solve_grid(histogram(rng, grid.shape, zeros=10), histogram(rng, grid.shape),
                             reg=1e-3, grid=grid)  # fmt: skip
+
+
+def test_linear_products_on_an_axis_too_long_to_store(monkeypatch):
+    """A 1-D axis beyond MAX_AXIS_KERNEL_ENTRIES stores no kernel: its linear products are
+    the log convolutions of the positive and negative parts, the stored kernel's to rounding
+    (signed operands, several columns)."""
+    import sketchot.grid as grid_module
+    import sketchot.kernels.grid as kernel_module
+
+    X = np.linspace(0, 1, 300)[:, None]
+    stored = make_kernel(X, X, 1e-3, backend="grid")
+    monkeypatch.setattr(grid_module, "MAX_AXIS_KERNEL_ENTRIES", 1000)
+    monkeypatch.setattr(kernel_module, "MAX_AXIS_KERNEL_ENTRIES", 1000)
+    grid_module._CACHE.clear()
+    long = make_kernel(X, X, 1e-3, backend="grid")
+    assert long._mats is None
+    V = np.random.default_rng(0).normal(size=(300, 2))
+    scale = np.abs(stored.matmat(np.abs(V))).max()
+    np.testing.assert_allclose(long.matmat(V), stored.matmat(V), atol=PRODUCT_RTOL * scale)
+    np.testing.assert_allclose(long.rmatmat(V[:, 0]), stored.rmatmat(V[:, 0]),
+                               atol=PRODUCT_RTOL * scale)  # fmt: skip
+    assert long._mats is None  # no 1-D kernel was built
