@@ -52,12 +52,19 @@ same number of steps (``tests/test_barycenter.py``), and ``acceleration='auto'``
 plain step for ``debiased=True``.
 
 Every transport is solved by :mod:`sketchot.solver` (any backend, ``'auto'`` included) and
-warm-started between outer iterations from the previous potentials (the support points keep
-their identity, so ``log u`` carries over) and, with ``backend='auto'``, from the previous
-kernel choice (the strategy runs again only when the true-kernel check of a reused choice
-fails). The maps are taken from each result's :meth:`~sketchot.SinkhornResult.barycentric_map`
-(products with the operator; no ``n x m`` array on an approximate path). The returned result
-holds the transports from the returned support, each with its true-kernel check.
+warm-started between outer iterations from the previous potentials and, with
+``backend='auto'``, from the previous kernel choice (the strategy runs again only when the
+true-kernel check of a reused choice fails). The column potentials carry over (they belong to
+the fixed cloud); the support's row potentials are moved with it to first order
+(:func:`moved_potentials`: from the last solve's potentials and barycentric map, no pass over
+the new kernel) while their error bound stays below :data:`WARM_SHIFT_LIMIT`, and come from one
+half-step on the new kernel otherwise (:func:`warm_potentials`). The start decides only where
+each solve begins; each stops by its own rule. The maps are taken from each result's
+:meth:`~sketchot.SinkhornResult.barycentric_map` (from the plan's moments, which the summary
+computes; no ``n x m`` array on an approximate path), and the outer steps' solves leave out
+the column side's moments they do not read (``solve(..., column_moments=False)``). The
+returned result holds the transports from the returned support, each with its true-kernel
+check.
 
 References
 ----------
@@ -113,6 +120,12 @@ ACCELERATIONS = ("auto", "anderson", None)
 OBJECTIVE_RTOL = 1e-12
 #: Tikhonov weight of the Anderson least-squares problem, relative to its largest diagonal.
 ANDERSON_RIDGE = 1e-10
+
+#: A moved support starts from its first-order row log-scalings (:func:`moved_potentials`)
+#: while their error bound stays below this (natural-log units: row sums of the first
+#: absorbed kernel within ``e^20`` of their marginal, far inside its ``e^100`` bounds); beyond
+#: it, from one half-step on the new kernel (:func:`warm_potentials`).
+WARM_SHIFT_LIMIT = 20.0
 
 #: ``lambdas`` must sum to 1 up to this (relative) rounding.
 LAMBDA_RTOL = 1e-6
@@ -322,7 +335,7 @@ def barycenter(
     >>> clouds = [rng.normal(size=(200, 2)), rng.normal(size=(150, 2)) + [4.0, 0.0]]
     >>> res = sketchot.barycenter(clouds, reg=0.1, n_support=100, tol=1e-3, rng=0)
     >>> res.X.shape, res.converged, res.n_iter, res.backends
-    ((100, 2), True, 28, ['exact', 'exact'])
+    ((100, 2), True, 26, ['exact', 'exact'])
     >>> print(np.round(res.X.mean(axis=0), 1))    # halfway between the two means
     [1.9 0. ]
     """
@@ -381,11 +394,12 @@ def barycenter(
         counts, objective, gap = [], 0.0, 0.0
         for k, mapped, scored in terms:
             target, target_weights = (clouds[k], weights[k]) if k < K else (Z, c)
-            res = solver.solve(Z, k, target, c, target_weights, reg, quiet, warm[k])
+            res = solver.solve(Z, k, target, c, target_weights, reg, quiet, warm[k], False)
+            image = res.barycentric_map()
             if warm_start:
-                warm[k] = res.potentials
+                warm[k] = _Warm(Z, *res.potentials, image if k < K else None)
             counts.append(res.n_iter)
-            T += mapped * res.barycentric_map()
+            T += mapped * image
             objective += scored * res.value
             gap += abs(scored) * abs(res.value - res.value_dual)
         solving += time.perf_counter() - begin
@@ -501,7 +515,9 @@ class _Solver:
         self.backend, self.params, self.generator, self.notes = backend, params, generator, notes
         self.choices: dict[int, tuple[str, dict[str, Any]]] = {}
 
-    def solve(self, Z, k, Y, c, b, reg, options, warm) -> SinkhornResult:
+    def solve(self, Z, k, Y, c, b, reg, options, warm, final=True) -> SinkhornResult:
+        """The transport from ``Z`` to cloud ``k`` (``Y``, ``b``); ``final=False`` (the outer
+        steps, which read the row side only) lets the summary leave out ``P^T Xc``."""
         geometry = check_problem(Z, Y, reg)
         accuracy = options.accuracy if options.accuracy is not None else DEFAULT_ACCURACY
         reused = self.backend != "auto" or k in self.choices
@@ -511,9 +527,9 @@ class _Solver:
                 geometry, name, rng=self.generator, accuracy=accuracy, policy=policy,
                 **self.params, **params,
             )  # fmt: skip
-            start = (None, None) if warm is None else warm_potentials(kernel, c, warm[1])
+            start = (None, None) if warm is None else warm.start(kernel, Z, Y, c, reg)
             problem = make_problem(c, b, geometry.shape, reg, log_u0=start[0], log_v0=start[1])
-            result = solve(problem, kernel, options, rng=self.generator)
+            result = solve(problem, kernel, options, rng=self.generator, column_moments=final)
             if self.backend != "auto" or result.accuracy_met is not False:
                 return result
             self.notes.append(
@@ -528,6 +544,67 @@ class _Solver:
             rebuild_parameters(result.backend, result.kernel.info.params),
         )
         return result
+
+
+@dataclass
+class _Warm:
+    """What a solve leaves for the next outer step's solve of the same transport: the
+    support it was at, its log-scalings and (a cloud's transport) its barycentric map."""
+
+    support: np.ndarray
+    log_u: np.ndarray
+    log_v: np.ndarray
+    image: np.ndarray | None
+
+    def start(self, kernel: Any, Z: np.ndarray, Y: np.ndarray, c: np.ndarray, reg: float):
+        """``(log_u0, log_v0)`` on the support ``Z``: :func:`moved_potentials` where its
+        error bound allows, else :func:`warm_potentials` (one pass over the new kernel)."""
+        if self.image is not None:
+            moved = moved_potentials(self.support, Z, self.log_u, self.image, Y, reg)
+            if moved is not None:
+                return moved, self.log_v
+        return warm_potentials(kernel, c, self.log_v)
+
+
+def moved_potentials(
+    support: np.ndarray,
+    Z: np.ndarray,
+    log_u: np.ndarray,
+    image: np.ndarray,
+    Y: np.ndarray,
+    reg: float,
+    limit: float | None = None,
+) -> np.ndarray | None:
+    """The row log-scalings ``log u`` of the support moved from ``support`` to ``Z`` against
+    the fixed cloud ``Y``, to first order in the move ``delta = Z - support``: no pass over
+    the kernel.
+
+    With ``u = c / K v`` at the old support and ``T`` its barycentric map (the means of
+    ``y`` under the plan's rows ``p_i``), ``K_ij`` at ``z_i + delta_i`` is ``K_ij``
+    times ``exp(-(2 delta_i.(z_i - y_j) + |delta_i|^2) / reg)``, so that exactly
+
+    .. math:: \\log u_i^{new} = \\log u_i + \\frac{2 \\delta_i \\cdot (z_i - T_i)
+        + |\\delta_i|^2}{\\mathrm{reg}} - \\log \\mathbb{E}_{p_i}
+        e^{2 \\delta_i \\cdot (y - T_i) / \\mathrm{reg}};
+
+    the last term (left out) lies in ``[0, 2 |delta_i| max_j |y_j - T_i| / reg]`` (Jensen;
+    the mean of ``y - T_i`` under ``p_i`` is 0). Returns ``None`` when that bound exceeds
+    ``limit`` (default :data:`WARM_SHIFT_LIMIT`) for some point, or the result is not
+    finite. The start only decides where the solve begins; it stops by its own rule.
+    """
+    limit = WARM_SHIFT_LIMIT if limit is None else limit
+    delta = Z - support
+    centre = Y.mean(axis=0)
+    radius = float(np.sqrt(np.max(np.sum((Y - centre) ** 2, axis=1))))
+    # max_j |y_j - T_i| <= |T_i - centre| + radius
+    spread = np.sqrt(np.sum((image - centre) ** 2, axis=1)) + radius
+    bound = 2.0 * np.sqrt(np.sum(delta**2, axis=1)) * spread / reg
+    if not float(np.max(bound, initial=0.0)) <= limit:
+        return None
+    moved = (
+        log_u + (2.0 * np.sum(delta * (support - image), axis=1) + np.sum(delta**2, axis=1)) / reg
+    )
+    return moved if np.all(np.isfinite(moved)) else None
 
 
 def warm_potentials(kernel: Any, c: np.ndarray, log_v: np.ndarray) -> tuple[Any, Any]:

@@ -61,6 +61,10 @@ class Iterate:
         ``(log(K v), log(K^T u))`` of the final scalings, for the log-domain strategy on a
         kernel whose columns pass is the identity (``L = K``): the last two passes computed
         them, so the summary's marginals need no product. ``None`` otherwise.
+    absorbed_products : tuple of ndarray or None
+        ``(K~ v~, K~^T u~)`` of the final scalings relative to :attr:`absorbed` (the absorbing
+        strategy's last two passes, when no absorption came after them): the plan's column
+        sums ``v~ K~^T u~`` without a product. ``None`` otherwise.
     """
 
     log_u: np.ndarray
@@ -74,6 +78,7 @@ class Iterate:
     scalings: tuple[np.ndarray, np.ndarray] | None = None
     absorbed: Any = None
     log_products: tuple[np.ndarray, np.ndarray] | None = None
+    absorbed_products: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def is_check(iteration: int, final: bool, warm: bool, check_every: int) -> bool:
@@ -178,8 +183,8 @@ class TwoSidedRun(Run):
         st, p = self.strategy, self.problem
         u, v = st.enter(*self.initial_logs(), exact_first=p.log_v0 is None)
         self.scaling = {"rows": u, "cols": v}
-        # the last pass over the rows side: log(K v) of the current v
-        self.rows_pass = None
+        # the last pass over the rows side: log(K v) of the current v (and its operator)
+        self.rows_pass = self.rows_op = None
         self.n_iter = 0
         warm = st.log and p.log_u0 is not None and p.log_v0 is not None
         if warm:
@@ -238,8 +243,18 @@ class TwoSidedRun(Run):
             # the check read K^T u of the final u; the last rows pass K v of the final v
             products = (self.rows_pass.products, result.products)
         scalings = (self.scaling["rows"], self.scaling["cols"])
-        return self.result(log_u, log_v, self.n_iter, status, stopper.history,
-                           times if timed else None, scalings, products)  # fmt: skip
+        iterate = self.result(log_u, log_v, self.n_iter, status, stopper.history,
+                              times if timed else None, scalings, products)  # fmt: skip
+        if (
+            consistent
+            and iterate.absorbed is not None
+            and self.rows_pass is not None
+            and self.rows_op is st.op
+            and isinstance(result, IdentityPass)
+        ):
+            # both passes on the final absorbed kernel (no absorption after the rows pass)
+            iterate.absorbed_products = (self.rows_pass.products, result.products)
+        return iterate
 
     def check(self, stopper: Stopper, iteration: int, result: Any, max_iter: int) -> str | None:
         """The stopper's status at a check (``'reset'``: a breakdown repaired, go on)."""
@@ -262,6 +277,7 @@ class TwoSidedRun(Run):
         self.scaling["rows"], self.projection, self.rows_pass = st.half_step(
             "rows", proj_first, new
         )
+        self.rows_op = st.op
 
     def mix(self, new: np.ndarray, result: Any) -> tuple[np.ndarray, bool]:
         """``(column update, whether it was extrapolated)``: Anderson mixing of the column

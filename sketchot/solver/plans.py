@@ -184,6 +184,8 @@ def plan_summary(
     absorbed: Any = None,
     log_products: tuple[np.ndarray, np.ndarray] | None = None,
     symmetric: bool = False,
+    absorbed_products: tuple[np.ndarray, np.ndarray] | None = None,
+    column_moments: bool = True,
 ) -> PlanSummary:
     """Marginals, ``<P, M>``, mass and first moments of ``P = diag(u) K diag(v)``.
 
@@ -211,6 +213,13 @@ def plan_summary(
     symmetric : bool
         ``u = v`` on a symmetric ``K`` (the symmetric iteration): ``P = P^T``, so the column
         side is the row side's mirror and takes no product.
+    absorbed_products : tuple of ndarray, optional
+        ``(K~ v~, K~^T u~)`` on ``absorbed`` for these scalings
+        (:attr:`~sketchot.solver.drivers.Iterate.absorbed_products`).
+    column_moments : bool, default=True
+        ``False``: with a stored ``absorbed`` and ``absorbed_products``, the column sums are
+        ``v~ K~^T u~`` and ``P^T Xc`` is left out (``None``): one product with the stored
+        kernel instead of two, for callers that read only the row side's moments.
 
     Returns
     -------
@@ -227,6 +236,10 @@ def plan_summary(
         if symmetric:
             row, P_y = u * rows_p[:, 0], u[:, None] * rows_p[:, 1:]
             return _from_products(g, row, P_y, row, P_y)
+        if not column_moments and absorbed_products is not None:
+            return _from_products(
+                g, u * rows_p[:, 0], u[:, None] * rows_p[:, 1:], v * absorbed_products[1], None
+            )
         cols_p = absorbed.rmatmat(np.column_stack([u, u[:, None] * g.Xc]))
         return _from_products(
             g, u * rows_p[:, 0], u[:, None] * rows_p[:, 1:], v * cols_p[:, 0],

@@ -300,7 +300,12 @@ def check_kernel_metric(kernel: KernelOperator, metric: Any, p: Any) -> None:
 
 
 def solve(
-    problem: Problem, kernel: KernelOperator, options: SolverOptions, *, rng: Any = None
+    problem: Problem,
+    kernel: KernelOperator,
+    options: SolverOptions,
+    *,
+    rng: Any = None,
+    column_moments: bool = True,
 ) -> SinkhornResult:
     """Solve a validated problem on a built kernel: iterate, summarise, certify.
 
@@ -314,6 +319,11 @@ def solve(
         The solver's options.
     rng : int, Generator or None
         Draws of the sampled true-kernel check.
+    column_moments : bool, default=True
+        ``False``: the summary may leave out ``P^T Xc`` (the result's ``plan_moments[1]``,
+        computed when first asked for) where that saves a product (a stored absorbed kernel:
+        :func:`~sketchot.solver.plans.plan_summary`); for callers that read the row side
+        only, such as the support updates of :func:`sketchot.barycenter`.
 
     Returns
     -------
@@ -384,7 +394,9 @@ def solve(
         target, check = first, None
         elapsed = time.perf_counter() - start
         if first > tol and state.converged:
-            summary, check = _summary_and_check(kernel, problem, state, options, rng)
+            summary, check = _summary_and_check(
+                kernel, problem, state, options, rng, column_moments
+            )
             if check.bound > options.accuracy:
                 # the check's margin missed: on to the full stopping fraction, warm
                 notes.append(
@@ -400,7 +412,7 @@ def solve(
                 target, check = tol, None
         live.close(state.status)
     if check is None:
-        summary, check = _summary_and_check(kernel, problem, state, options, rng)
+        summary, check = _summary_and_check(kernel, problem, state, options, rng, column_moments)
     state.absorbed = None  # its stored entries are O(n m): not kept past the summary
     result = SinkhornResult(
         kernel=kernel,
@@ -455,11 +467,12 @@ def _newton(kernel, problem, state, tol, norm, notes, live):
     return polished
 
 
-def _summary_and_check(kernel, problem, state, options, rng):
+def _summary_and_check(kernel, problem, state, options, rng, column_moments=True):
     """The plan's summary and, with an ``accuracy``, its true-kernel check (else ``None``)."""
     summary = plan_summary(
         kernel, state.log_u, state.log_v, absorbed=state.absorbed,
         log_products=state.log_products, symmetric=bool(state.info.get("symmetric")),
+        absorbed_products=state.absorbed_products, column_moments=column_moments,
     )  # fmt: skip
     if options.accuracy is None:
         return summary, None
