@@ -161,7 +161,12 @@ def test_a_step_is_the_same_update_in_every_form(seed, penalty, reg, reg_m):
     absorbed = p.step(log_w, offset, reg, log=False).apply(ratios)
     with np.errstate(divide="ignore"):
         got = offset + np.log(absorbed)
-    np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-10, atol=1e-8)
+    # the linear form holds where its numbers are normal floats (KL's w^(1/rho) leaves
+    # float64 for rho << 1: the log form, checked above on every entry, covers that range)
+    tiny = np.finfo(np.float64).tiny
+    linear = finite & (numerator > tiny) & np.isfinite(ratios) & (ratios > tiny)
+    linear &= np.isfinite(absorbed) & (absorbed > tiny)
+    np.testing.assert_allclose(got[linear], expected[linear], rtol=1e-10, atol=1e-8)
     assert absorbed[3] == 0.0 and expected[3] == -np.inf
 
 
