@@ -136,13 +136,15 @@ def relative_l1(x, y) -> float:
     seed=st.integers(0, 2**32 - 1),
     penalty=st.sampled_from(["balanced", "kl", "tv"]),
     reg=st.floats(1e-3, 10.0),
-    reg_m=st.floats(1e-3, 10.0),
+    reg_m_over_reg=st.floats(0.05, 20.0),
 )
-def test_a_step_is_the_same_update_in_every_form(seed, penalty, reg, reg_m):
+def test_a_step_is_the_same_update_in_every_form(seed, penalty, reg, reg_m_over_reg):
     """The step a pass applies, multiplicative on absorbed variables (the numerator and
     bounds shifted by the offsets), log-domain, and the penalty's ``log_scaling`` are one
-    update: ``log u = log w + aprox(-reg log(K v)) / reg``."""
+    update: ``log u = log w + aprox(-reg log(K v)) / reg``. ``reg_m >= 0.05 reg``: below,
+    KL's linear numerator ``w^(1/rho)`` leaves float64 (hypothesis found it at 0.004)."""
     rng = np.random.default_rng(seed)
+    reg_m = reg_m_over_reg * reg
     n = 40
     log_w = rng.normal(size=n) - 3.0
     log_w[3] = -np.inf  # a zero weight stays zero
