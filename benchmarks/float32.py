@@ -37,8 +37,8 @@ from _results import md_table, write_json, write_text
 from small_reg import clouds as small_reg_clouds
 
 import sketchot
+import sketchot._arrays
 import sketchot.fused
-import sketchot.gibbs
 from sketchot.kernels.device import FLOAT32_MARGIN
 
 DATA = ("colours", "uniform", "gauss16")
@@ -96,7 +96,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
-    sketchot.gibbs.HOST_ARRAYS_ON_DEVICE = True  # CPU tensors take the device kernel
+    sketchot._arrays.HOST_ARRAYS_ON_DEVICE = True  # CPU tensors take the device kernel
     sketchot.fused.CPU_INTERPRETER = True
     rows = []
     for data in args.data:

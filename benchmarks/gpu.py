@@ -29,7 +29,7 @@ on the device (:mod:`sketchot.fused`'s one-launch passes in float64 and float32,
 unfused blocks of the same kernel: ``vs blocks``), each the best of 3 after a warm-up (of 1
 at n = 10^6), and one log-domain iteration of the block-local kernel (``polyts_local``, the
 small-reg kernel) with its products on NumPy arrays and on the tensors' device (on a CPU,
-through the device code: ``sketchot.gibbs.HOST_ARRAYS_ON_DEVICE``): ``vs numpy``.
+through the device code: ``sketchot._arrays.HOST_ARRAYS_ON_DEVICE``): ``vs numpy``.
 
     python benchmarks/gpu.py --quick                  # n = 10^4, 3-D, both regs
     python benchmarks/gpu.py --targets --budget 120   # the issue's GPU target cells only
@@ -54,8 +54,8 @@ from _running import CellRunner
 from small_reg import clouds as small_reg_clouds
 
 import sketchot
+import sketchot._arrays
 import sketchot.fused
-import sketchot.gibbs
 
 DATA = ("colours", "uniform", "gauss64")
 RELATIVE_REGS = (0.1, 0.01)
@@ -204,7 +204,7 @@ def local_pass_cell(data: str, n: int, relative_reg: float, tau: float, where: s
     points: tuple[Any, Any] = (X, Y)
     if where == "device":
         device = device_name()
-        sketchot.gibbs.HOST_ARRAYS_ON_DEVICE = True  # on a CPU: the code a GPU runs
+        sketchot._arrays.HOST_ARRAYS_ON_DEVICE = True  # on a CPU: the code a GPU runs
         points = (torch.as_tensor(X, device=device), torch.as_tensor(Y, device=device))
     view = sketchot.make_kernel(*points, reg, "polyts_local", rng=seed, tau=tau)
     kernel = getattr(view, "host", view)

@@ -14,11 +14,9 @@ passed, so ``import sketchot`` never loads it.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +36,28 @@ def _library(value: Any) -> str | None:
     if root in ("dask", "numpy"):
         return None
     if root == "torch" or hasattr(value, "__array_namespace__"):
-        return root
+        return _LIBRARY_NAMES.get(root, root)
     return None
+
+
+#: Module roots of array types whose library goes by another name (JAX's arrays are
+#: ``jaxlib`` objects).
+_LIBRARY_NAMES = {"jaxlib": "jax"}
+
+#: Libraries whose arrays always take the device operators, in host memory too: their
+#: arrays may live on any of their devices, and NumPy views would bypass the library (JAX).
+DEVICE_CODE_LIBRARIES = ("jax",)
+
+#: Libraries whose arrays cannot be written in place (:meth:`DeviceArrays.assign`).
+IMMUTABLE_LIBRARIES = ("jax",)
+
+#: Whether arrays in host memory of another library than NumPy (CPU tensors, the standard's
+#: strict arrays) take the device operators (:mod:`sketchot.kernels.device`), as arrays on an
+#: accelerator do. Off: NumPy's operators run on zero-copy views of them, threaded and faster
+#: on the CPU than the library's own blocks (``benchmarks/results/gpu_cpu_tensors.md``); the
+#: tests and ``benchmarks/float32.py`` turn it on to run the device code where there is no GPU.
+#: Read when a call's :class:`ArrayContext` is made (:func:`array_context`), never later.
+HOST_ARRAYS_ON_DEVICE = False
 
 
 @dataclass(frozen=True)
@@ -57,12 +75,22 @@ class ArrayContext:
     dtype : object
         The floating dtype of results (the points' own when they are float32 or float64,
         else float64), in the library's dtype objects.
+    device_kernels : bool
+        Whether kernels run their products on :attr:`device` through :attr:`xp` (the device
+        operators of :mod:`sketchot.kernels.device`) rather than NumPy's on host views:
+        arrays off the host, JAX's arrays anywhere (:data:`DEVICE_CODE_LIBRARIES`), other
+        host arrays with :data:`HOST_ARRAYS_ON_DEVICE`. Fixed when the context is made.
+    float64 : bool
+        Whether the library holds float64 arrays on :attr:`device` (JAX does only with
+        ``jax_enable_x64``): the device operators compute in float32 otherwise.
     """
 
     library: str
     xp: Any
     device: Any
     dtype: Any
+    device_kernels: bool = False
+    float64: bool = True
 
     @property
     def is_numpy(self) -> bool:
@@ -141,6 +169,8 @@ class DeviceArrays:
         self.xp = context.xp
 
     def put(self, array: np.ndarray, dtype: Any = np.float64) -> Any:
+        if not self.context.float64 and np.dtype(dtype) == np.float64:
+            dtype = np.float32  # the library's widest float here (JAX without x64)
         array = np.ascontiguousarray(array, dtype=dtype)
         if self.context.library == "torch":
             import torch  # the caller passed a tensor: torch is loaded already
@@ -150,6 +180,23 @@ class DeviceArrays:
 
     def get(self, array: Any) -> np.ndarray:
         return np.asarray(self.context.to_host(array), dtype=np.float64)
+
+    def float_dtype(self, dtype: Any = np.float64) -> Any:
+        """The library's dtype for the NumPy floating ``dtype`` (float32 for float64 where
+        the library holds no float64: JAX without ``jax_enable_x64``)."""
+        name = np.dtype(dtype).name
+        if name == "float64" and not self.context.float64:
+            name = "float32"
+        return getattr(self.xp, name)
+
+    def assign(self, target: Any, index: Any, value: Any) -> Any:
+        """``target[index] = value``: in place where the library's arrays are mutable
+        (NumPy, PyTorch, CuPy), as a new array where they are not (JAX's ``.at[].set``;
+        ``O(target.size)``). The caller keeps the array returned."""
+        if self.context.library in IMMUTABLE_LIBRARIES:
+            return target.at[index].set(value)
+        target[index] = value
+        return target
 
     def free_bytes(self) -> int | None:
         """Bytes free on the context's device now: the host's available memory for arrays
@@ -203,13 +250,27 @@ def array_context(**arrays: Any) -> ArrayContext:
         raise TypeError(f"the arrays must live on one device; got {listed}")
     library = libraries[names[0]]
     xp = array_namespace(*found.values())
+    float64 = _holds_float64(library)
     # results take the points' floating dtype (the first named matrix that has one)
-    dtype = xp.float64
+    dtype = xp.float64 if float64 else xp.float32
     for value in found.values():
         if getattr(value, "dtype", None) in (xp.float32, xp.float64) and value.ndim == 2:
             dtype = value.dtype
             break
-    return ArrayContext(library, xp, devices[names[0]], dtype)
+    on = devices[names[0]]
+    on_host = "cpu" in str(on).lower()
+    device_kernels = (not on_host) or library in DEVICE_CODE_LIBRARIES or HOST_ARRAYS_ON_DEVICE
+    return ArrayContext(library, xp, on, dtype, device_kernels, float64)
+
+
+def _holds_float64(library: str) -> bool:
+    """Whether ``library`` makes float64 arrays (JAX only with ``jax_enable_x64``; it rounds
+    float64 inputs to float32 otherwise)."""
+    if library != "jax":
+        return True
+    import jax  # the caller passed JAX arrays: jax is loaded already
+
+    return bool(jax.config.read("jax_enable_x64"))
 
 
 class UserArrays:
@@ -265,41 +326,26 @@ class UserArrays:
         return self._context.call(self._host, *args, **kwargs)
 
 
-#: The context of the public call in progress (NumPy outside one): read once, where a
-#: geometry is built (:class:`sketchot.gibbs.GibbsGeometry`), so that kernels know the device.
-_CURRENT: contextvars.ContextVar[ArrayContext] = contextvars.ContextVar("sketchot_arrays")
-
-
-def current_context() -> ArrayContext:
-    """The :class:`ArrayContext` of the public call in progress (:data:`NUMPY` outside one)."""
-    return _CURRENT.get(NUMPY)
-
-
-@contextlib.contextmanager
-def solving_in(context: ArrayContext) -> Iterator[None]:
-    """Make ``context`` current for the solves inside the block (a front that converts its
-    inputs itself, such as :mod:`sketchot.nn`'s autograd function)."""
-    token = _CURRENT.set(context)
-    try:
-        yield
-    finally:
-        _CURRENT.reset(token)
-
-
 def in_user_arrays(*names: str, scalar: bool = False, refuse_gradients: bool = False) -> Callable:
     """Decorator of a public function: the arguments ``names`` (arrays, or lists of arrays)
-    decide the :class:`ArrayContext`; the function runs on host views of every argument, with
-    the context current (:func:`current_context`), and its answer comes back in the caller's
-    library (:meth:`ArrayContext.wrap`; with ``scalar=True`` a number comes back as a 0-d
-    array, as POT's backends return values). ``refuse_gradients``: a tensor that requires grad
+    decide the :class:`ArrayContext`; the function runs on host views of every argument and
+    is passed the context explicitly as its keyword-only ``_arrays`` argument when it declares
+    one (the placement its geometries take: no hidden state; a layer of sketchot that passes
+    ``_arrays`` itself passes host views), and its answer comes back in the caller's library
+    (:meth:`ArrayContext.wrap`; with ``scalar=True`` a number comes back as a 0-d array, as
+    POT's backends return values). ``refuse_gradients``: a tensor that requires grad
     is refused by name (the answer would carry no gradient: autograd would fail far from the
     cause, or a loss built on it would silently miss a term)."""
 
     def decorate(func: Callable) -> Callable:
         signature = inspect.signature(func)
+        takes_context = "_arrays" in signature.parameters
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            explicit = kwargs.pop("_arrays", None)
+            if explicit is not None:  # a layer of sketchot passing host views and placement
+                return func(*args, **kwargs, **({"_arrays": explicit} if takes_context else {}))
             bound = signature.bind_partial(*args, **kwargs)
             context = array_context(**{n: bound.arguments.get(n) for n in names})
             if context.is_numpy:
@@ -312,12 +358,16 @@ def in_user_arrays(*names: str, scalar: bool = False, refuse_gradients: bool = F
                     bound.arguments[name] = type(value)(context.to_host(v) for v in value)
                 elif name in bound.arguments:
                     bound.arguments[name] = context.to_host(value)
-            with solving_in(context):
-                answer = func(*bound.args, **bound.kwargs)
+            if takes_context:
+                bound.arguments["_arrays"] = context
+            answer = func(*bound.args, **bound.kwargs)
             if scalar and isinstance(answer, (float, np.floating)):
                 return context.to_user(np.asarray(answer, dtype=np.float64))
             return context.wrap(answer)
 
+        if takes_context:  # the placement is the decorator's to pass, not the caller's
+            public = [p for p in signature.parameters.values() if p.name != "_arrays"]
+            wrapper.__signature__ = signature.replace(parameters=public)
         return wrapper
 
     return decorate

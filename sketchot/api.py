@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import policy
-from ._arrays import array_context, in_user_arrays
+from ._arrays import NUMPY, ArrayContext, array_context, in_user_arrays
 from ._dask import any_dask, require_dask
 from ._validation import RenamableError, check_dtype, describe, unknown_names
 from .grid import RegularGrid, check_grid
@@ -194,6 +194,7 @@ def sinkhorn(
     errors: str = _DEFAULT.errors,
     warn: bool = _DEFAULT.warn,
     verbose: bool = _DEFAULT.verbose,
+    _arrays: ArrayContext = NUMPY,
     **backend_params: Any,
 ):
     """Entropic optimal transport between two point clouds with a pluggable Gibbs kernel.
@@ -352,7 +353,7 @@ def sinkhorn(
     return sinkhorn_in_memory(
         a, b, X, Y, reg, backend, options=options, reg_m=reg_m,
         unbalanced_type=unbalanced_type, metric=metric, p=p, warmstart=warmstart, rng=rng,
-        policy=policy, **build, **backend_params,
+        policy=policy, context=_arrays, **build, **backend_params,
     )  # fmt: skip
 
 
@@ -872,6 +873,7 @@ def make_kernel(
     dtype: Any = None,
     accuracy: float = _DEFAULT.accuracy,
     rng: Any = None,
+    _arrays: ArrayContext = NUMPY,
     **backend_params: Any,
 ):
     """Build the Gibbs-kernel operator ``K = exp(-c(x, y) / reg)`` of a backend, ``c(x, y) =
@@ -947,7 +949,7 @@ def make_kernel(
         )  # fmt: skip
     return make_kernel_in_memory(
         X, Y, reg, backend, rng=rng, dtype=dtype, rank=rank, metric=metric, p=p,
-        accuracy=accuracy, policy=policy, **backend_params,
+        accuracy=accuracy, policy=policy, context=_arrays, **backend_params,
     )  # fmt: skip
 
 

@@ -88,7 +88,7 @@ from typing import Any
 import numpy as np
 
 from . import policy
-from ._arrays import in_user_arrays
+from ._arrays import NUMPY, ArrayContext, in_user_arrays
 from ._defaults import DEFAULT_ACCURACY
 from ._validation import (
     check_bool,
@@ -259,6 +259,7 @@ def barycenter(
     debiased: bool = False,
     acceleration: str | None = "auto",
     verbose: bool = False,
+    _arrays: ArrayContext = NUMPY,
     **kwargs: Any,
 ) -> BarycenterResult:
     """Free-support entropic Wasserstein barycenter of point clouds (module notes).
@@ -370,7 +371,7 @@ def barycenter(
     Z = _initial_support(X_init, n_support, clouds, weights, lambdas, generator)
     c = np.full(Z.shape[0], 1.0 / Z.shape[0])
     quiet = dataclasses.replace(options, warn=False, verbose=False)
-    solver = _Solver(backend, backend_params, generator, notes)
+    solver = _Solver(backend, backend_params, generator, notes, _arrays)
 
     K = len(clouds)
     # the transports each step solves: (cloud index, its weight in the support's image and in
@@ -511,14 +512,17 @@ class _Solver:
     """Solves the transport from the support to cloud ``k`` through the one solver, reusing
     the kernel choice of ``backend='auto'`` per cloud while its true-kernel check holds."""
 
-    def __init__(self, backend: str, params: dict[str, Any], generator, notes: list[str]):
+    def __init__(
+        self, backend: str, params: dict[str, Any], generator, notes: list[str], context
+    ) -> None:
         self.backend, self.params, self.generator, self.notes = backend, params, generator, notes
+        self.context = context  # where the caller's clouds live: the kernels run there
         self.choices: dict[int, tuple[str, dict[str, Any]]] = {}
 
     def solve(self, Z, k, Y, c, b, reg, options, warm, final=True) -> SinkhornResult:
         """The transport from ``Z`` to cloud ``k`` (``Y``, ``b``); ``final=False`` (the outer
         steps, which read the row side only) lets the summary leave out ``P^T Xc``."""
-        geometry = check_problem(Z, Y, reg)
+        geometry = check_problem(Z, Y, reg, context=self.context)
         accuracy = options.accuracy if options.accuracy is not None else DEFAULT_ACCURACY
         reused = self.backend != "auto" or k in self.choices
         if reused:

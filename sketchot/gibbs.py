@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from scipy.spatial.distance import cdist
 
-from ._arrays import DeviceArrays, current_context
+from ._arrays import NUMPY, ArrayContext, DeviceArrays
 from ._parallel import Part, run_parts
 
 #: Log-domain products over at least this many entries use the thread pool.
@@ -43,14 +43,6 @@ FLOAT64 = np.dtype(np.float64)
 
 #: The costs by name (POT's ``ot.dist`` names); a callable is accepted too.
 METRICS = ("sqeuclidean", "euclidean", "cityblock", "minkowski")
-
-
-#: Whether arrays in host memory of another library than NumPy (CPU tensors, the standard's
-#: strict arrays) take the device operators (:mod:`sketchot.kernels.device`), as arrays on an
-#: accelerator do. Off: NumPy's operators run on zero-copy views of them, threaded and faster
-#: on the CPU than the library's own blocks (``benchmarks/results/gpu_cpu_tensors.md``); the
-#: tests and ``benchmarks/float32.py`` turn it on to run the device code where there is no GPU.
-HOST_ARRAYS_ON_DEVICE = False
 
 
 @dataclass(frozen=True)
@@ -381,6 +373,10 @@ class GibbsGeometry:
         The cost ``c`` (:class:`Cost`, POT's ``ot.dist`` names).
     p : float, default=2
         The order of ``metric='minkowski'``.
+    context : ArrayContext, default=NUMPY
+        Where the caller's points live (:mod:`sketchot._arrays`: the library, device and
+        whether the kernels run there), passed explicitly by the public entries; geometries
+        derived from this one (:meth:`at_reg`, :meth:`sample`) keep it.
 
     Attributes
     ----------
@@ -399,13 +395,20 @@ class GibbsGeometry:
     """
 
     def __init__(
-        self, X: np.ndarray, Y: np.ndarray, reg: float, metric: Any = "sqeuclidean", p: Any = 2.0
+        self,
+        X: np.ndarray,
+        Y: np.ndarray,
+        reg: float,
+        metric: Any = "sqeuclidean",
+        p: Any = 2.0,
+        *,
+        context: ArrayContext = NUMPY,
     ) -> None:
         self.X = X
         self.Y = Y
         self.reg = float(reg)
         # where the caller's points live: kernels that can run there do (kernels.device)
-        self.context = current_context()
+        self.context = context
         self.cost = make_cost(metric, p)
         if self.cost.translation_invariant:
             self.center = (X.sum(axis=0) + Y.sum(axis=0)) / (X.shape[0] + Y.shape[0])
@@ -446,9 +449,7 @@ class GibbsGeometry:
 
     def at_reg(self, reg: float) -> GibbsGeometry:
         """The same clouds and cost at another ``reg``."""
-        geometry = GibbsGeometry(self.X, self.Y, reg, self.cost)
-        geometry.context = self.context
-        return geometry
+        return GibbsGeometry(self.X, self.Y, reg, self.cost, context=self.context)
 
     def sample(self, size: int, generator: np.random.Generator) -> GibbsGeometry:
         """The same cost and ``reg`` on at most ``size`` points of each cloud, drawn uniformly
@@ -456,9 +457,7 @@ class GibbsGeometry:
         n, m = self.shape
         rows = np.sort(generator.choice(n, size=min(size, n), replace=False))
         cols = np.sort(generator.choice(m, size=min(size, m), replace=False))
-        geometry = GibbsGeometry(self.X[rows], self.Y[cols], self.reg, self.cost)
-        geometry.context = self.context
-        return geometry
+        return GibbsGeometry(self.X[rows], self.Y[cols], self.reg, self.cost, context=self.context)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -515,15 +514,14 @@ class GibbsGeometry:
         return gibbs_log_matvec(own[index], other, self.reg, log_v, cost)
 
     def computes_on_device(self, cost: Cost | None = None) -> bool:
-        """Whether the kernel's values are computed where the caller's points live: arrays
-        of another library than NumPy off the host (CUDA tensors, CuPy; in host memory only
-        with :data:`HOST_ARRAYS_ON_DEVICE`), and a cost the device blocks compute (squared
-        Euclidean or Euclidean; ``cost`` defaults to the geometry's)."""
+        """Whether the kernel's values are computed where the caller's points live: the
+        context's :attr:`~sketchot._arrays.ArrayContext.device_kernels` (CUDA tensors, CuPy,
+        JAX; other host arrays only with :data:`sketchot._arrays.HOST_ARRAYS_ON_DEVICE`),
+        and a cost the device blocks compute (squared Euclidean or Euclidean; ``cost``
+        defaults to the geometry's)."""
         cost = self.cost if cost is None else cost
-        context = self.context
-        elsewhere = not context.on_host or HOST_ARRAYS_ON_DEVICE
         named = cost.name in ("sqeuclidean", "euclidean")
-        return not context.is_numpy and elsewhere and named
+        return not self.context.is_numpy and self.context.device_kernels and named
 
     def _device_rows(
         self, own: np.ndarray, other: np.ndarray, cost: Cost, values: np.ndarray, what: str

@@ -418,8 +418,12 @@ class SinkhornDivergence:
         self.rng, self.kwargs = rng, kwargs
         self.last: DivergenceResult | None = None
 
-    def __call__(self, X: Any, Y: Any, a: Any = None, b: Any = None) -> DivergenceResult:
-        """:func:`sinkhorn_divergence` of ``(X, Y, a, b)``, warm-started from the last call."""
+    def __call__(
+        self, X: Any, Y: Any, a: Any = None, b: Any = None, *, _arrays: Any = None
+    ) -> DivergenceResult:
+        """:func:`sinkhorn_divergence` of ``(X, Y, a, b)``, warm-started from the last call
+        (``_arrays``: the placement of the caller's tensors, passed by :mod:`sketchot.nn`, so
+        that the kernels run on their device)."""
         warm = self.last
         if warm is not None and warm.results:
             shapes = (np.shape(X)[0], np.shape(Y)[0])
@@ -427,7 +431,7 @@ class SinkhornDivergence:
                 warm = None
         result = sinkhorn_divergence(
             X, Y, a, b, self.reg, self.reg_m, self.backend, debias=self.debias, rng=self.rng,
-            warm_start=warm, **self.kwargs,
+            warm_start=warm, **self.kwargs, **({} if _arrays is None else {"_arrays": _arrays}),
         )  # fmt: skip
         self.last = result
         return result
@@ -564,7 +568,8 @@ def _solve_warm(P, Q, wp, wq, reg, reg_m, seed, previous, trend, cost, kwargs):
     if "dtype" in kwargs:
         params["dtype"] = kwargs["dtype"]
     params.update(metric=cost.metric, p=cost.p)  # the cold solve's cost, not the default
-    kernel = make_kernel(P, Q, reg, previous.backend, rng=seed, **params)
+    kernel = make_kernel(P, Q, reg, previous.backend, rng=seed, _arrays=kwargs.get("_arrays"),
+                         **params)  # fmt: skip
     # potentials in cost units carry over to new weights: log u = log a + f / reg
     if trend is None:  # no drift (a cold or kept previous solve): the plain warm start
         trend = (0.0, 0.0)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ._arrays import array_context, solving_in
+from ._arrays import array_context
 from .loss import DivergenceResult, SinkhornDivergence
 
 #: GeomLoss's ``backend`` names; sketchot chooses its kernel with ``backend='auto'`` for them.
@@ -38,7 +38,10 @@ class SinkhornDivergenceFunction(torch.autograd.Function):
     def forward(ctx, X, Y, a, b, solve):
         inputs = (X, Y, a, b)
         arrays = [None if t is None else t.detach().cpu().to(torch.float64).numpy() for t in inputs]
-        with solving_in(array_context(X=X, Y=Y, a=a, b=b)):  # kernels run on X's device
+        placement = array_context(X=X, Y=Y, a=a, b=b)
+        if isinstance(solve, SinkhornDivergence):  # its kernels run on X's device
+            result = solve(*arrays, _arrays=placement)
+        else:  # a caller's own solve of NumPy arrays
             result = solve(*arrays)
         # only the gradients autograd will ask for (each position gradient costs plan moments)
         names = ("grad_X", "grad_Y", "grad_a", "grad_b")

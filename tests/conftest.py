@@ -30,6 +30,8 @@ class Library:
     def __init__(self, name: str) -> None:
         self.name = name
         self.module = pytest.importorskip(name) if name != "numpy" else np
+        if name == "jax":
+            self.module = pytest.importorskip("jax.numpy")
         if name == "array_api_strict":
             pytest.importorskip("array_api_compat")
 
@@ -60,20 +62,29 @@ def device_operators(monkeypatch):
     """Arrays in host memory take the device operators (:mod:`sketchot.kernels.device`), as
     arrays on an accelerator do: how their code runs without a GPU (by default CPU tensors
     take NumPy's operators on views of them)."""
-    from sketchot import gibbs
+    from sketchot import _arrays
 
-    monkeypatch.setattr(gibbs, "HOST_ARRAYS_ON_DEVICE", True)
+    monkeypatch.setattr(_arrays, "HOST_ARRAYS_ON_DEVICE", True)
 
 
-@pytest.fixture(params=["numpy", "torch", "array_api_strict"])
-def library(request) -> Library:
-    """The contract and solver tests run on NumPy arrays, on PyTorch CPU tensors and on the
-    Array API's strict arrays (each skipped when not installed), with the same tolerances:
-    results come back in the inputs' library. The other libraries' arrays take the device
-    operators (``device_operators``): the code that runs on a GPU."""
+@pytest.fixture(params=["numpy", "torch", "array_api_strict", "jax"])
+def library(request):
+    """The contract and solver tests run on NumPy arrays, on PyTorch CPU tensors, on the
+    Array API's strict arrays and on JAX arrays (each skipped when not installed), with the
+    same tolerances: results come back in the inputs' library. The other libraries' arrays
+    take the device operators (``device_operators``; JAX's always do): the code that runs on
+    a GPU. JAX runs with float64 enabled for the test only (``jax.enable_x64``, a context,
+    not the global switch), as NumPy's results are float64."""
     if request.param != "numpy":
         request.getfixturevalue("device_operators")
-    return Library(request.param)
+    library = Library(request.param)
+    if request.param != "jax":
+        yield library
+        return
+    import jax
+
+    with jax.enable_x64(True):
+        yield library
 
 
 @pytest.fixture
@@ -150,8 +161,8 @@ def fused_interpreter(monkeypatch):
     version = tuple(int(part) for part in triton.__version__.split(".")[:2])
     if version < (3, 7):
         pytest.skip(f"Triton's interpreter needs Triton >= 3.7; found {triton.__version__}")
-    from sketchot import fused, gibbs
+    from sketchot import _arrays, fused
 
-    monkeypatch.setattr(gibbs, "HOST_ARRAYS_ON_DEVICE", True)
+    monkeypatch.setattr(_arrays, "HOST_ARRAYS_ON_DEVICE", True)
     monkeypatch.setattr(fused, "CPU_INTERPRETER", True)
     return fused

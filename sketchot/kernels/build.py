@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from .._arrays import NUMPY, ArrayContext
 from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_dtype, check_float, check_matrix, check_rng
 from ..gibbs import GibbsGeometry, make_cost
@@ -29,16 +30,17 @@ def make_kernel(
     p: float = 2.0,
     accuracy: float = DEFAULT_ACCURACY,
     policy: Any = None,
+    context: ArrayContext = NUMPY,
     **params: Any,
 ):
     """The in-memory body of :func:`sketchot.make_kernel` (whose signature and documentation
     are the public ones): validate the clouds, ``reg`` and the cost, then let ``'auto'``
     choose the operator (``policy.choose``; see :func:`require_policy`) or build the named
-    backend's."""
+    backend's, on the caller's arrays' placement ``context``."""
     X = check_matrix(X, "X")
     Y = check_matrix(Y, "Y", n_features=X.shape[1], feature_name="X")
     reg = check_float(reg, "reg", positive=True)
-    geometry = GibbsGeometry(X, Y, reg, make_cost(metric, p))
+    geometry = GibbsGeometry(X, Y, reg, make_cost(metric, p), context=context)
     accuracy = check_float(accuracy, "accuracy", positive=True)
     if backend == "auto":
         if params or rank is not None:

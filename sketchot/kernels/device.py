@@ -1,7 +1,7 @@
 """What kernel operators need to run their per-entry work where the caller's points live.
 
 When a call passes arrays on an accelerator (CUDA tensors, CuPy; arrays in host memory only
-with :data:`sketchot.gibbs.HOST_ARRAYS_ON_DEVICE`: CPU tensors run NumPy's operators on
+with :data:`sketchot._arrays.HOST_ARRAYS_ON_DEVICE`: CPU tensors run NumPy's operators on
 views of them), every geometry records the :class:`~sketchot._arrays.ArrayContext` of the
 inputs, and the exact and low-rank builders return their device operators
 (:class:`~sketchot.kernels.exact.DeviceExactKernel`,

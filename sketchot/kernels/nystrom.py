@@ -109,7 +109,7 @@ def nystrom_maps(
         landmarks_d, whitening_d = on.put(Z), on.put(whitening)
         z_sq = xp.sum(landmarks_d * landmarks_d, axis=1)
         rows_per_block = block_rows(Z.shape[0], target_bytes=device_block_bytes(on.context))
-        stored = getattr(xp, np.dtype(dtype).name)  # each block cast as it is made
+        stored = on.float_dtype(dtype)  # each block cast as it is made
         blocks = []
         for rows in row_slices(points.shape[0], rows_per_block):
             P = on.put(points[rows] - center)

@@ -27,7 +27,7 @@ from .._memory import check_fits
 from .._validation import check_dtype, check_int, describe, unknown_names
 from ..cost_matrix import block_dim
 from ..gibbs import Cost, GibbsGeometry
-from .device import default_dtype
+from .device import default_dtype, runs_on_device
 
 
 @dataclass(frozen=True)
@@ -440,11 +440,15 @@ def build_backend(
     ``rank`` or none), its memory checked first, with ``info.build_time`` set. ``dtype=None``:
     the exact kernel's precision where the points live (:func:`~.device.default_dtype`: float32
     on a GPU where it holds ``accuracy``), float64 for the approximations (their signed factors
-    cancel in products: float32's rounding is not bounded by the entries')."""
+    cancel in products: float32's rounding is not bounded by the entries'). Where the caller's
+    library holds no float64 (JAX without ``jax_enable_x64``) every kernel on its device is
+    float32; the true-kernel check stays float64 on the host, so a miss is reported."""
     record, params = resolve_parameters(backend, params, rank=rank, accuracy=accuracy)
     if dtype is None:
         dtype = default_dtype(geometry, accuracy) if record.exact else np.float64
     dtype = check_dtype(dtype)
+    if runs_on_device(geometry) and not geometry.context.float64:
+        dtype = np.dtype(np.float32)  # JAX without x64: its float32 rounding is declared
     check_metric(record, geometry.cost)
     # the size parameter a refusal names: the one the caller passed (rank= or the backend's)
     sized_by = (

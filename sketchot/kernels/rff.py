@@ -44,7 +44,7 @@ def rff_maps(geometry: GibbsGeometry, *, rng: Any, dtype: Any, n_features: int) 
         xp = on.xp
         features = on.put(points - center) @ on.put(frequencies)
         features = xp.cos(features + on.put(phases)) * float(amplitude)
-        return xp.astype(features, getattr(xp, np.dtype(dtype).name))
+        return xp.astype(features, on.float_dtype(dtype))
 
     return FactorMaps(
         KernelInfo("rff", {"n_features": n_features}),

@@ -239,7 +239,7 @@ class GaussianPolySketch(PolySketchParameters):
         features = self.sketch_._features_on_device(
             device.put(U), device, weights, row_scale=xp.exp(device.put(log_scale))
         )
-        return xp.astype(features, getattr(xp, dtype.name))
+        return xp.astype(features, device.float_dtype(dtype))
 
     def _resolve_center(self, X: np.ndarray, Y: np.ndarray) -> np.ndarray:
         d = X.shape[1]

@@ -216,8 +216,9 @@ def coarse_to_fine_start(
     coarse_x = coarsen(geometry.Xc, problem.a, clusters, generator)
     coarse_y = coarsen(geometry.Yc, problem.b, clusters, generator)
     coarse_geometry = GibbsGeometry(
-        coarse_x.centers, coarse_y.centers, reg, geometry.cost, geometry.cost.p
-    )
+        coarse_x.centers, coarse_y.centers, reg, geometry.cost, geometry.cost.p,
+        context=geometry.context,
+    )  # fmt: skip
     coarse_problem = replace(
         problem, a=coarse_x.masses, b=coarse_y.masses, reg=reg, log_u0=None, log_v0=None, notes=()
     )

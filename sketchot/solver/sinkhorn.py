@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .._arrays import NUMPY, ArrayContext
 from .._defaults import DEFAULT_ACCURACY
 from .._validation import (
     RenamableTypeError,
@@ -78,16 +79,18 @@ def sinkhorn(
     warmstart: Any = None,
     rng: Any = None,
     policy: Any = None,
+    context: ArrayContext = NUMPY,
     **backend_params: Any,
 ) -> SinkhornResult:
     """The in-memory body of :func:`sketchot.sinkhorn` (whose signature and documentation
     are the public ones): validate the problem, build the kernel (or let ``'auto'`` choose
     it: ``policy.solve_auto``, the policy passed in by a layer above, see
-    :func:`~sketchot.kernels.require_policy`) and solve. ``backend_params`` holds ``dtype``,
+    :func:`~sketchot.kernels.require_policy`) on the caller's arrays' placement ``context``
+    and solve. ``backend_params`` holds ``dtype``,
     ``rank`` and the backend's own parameters; anything else is rejected, naming what is
     accepted."""
     check_backend_params("sinkhorn", backend, backend_params)
-    geometry = check_problem(X, Y, reg, metric, p)
+    geometry = check_problem(X, Y, reg, metric, p, context=context)
     if backend_params.get("dtype") is None and options.accuracy is None:
         backend_params["dtype"] = np.float64  # no accuracy to hold float32 to: float64
     problem = make_problem(
@@ -221,7 +224,13 @@ def check_backend_params(caller: str, backend: str, params: dict[str, Any]) -> N
 
 
 def check_problem(
-    X: Any, Y: Any, reg: Any, metric: Any = "sqeuclidean", p: Any = 2.0
+    X: Any,
+    Y: Any,
+    reg: Any,
+    metric: Any = "sqeuclidean",
+    p: Any = 2.0,
+    *,
+    context: ArrayContext = NUMPY,
 ) -> GibbsGeometry:
     """Validate the clouds, ``reg`` and the cost once; return their geometry.
 
@@ -233,6 +242,8 @@ def check_problem(
         The entropic regularisation, > 0.
     metric, p
         The cost, as :func:`sketchot.sinkhorn` takes it.
+    context : ArrayContext, default=NUMPY
+        Where the caller's points live (the geometry's kernels run there).
 
     Returns
     -------
@@ -254,7 +265,7 @@ def check_problem(
     X = check_matrix(X, "X")
     Y = check_matrix(Y, "Y", n_features=X.shape[1], feature_name="X")
     reg = check_float(reg, "reg", positive=True)
-    return GibbsGeometry(X, Y, reg, make_cost(metric, p))
+    return GibbsGeometry(X, Y, reg, make_cost(metric, p), context=context)
 
 
 def sinkhorn_kernel(

@@ -60,6 +60,12 @@ class _HostArrays:
     def full(self, shape: tuple[int, ...], value: float) -> np.ndarray:
         return np.full(shape, value)
 
+    def assign(self, target: np.ndarray, index: Any, value: Any) -> np.ndarray:
+        """``target[index] = value``; the caller keeps the array returned (a new one on a
+        library whose arrays are immutable: :meth:`~sketchot._arrays.DeviceArrays.assign`)."""
+        target[index] = value
+        return target
+
     def gather(self, batch: Any, values: np.ndarray) -> np.ndarray:
         return batch.gather(values)
 
@@ -129,10 +135,13 @@ class _DeviceArrays(_HostArrays):
         return self._moment_bytes
 
     def empty(self, shape: tuple[int, ...]) -> Any:
-        return self.xp.empty(shape, dtype=self.xp.float64, device=self.local.device)
+        return self.xp.empty(shape, dtype=self.on.float_dtype(), device=self.local.device)
 
     def full(self, shape: tuple[int, ...], value: float) -> Any:
-        return self.xp.full(shape, value, dtype=self.xp.float64, device=self.local.device)
+        return self.xp.full(shape, value, dtype=self.on.float_dtype(), device=self.local.device)
+
+    def assign(self, target: Any, index: Any, value: Any) -> Any:
+        return self.on.assign(target, index, value)
 
     def _padded_rows(self, batch: Any) -> tuple[Any, Any, Any]:
         """The batch's padded row index, padding offsets and real positions, kept on the

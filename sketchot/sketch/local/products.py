@@ -544,8 +544,9 @@ class _Group:
             position[columns] = np.arange(columns.size)
             position = A_in.put_index(position)
             top, block = xp.take(top, position, axis=1), xp.take(block, position, axis=1)
-        self.shifts[batch.first : batch.stop, :] = top
-        self.moments[batch.first : batch.stop, ...] = block
+        rows = slice(batch.first, batch.stop)
+        self.shifts = A_in.assign(self.shifts, (rows, slice(None)), top)
+        self.moments = A_in.assign(self.moments, (rows, Ellipsis), block)
 
     def batch_moments(
         self, batch: _Batch, coupling: Any, features: _BatchFeatures
@@ -757,10 +758,13 @@ def _exact_scaled(
             safe = xp.where(xp.isfinite(top), top, xp.zeros_like(top))
             logits -= safe[:, None]
             logits = xp.exp(logits)
-            Z[rows, :] = (
-                xp.sum(logits, axis=1, keepdims=True) if values is None else logits @ values
+            nonlocal Z, scale
+            Z = arrays.assign(
+                Z,
+                (rows, slice(None)),
+                xp.sum(logits, axis=1, keepdims=True) if values is None else logits @ values,
             )
-            scale[rows] = safe
+            scale = arrays.assign(scale, rows, safe)
 
     target = None if arrays.on_host else BLOCK_BYTES  # a device wants large blocks
     rows_per_block = block_rows(others.shape[0], target_bytes=target, dim=points.shape[1])
