@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from . import policy
+# the in-memory bodies by module (their names are the public ones: no aliases to follow)
+from . import kernels, policy, solver
 from ._arrays import NUMPY, ArrayContext, array_context, in_user_arrays
 from ._dask import any_dask, require_dask
 from ._validation import RenamableError, check_dtype, describe, unknown_names
 from .grid import RegularGrid, check_grid
 from .kernels import EXACT_BACKEND, GRID_BACKEND
-from .kernels import make_kernel as make_kernel_in_memory
 from .solver import (
     ResultView,
     SolverOptions,
@@ -36,24 +36,57 @@ from .solver import (
     in_points_dtype,
     several_targets,
 )
-from .solver import sinkhorn as sinkhorn_in_memory
-from .solver import sinkhorn_kernel as sinkhorn_kernel_in_memory
-from .solver import sinkhorn_kernel_targets as sinkhorn_kernel_targets_in_memory
-from .solver import sinkhorn_targets as sinkhorn_targets_in_memory
 
 #: The options' defaults, read from their one definition.
 _DEFAULT = SolverOptions()
 
 
 def _options(values: dict[str, Any]) -> SolverOptions:
-    """The validated options among a call's named arguments."""
-    return SolverOptions(**{name: values[name] for name in SolverOptions.names()})
+    """The validated solver options of a call: its ``options`` object, or its flat keywords
+    (one or the other: a flat keyword that differs from its default next to ``options=`` is
+    refused by name, since either choice would silently drop the other)."""
+    flat = {name: values[name] for name in SolverOptions.names()}
+    options = values.get("options")
+    if options is None:
+        return SolverOptions(**flat)
+    if not isinstance(options, SolverOptions):
+        raise TypeError(
+            f"options must be a sketchot.SolverOptions or None; got {type(options).__name__}"
+        )
+    given = [name for name, value in flat.items() if not _is_default(name, value)]
+    if given:
+        listed = ", ".join(f"{name}={flat[name]!r}" for name in given)
+        raise TypeError(
+            f"pass the solver's options either as options= or as keywords, not both; got "
+            f"options= and {listed}: use dataclasses.replace(options, {given[0]}=...)"
+        )
+    return options
+
+
+def _is_default(name: str, value: Any) -> bool:
+    """Whether ``value`` is the option ``name``'s default (what an omitted keyword gives)."""
+    return _same(value, getattr(_DEFAULT, name))
+
+
+def _same(value: Any, default: Any) -> bool:
+    """``value`` is ``default``, or equal to it with the same type (``1`` is not ``True``)."""
+    return value is default or (type(value) is type(default) and value == default)
 
 
 def _options_doc() -> str:
-    """The options' numpydoc entries, from :class:`SolverOptions`'s own documentation."""
+    """The options' numpydoc entries, from :class:`SolverOptions`'s own documentation, and
+    the ``options`` entry that takes them as one object."""
     doc = SolverOptions.__doc__ or ""
-    return doc[doc.index("----------\n") + len("----------\n") :].rstrip()
+    entries = doc[doc.index("----------\n") + len("----------\n") :].rstrip()
+    return entries + _OPTIONS_OBJECT_DOC
+
+
+#: The ``options`` entry of the solves' documentation.
+_OPTIONS_OBJECT_DOC = """
+    options : SolverOptions or None, default=None
+        The options above as one object (``sketchot.SolverOptions(tol=1e-9, max_iter=5000)``,
+        reusable across calls and checked once); not together with any of them as a keyword
+        that differs from its default."""
 
 
 #: ``dtype``'s entry, shared by the solves and :func:`make_kernel`.
@@ -194,6 +227,7 @@ def sinkhorn(
     errors: str = _DEFAULT.errors,
     warn: bool = _DEFAULT.warn,
     verbose: bool = _DEFAULT.verbose,
+    options: SolverOptions | None = None,
     _arrays: ArrayContext = NUMPY,
     **backend_params: Any,
 ):
@@ -340,7 +374,7 @@ def sinkhorn(
                 "several targets (b of shape (m, k)) are not implemented on Dask arrays; "
                 "compute the arrays, or solve each column of b with Dask"
             )
-        return sinkhorn_targets_in_memory(
+        return solver.sinkhorn_targets(
             a, b, X, Y, reg, backend, options=options, reg_m=reg_m, metric=metric, p=p,
             warmstart=warmstart, rng=rng, policy=policy, **build, **backend_params,
         )  # fmt: skip
@@ -350,7 +384,7 @@ def sinkhorn(
             a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, policy=policy, **options.as_dict(),
             **build, **backend_params,
         )  # fmt: skip
-    return sinkhorn_in_memory(
+    return solver.sinkhorn(
         a, b, X, Y, reg, backend, options=options, reg_m=reg_m,
         unbalanced_type=unbalanced_type, metric=metric, p=p, warmstart=warmstart, rng=rng,
         policy=policy, context=_arrays, **build, **backend_params,
@@ -481,6 +515,8 @@ def _public_solve(core):
 
     @functools.wraps(core)
     def solve(*args: Any, **kwargs: Any):
+        if kwargs.get("_arrays") is not None:  # a layer of sketchot: host arrays, no views
+            return core(*args, **kwargs)
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError:
@@ -520,28 +556,40 @@ def _requires_grad(value: Any) -> bool:
 sinkhorn = _public_solve(sinkhorn)
 
 
-#: sinkhorn's keyword-only parameters: the rest of every convenience's signature.
-_KEYWORDS = [
-    param
-    for param in inspect.signature(sinkhorn).parameters.values()
-    if param.kind in (param.KEYWORD_ONLY, param.VAR_KEYWORD)
-]
-
-
-def _signature(func, leading: dict[str, Any], skip: tuple[str, ...] = ()):
-    """Give ``func`` its full public signature: its own leading parameters (name -> default,
-    ``inspect.Parameter.empty`` for a required one), then :func:`sinkhorn`'s keywords."""
-    params = [
-        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
-        for name, default in leading.items()
-    ]
-    params += [param for param in _KEYWORDS if param.name not in {*leading, *skip}]
-    func.__signature__ = inspect.Signature(params)
-    return func
-
-
-def sinkhorn2(a: Any, b: Any, X: Any, Y: Any = None, reg: float | None = None,
-              backend: str = "auto", **kwargs: Any) -> Any:  # fmt: skip
+@_documented
+def sinkhorn2(
+    a: Any,
+    b: Any,
+    X: Any,
+    Y: Any = None,
+    reg: float | None = None,
+    backend: str = "auto",
+    *,
+    reg_m: Any = None,
+    unbalanced_type: str = "KL",
+    metric: Any = "sqeuclidean",
+    p: float = 2.0,
+    rank: Any = None,
+    dtype: Any = None,
+    rng: Any = None,
+    warmstart: Any = None,
+    max_iter: int = _DEFAULT.max_iter,
+    tol: float | None = _DEFAULT.tol,
+    check_every: int | str = _DEFAULT.check_every,
+    safeguard: str = _DEFAULT.safeguard,
+    log_domain: bool | str = _DEFAULT.log_domain,
+    coarse_to_fine: bool | str = _DEFAULT.coarse_to_fine,
+    epsilon_scaling: bool | str = _DEFAULT.epsilon_scaling,
+    anderson: int | str = _DEFAULT.anderson,
+    accuracy: float | None = _DEFAULT.accuracy,
+    certify_first: bool = _DEFAULT.certify_first,
+    true_kernel_samples: int | str = _DEFAULT.true_kernel_samples,
+    errors: str = _DEFAULT.errors,
+    warn: bool = _DEFAULT.warn,
+    verbose: bool = _DEFAULT.verbose,
+    options: SolverOptions | None = None,
+    **backend_params: Any,
+) -> Any:
     """``<P, M>`` of :func:`sinkhorn`'s plan (POT's ``sinkhorn2``: the linear cost, without
     the entropic term).
 
@@ -549,9 +597,13 @@ def sinkhorn2(a: Any, b: Any, X: Any, Y: Any = None, reg: float | None = None,
     ----------
     a, b, X, Y, reg, backend
         As in :func:`sinkhorn`.
-    **kwargs
-        Every keyword of :func:`sinkhorn` (``reg_m``, ``metric``, ``accuracy``, ``tol``,
-        ``max_iter``, ..., the backend's parameters); the signature lists them.
+    reg_m, warmstart
+        As in :func:`sinkhorn`.
+    unbalanced_type, metric, p, rank, dtype, rng
+        As in :func:`sinkhorn`.
+    {options}
+    **backend_params
+        The backend's own parameters, as in :func:`sinkhorn`.
 
     Returns
     -------
@@ -587,20 +639,50 @@ def sinkhorn2(a: Any, b: Any, X: Any, Y: Any = None, reg: float | None = None,
             )
     _refuse_matrix_call("sinkhorn2", Y)
     _require_reg(reg, "sinkhorn2")
+    options = _options(locals())
     with _in_terms_of("sinkhorn2"):
-        value = sinkhorn(a, b, X, Y, reg, backend, **kwargs).value_linear
+        value = sinkhorn(
+            a, b, X, Y, reg, backend, reg_m=reg_m, unbalanced_type=unbalanced_type,
+            metric=metric, p=p, warmstart=warmstart, rank=rank, dtype=dtype, rng=rng,
+            options=options, **backend_params,
+        ).value_linear  # fmt: skip
     return np.float64(value) if type(value) is float else value
 
 
-_signature(
-    sinkhorn2,
-    {"a": inspect.Parameter.empty, "b": inspect.Parameter.empty, "X": inspect.Parameter.empty,
-     "Y": None, "reg": None, "backend": "auto"},
-)  # fmt: skip
-
-
-def sinkhorn_unbalanced(a: Any, b: Any, X: Any, Y: Any, reg: float, reg_m: Any,
-                        backend: str = "auto", **kwargs: Any):  # fmt: skip
+@_documented
+def sinkhorn_unbalanced(
+    a: Any,
+    b: Any,
+    X: Any,
+    Y: Any,
+    reg: float,
+    reg_m: Any,
+    backend: str = "auto",
+    *,
+    unbalanced_type: str = "KL",
+    metric: Any = "sqeuclidean",
+    p: float = 2.0,
+    rank: Any = None,
+    dtype: Any = None,
+    rng: Any = None,
+    warmstart: Any = None,
+    max_iter: int = _DEFAULT.max_iter,
+    tol: float | None = _DEFAULT.tol,
+    check_every: int | str = _DEFAULT.check_every,
+    safeguard: str = _DEFAULT.safeguard,
+    log_domain: bool | str = _DEFAULT.log_domain,
+    coarse_to_fine: bool | str = _DEFAULT.coarse_to_fine,
+    epsilon_scaling: bool | str = _DEFAULT.epsilon_scaling,
+    anderson: int | str = _DEFAULT.anderson,
+    accuracy: float | None = _DEFAULT.accuracy,
+    certify_first: bool = _DEFAULT.certify_first,
+    true_kernel_samples: int | str = _DEFAULT.true_kernel_samples,
+    errors: str = _DEFAULT.errors,
+    warn: bool = _DEFAULT.warn,
+    verbose: bool = _DEFAULT.verbose,
+    options: SolverOptions | None = None,
+    **backend_params: Any,
+):
     """Unbalanced entropic transport between point clouds (POT's name and argument order).
 
     Parameters
@@ -610,8 +692,13 @@ def sinkhorn_unbalanced(a: Any, b: Any, X: Any, Y: Any, reg: float, reg_m: Any,
     reg_m : float or pair of float
         KL penalties of the marginals (required here): a number for both sides,
         ``(reg_m_a, reg_m_b)`` for each, ``float('inf')`` for a hard side.
-    **kwargs
-        Every other keyword of :func:`sinkhorn`; the signature lists them.
+    warmstart
+        As in :func:`sinkhorn`.
+    unbalanced_type, metric, p, rank, dtype, rng
+        As in :func:`sinkhorn`.
+    {options}
+    **backend_params
+        The backend's own parameters, as in :func:`sinkhorn`.
 
     Returns
     -------
@@ -630,21 +717,49 @@ def sinkhorn_unbalanced(a: Any, b: Any, X: Any, Y: Any, reg: float, reg_m: Any,
     """
     _refuse_matrix_call("sinkhorn_unbalanced", Y)
     _require_reg(reg, "sinkhorn_unbalanced")
+    options = _options(locals())
     with _in_terms_of("sinkhorn_unbalanced"):
-        return sinkhorn(a, b, X, Y, reg, backend, reg_m=reg_m, **kwargs)
+        return sinkhorn(
+            a, b, X, Y, reg, backend, reg_m=reg_m, unbalanced_type=unbalanced_type,
+            metric=metric, p=p, warmstart=warmstart, rank=rank, dtype=dtype, rng=rng,
+            options=options, **backend_params,
+        )  # fmt: skip
 
 
-_signature(
-    sinkhorn_unbalanced,
-    {"a": inspect.Parameter.empty, "b": inspect.Parameter.empty, "X": inspect.Parameter.empty,
-     "Y": inspect.Parameter.empty, "reg": inspect.Parameter.empty,
-     "reg_m": inspect.Parameter.empty, "backend": "auto"},
-)  # fmt: skip
-
-
-def solve_sample(X_a: Any, X_b: Any, a: Any = None, b: Any = None, reg: float | None = None,
-                 unbalanced: Any = None, backend: str = "auto", potentials_init: Any = None,
-                 **kwargs: Any):  # fmt: skip
+@_documented
+def solve_sample(
+    X_a: Any,
+    X_b: Any,
+    a: Any = None,
+    b: Any = None,
+    reg: float | None = None,
+    unbalanced: Any = None,
+    backend: str = "auto",
+    potentials_init: Any = None,
+    *,
+    unbalanced_type: str = "KL",
+    metric: Any = "sqeuclidean",
+    p: float = 2.0,
+    rank: Any = None,
+    dtype: Any = None,
+    rng: Any = None,
+    max_iter: int = _DEFAULT.max_iter,
+    tol: float | None = _DEFAULT.tol,
+    check_every: int | str = _DEFAULT.check_every,
+    safeguard: str = _DEFAULT.safeguard,
+    log_domain: bool | str = _DEFAULT.log_domain,
+    coarse_to_fine: bool | str = _DEFAULT.coarse_to_fine,
+    epsilon_scaling: bool | str = _DEFAULT.epsilon_scaling,
+    anderson: int | str = _DEFAULT.anderson,
+    accuracy: float | None = _DEFAULT.accuracy,
+    certify_first: bool = _DEFAULT.certify_first,
+    true_kernel_samples: int | str = _DEFAULT.true_kernel_samples,
+    errors: str = _DEFAULT.errors,
+    warn: bool = _DEFAULT.warn,
+    verbose: bool = _DEFAULT.verbose,
+    options: SolverOptions | None = None,
+    **backend_params: Any,
+):
     """Transport between samples with the names and defaults of POT's ``ot.solve_sample``:
     entropic with ``reg``, exact (POT's own solver) without.
 
@@ -666,9 +781,11 @@ def solve_sample(X_a: Any, X_b: Any, a: Any = None, b: Any = None, reg: float | 
         As in :func:`sinkhorn`.
     potentials_init : None or pair of array-like, default=None
         Initial log-scalings (:func:`sinkhorn`'s ``warmstart``; POT's name).
-    **kwargs
-        Every other keyword of :func:`sinkhorn` (``max_iter``, ``tol``, ``metric``, ...);
-        the signature lists them.
+    unbalanced_type, metric, p, rank, dtype, rng
+        As in :func:`sinkhorn`.
+    {options}
+    **backend_params
+        The backend's own parameters, as in :func:`sinkhorn`.
 
     Returns
     -------
@@ -695,10 +812,10 @@ def solve_sample(X_a: Any, X_b: Any, a: Any = None, b: Any = None, reg: float | 
     ['reg=None: exact transport solved by POT (ot.solve_sample)']
     """
     for theirs, ours in (("reg_m", "unbalanced"), ("warmstart", "potentials_init")):
-        if theirs in kwargs:
+        if theirs in backend_params:
             raise TypeError(
                 f"solve_sample() takes sinkhorn's {theirs} as {ours} (POT's name); got "
-                f"{theirs}={kwargs[theirs]!r:.60}"
+                f"{theirs}={backend_params[theirs]!r:.60}"
             )
     if potentials_init is not None and not (
         isinstance(potentials_init, (tuple, list)) and len(potentials_init) == 2
@@ -708,22 +825,48 @@ def solve_sample(X_a: Any, X_b: Any, a: Any = None, b: Any = None, reg: float | 
             f"and (m,) (a result's potentials); got {type(potentials_init).__name__}"
         )
     if reg is None:
-        return _exact_by_pot(X_a, X_b, a, b, unbalanced, backend, potentials_init, kwargs)
+        arguments = dict(locals())  # (a comprehension has its own locals)
+        given = {name: value for name, value in arguments.items() if _given(name, value)}
+        return _exact_by_pot(X_a, X_b, a, b, unbalanced, backend, potentials_init, given)
+    options = _options(locals())
     names = {"X": "X_a", "Y": "X_b", "reg_m": "unbalanced", "warmstart": "potentials_init"}
     with _in_terms_of("solve_sample", **names):
         return sinkhorn(
-            a, b, X_a, X_b, reg, backend, reg_m=unbalanced, warmstart=potentials_init, **kwargs
-        )
+            a, b, X_a, X_b, reg, backend, reg_m=unbalanced, unbalanced_type=unbalanced_type,
+            metric=metric, p=p, warmstart=potentials_init, rank=rank, dtype=dtype, rng=rng,
+            options=options, **backend_params,
+        )  # fmt: skip
+
+
+#: solve_sample's keywords after ``potentials_init`` and their defaults (its exact solve by
+#: POT tells which were given, by name).
+_KEYWORD_DEFAULTS = {
+    "unbalanced_type": "KL", "metric": "sqeuclidean", "p": 2.0, "rank": None, "dtype": None,
+    "rng": None, "options": None,
+}  # fmt: skip
+
+
+def _given(name: str, value: Any) -> bool:
+    """Whether solve_sample's keyword ``name`` was given a value other than its default
+    (``backend_params`` by being non-empty)."""
+    if name == "backend_params":
+        return bool(value)
+    if name in SolverOptions.names():
+        return not _is_default(name, value)
+    return name in _KEYWORD_DEFAULTS and not _same(value, _KEYWORD_DEFAULTS[name])
 
 
 #: What an exact solve by POT takes besides the samples, weights and ``unbalanced``.
 _EXACT_KEYWORDS = ("metric", "p", "max_iter")
 
 
-def _exact_by_pot(X_a, X_b, a, b, unbalanced, backend, potentials_init, kwargs):
-    """``solve_sample`` without ``reg``: POT's exact solve (POT is a dependency)."""
+def _exact_by_pot(X_a, X_b, a, b, unbalanced, backend, potentials_init, given):
+    """``solve_sample`` without ``reg``: POT's exact solve (POT is a dependency). ``given``:
+    the keywords the caller gave (other than their defaults), the backend's parameters
+    among them as one dict."""
     import ot
 
+    kwargs = {**given.pop("backend_params", {}), **given}
     refused = sorted(name for name in kwargs if name not in _EXACT_KEYWORDS)
     refused += ["backend"] if backend != "auto" else []
     refused += ["potentials_init"] if potentials_init is not None else []
@@ -756,14 +899,6 @@ def _exact_by_pot(X_a, X_b, a, b, unbalanced, backend, potentials_init, kwargs):
     return result
 
 
-_signature(
-    solve_sample,
-    {"X_a": inspect.Parameter.empty, "X_b": inspect.Parameter.empty, "a": None, "b": None,
-     "reg": None, "unbalanced": None, "backend": "auto", "potentials_init": None},
-    skip=("reg_m", "warmstart"),
-)  # fmt: skip
-
-
 @_named_only("the kernel already fixes reg, the cost and the backend's parameters")
 @_documented
 @in_user_arrays("a", "b", "kernel", "warmstart")
@@ -792,6 +927,7 @@ def sinkhorn_kernel(
     errors: str = _DEFAULT.errors,
     warn: bool = _DEFAULT.warn,
     verbose: bool = _DEFAULT.verbose,
+    options: SolverOptions | None = None,
 ):
     """Sinkhorn on a prebuilt :class:`~sketchot.kernels.KernelOperator`: several solves with
     one kernel (other weights, penalties or options), the problem and result of
@@ -842,7 +978,7 @@ def sinkhorn_kernel(
                 "several targets (b of shape (m, k)) are not implemented on Dask arrays or "
                 "kernels; solve each column of b"
             )
-        return sinkhorn_kernel_targets_in_memory(
+        return solver.sinkhorn_kernel_targets(
             a, b, kernel, options=options, reg_m=reg_m, metric=metric, p=p,
             warmstart=warmstart, rng=rng,
         )  # fmt: skip
@@ -853,7 +989,7 @@ def sinkhorn_kernel(
         return _distributed().sinkhorn_kernel_dask(
             a, b, kernel, reg_m=reg_m, rng=rng, **options.as_dict()
         )
-    return sinkhorn_kernel_in_memory(
+    return solver.sinkhorn_kernel(
         a, b, kernel, options=options, reg_m=reg_m, unbalanced_type=unbalanced_type,
         metric=metric, p=p, warmstart=warmstart, rng=rng,
     )  # fmt: skip
@@ -947,7 +1083,7 @@ def make_kernel(
             X, Y, reg, backend, rng=rng, dtype=dtype, rank=rank, accuracy=accuracy, policy=policy,
             **backend_params,
         )  # fmt: skip
-    return make_kernel_in_memory(
+    return kernels.make_kernel(
         X, Y, reg, backend, rng=rng, dtype=dtype, rank=rank, metric=metric, p=p,
         accuracy=accuracy, policy=policy, context=_arrays, **backend_params,
     )  # fmt: skip
