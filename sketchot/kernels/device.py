@@ -3,10 +3,11 @@
 When a call passes arrays on an accelerator (CUDA tensors, CuPy; arrays in host memory only
 with :data:`sketchot._arrays.HOST_ARRAYS_ON_DEVICE`: CPU tensors run NumPy's operators on
 views of them), every geometry records the :class:`~sketchot._arrays.ArrayContext` of the
-inputs, and the exact and low-rank builders return their device operators
-(:class:`~sketchot.kernels.exact.DeviceExactKernel`,
-:class:`~sketchot.kernels.lowrank.DeviceLowRankKernel`; the block-local builder puts its
-expansion's products there, :meth:`~sketchot.sketch.LocalGaussianExpansion.to_device`):
+inputs, the exact builder returns its device operator
+(:class:`~sketchot.kernels.exact.DeviceExactKernel`), a
+:class:`~sketchot.kernels.lowrank.LowRankKernel` holds its factors there, and the
+block-local builder puts its expansion's products there
+(:meth:`~sketchot.sketch.LocalGaussianExpansion.to_device`):
 the clouds are copied once to that device (:class:`~sketchot._arrays.DeviceArrays`; the
 low-rank factors are built there, :attr:`~sketchot.kernels.lowrank.FactorMaps.device_left_factor`),
 and every product, the exact kernel's blocks,

@@ -27,16 +27,23 @@ NEW_POINTS_BLOCK_ENTRIES = 1 << 22
 
 
 class LowRankKernel(KernelOperator):
-    """``K ~ A B^T`` from factors ``A`` (n x r) and ``B`` (m x r).
+    """``K ~ A B^T`` from factors ``A`` (n x r) and ``B`` (m x r), held where the caller's
+    points live.
 
     Parameters
     ----------
     geometry : GibbsGeometry
+        Its ``context`` is the placement: NumPy's products on the host, or, where the
+        geometry computes on the caller's device (:meth:`~sketchot.gibbs.GibbsGeometry.
+        computes_on_device`: CUDA tensors, JAX, ...), the factors held there and every
+        product run there through the library's Array API namespace.
     info : KernelInfo
         ``rank`` is set from the factors; ``'factors'`` and ``'out_of_sample'`` are added to
         the capabilities.
-    left, right : ndarray
-        ``A`` and ``B`` (stored in ``dtype``).
+    left, right : array
+        ``A`` and ``B`` (stored in ``dtype``): NumPy arrays, or on a device placement
+        arrays already there (built there by the backend's maps:
+        :attr:`FactorMaps.device_left_factor`; NumPy ones are copied there once).
     left_map, right_map : callable
         Feature maps of new points: ``left_map(X_new) @ left_projection`` are the rows of
         ``A`` for ``X_new`` (likewise on the right), with the fitted randomness.
@@ -46,10 +53,18 @@ class LowRankKernel(KernelOperator):
         ``K(x, Z)`` then whitening).
     dtype : numpy dtype
 
+    Attributes
+    ----------
+    left, right : ndarray
+        ``A`` and ``B`` as NumPy arrays (on a device placement, copies fetched when first
+        read: for users, POT and the host-side helpers, so the host holds no factor unless
+        asked).
+
     Notes
     -----
     Memory ``O((n + m) r)``; every product ``O((n + m) r)``; no ``n x m`` array except by an
-    explicit :meth:`to_dense`. ``factors`` can be given to POT's
+    explicit :meth:`to_dense`. On a device each product moves ``O(n + m)`` numbers between
+    host and device. ``factors`` can be given to POT's
     ``ot.lowrank.sinkhorn_low_rank_kernel(A, B, a, b)``.
     """
 
@@ -57,8 +72,8 @@ class LowRankKernel(KernelOperator):
         self,
         geometry: GibbsGeometry,
         info: KernelInfo,
-        left: np.ndarray,
-        right: np.ndarray,
+        left: Any,
+        right: Any,
         *,
         left_map: Callable[[np.ndarray], np.ndarray],
         right_map: Callable[[np.ndarray], np.ndarray],
@@ -67,33 +82,81 @@ class LowRankKernel(KernelOperator):
         right_projection: np.ndarray | None = None,
     ) -> None:
         super().__init__(geometry, info, dtype)
-        self.left, self.right = self._hold(left), self._hold(right)
+        # the placement: None on the host, else the caller's device, where the factors live
+        self._on = DeviceArrays(geometry.context) if geometry.computes_on_device() else None
+        self._fetched: dict[str, np.ndarray] = {}  # a device placement's NumPy copies
+        self._left_held, self._right_held = self._hold(left), self._hold(right)
         info.rank = int(left.shape[1])
         info.capabilities = info.capabilities | {"factors", "out_of_sample"}
         self._maps = (left_map, right_map)
         self._projections = (left_projection, right_projection)
 
-    def _hold(self, factor: Any) -> np.ndarray:
-        """A factor as stored: contiguous, in ``dtype``."""
-        return np.ascontiguousarray(factor, dtype=self.dtype)
+    def _hold(self, factor: Any) -> Any:
+        """A factor as stored: contiguous, in ``dtype``, on the placement's device (a NumPy
+        factor is copied there; one built there is kept)."""
+        if self._on is None:
+            return np.ascontiguousarray(factor, dtype=self.dtype)
+        return self._on.put(factor, self.dtype) if isinstance(factor, np.ndarray) else factor
+
+    @property
+    def on_device(self) -> bool:
+        """Whether the factors and products live on the caller's device."""
+        return self._on is not None
+
+    def _host_factor(self, name: str) -> np.ndarray:
+        held = getattr(self, f"_{name}_held")
+        if self._on is None:
+            return held
+        if name not in self._fetched:
+            host = self._on.context.to_host(held)
+            self._fetched[name] = np.ascontiguousarray(host, dtype=self.dtype)
+        return self._fetched[name]
+
+    @property
+    def left(self) -> np.ndarray:
+        """``A`` as a NumPy array."""
+        return self._host_factor("left")
+
+    @property
+    def right(self) -> np.ndarray:
+        """``B`` as a NumPy array."""
+        return self._host_factor("right")
 
     @property
     def factors(self) -> tuple[np.ndarray, np.ndarray]:
         """``(A, B)`` with ``K ~ A B^T``."""
         return self.left, self.right
 
+    def _factor(self, side: str) -> Any:
+        """The stored factor of a side (``'rows'``: ``A``), where the products run."""
+        return self._left_held if side == "rows" else self._right_held
+
+    def _product(self, first: Any, second: Any, values: Any) -> np.ndarray:
+        """``first @ (second.T @ values)`` where the factors live, float64 on the host."""
+        if self._on is None:
+            inner = second.T @ values.astype(self.dtype, copy=False)
+            return (first @ inner).astype(np.float64, copy=False)
+        return self._on.get(first @ (second.T @ self._on.put(values, self.dtype)))
+
     def matmat(self, V: Any) -> np.ndarray:
         V = check_operand(V, self.shape[1], "V", vector=False)
-        inner = self.right.T @ V.astype(self.dtype, copy=False)
-        return (self.left @ inner).astype(np.float64, copy=False)
+        return self._product(self._left_held, self._right_held, V)
 
     def rmatmat(self, U: Any) -> np.ndarray:
         U = check_operand(U, self.shape[0], "U", vector=False)
-        inner = self.left.T @ U.astype(self.dtype, copy=False)
-        return (self.right @ inner).astype(np.float64, copy=False)
+        return self._product(self._right_held, self._left_held, U)
 
     def _rows(self, index: np.ndarray) -> np.ndarray:
-        return (self.left[index] @ self.right.T).astype(np.float64, copy=False)
+        if self._on is None:
+            return (self.left[index] @ self.right.T).astype(np.float64, copy=False)
+        return self._on.get(self._take(self._left_held, index) @ self._right_held.T)
+
+    def _take(self, factor: Any, index: Any) -> Any:
+        """Rows ``index`` (integers, a mask or a slice) of a stored factor, where it lives."""
+        if self._on is None:
+            return factor[index]
+        rows = np.arange(factor.shape[0])[index].ravel()
+        return self._on.xp.take(factor, self._on.put(rows, np.int64), axis=0)
 
     def _apply_new(self, points: np.ndarray, values: np.ndarray, transpose: bool) -> np.ndarray:
         fitted_other = self.left if transpose else self.right
@@ -109,9 +172,6 @@ class LowRankKernel(KernelOperator):
             out[rows] = feature_map(points[rows]) @ inner
         return out
 
-    def _factor(self, side: str) -> np.ndarray:
-        return self.left if side == "rows" else self.right
-
     def fused_pass(
         self,
         side: str,
@@ -122,7 +182,14 @@ class LowRankKernel(KernelOperator):
         step: RatioStep = IDENTITY_STEP,
     ) -> FusedPass:
         refuse_log(self, log)
-        return matrix_fused_pass(self._factor(side), w, numerator, self.dtype, step)
+        factor = self._factor(side)
+        if self._on is None:  # threaded row blocks on the host
+            return matrix_fused_pass(factor, w, numerator, self.dtype, step)
+        with np.errstate(over="ignore", invalid="ignore"):
+            products = self._on.get(factor @ self._on.put(w, self.dtype))
+            ratios, bad = fast_ratios_and_bad(numerator, products, step)
+        projection = self._on.get(self._on.put(ratios, self.dtype) @ factor)
+        return FusedPass(products, ratios, projection, bad)
 
     def project(
         self, side: str, values: np.ndarray, index: Any = None, *, log: bool = False
@@ -130,87 +197,10 @@ class LowRankKernel(KernelOperator):
         refuse_log(self, log)
         factor = self._factor(side)
         if index is not None:
-            factor = factor[index]
-        return (values.astype(self.dtype) @ factor).astype(np.float64)
-
-
-class DeviceLowRankKernel(LowRankKernel):
-    """``K ~ A B^T`` with the factors held on the caller's device, where every product runs.
-
-    ``left`` and ``right`` may be given on that device (built there by the backend's maps:
-    :attr:`FactorMaps.device_left_factor`) or as NumPy arrays (copied there once). The
-    attributes ``left``, ``right`` and ``factors`` are NumPy copies, fetched when first read
-    (for users, POT and the host-side helpers: rows of the kernel, new points), so the host
-    holds no factor unless asked.
-    """
-
-    def __init__(self, geometry: GibbsGeometry, *args: Any, **kwargs: Any) -> None:
-        self._on = DeviceArrays(geometry.context)
-        self._host: dict[str, np.ndarray] = {}  # the NumPy copies fetched so far
-        super().__init__(geometry, *args, **kwargs)  # sets left and right: kept on the device
-
-    def _hold(self, factor: Any) -> Any:
-        """The factor on the device, in ``dtype`` (a NumPy factor is copied there)."""
-        if isinstance(factor, np.ndarray):
-            return self._on.put(factor, self.dtype)
-        return factor
-
-    def _fetch(self, name: str) -> np.ndarray:
-        if name not in self._host:
-            host = self._on.context.to_host(getattr(self, f"_{name}_d"))
-            self._host[name] = np.ascontiguousarray(host, dtype=self.dtype)
-        return self._host[name]
-
-    def _store(self, name: str, factor: Any) -> None:
-        setattr(self, f"_{name}_d", factor)
-        self._host.pop(name, None)
-
-    left = property(
-        lambda self: self._fetch("left"),
-        lambda self, factor: self._store("left", factor),
-        doc="``A`` as a NumPy array (fetched from the device when first read).",
-    )
-    right = property(
-        lambda self: self._fetch("right"),
-        lambda self, factor: self._store("right", factor),
-        doc="``B`` as a NumPy array (fetched from the device when first read).",
-    )
-
-    def _factor_d(self, side: str) -> Any:
-        return self._left_d if side == "rows" else self._right_d
-
-    def matmat(self, V: Any) -> np.ndarray:
-        V = self._on.put(check_operand(V, self.shape[1], "V", vector=False), self.dtype)
-        return self._on.get(self._left_d @ (self._right_d.T @ V))
-
-    def rmatmat(self, U: Any) -> np.ndarray:
-        U = self._on.put(check_operand(U, self.shape[0], "U", vector=False), self.dtype)
-        return self._on.get(self._right_d @ (self._left_d.T @ U))
-
-    def fused_pass(self, side, w, numerator, *, log=False, step=IDENTITY_STEP) -> FusedPass:
-        if log:
-            return super().fused_pass(side, w, numerator, log=log, step=step)
-        factor = self._factor_d(side)
-        with np.errstate(over="ignore", invalid="ignore"):
-            products = self._on.get(factor @ self._on.put(w, self.dtype))
-            ratios, bad = fast_ratios_and_bad(numerator, products, step)
-        projection = self._on.get(self._on.put(ratios, self.dtype) @ factor)
-        return FusedPass(products, ratios, projection, bad)
-
-    def project(self, side, values, index=None, *, log=False) -> np.ndarray:
-        refuse_log(self, log)
-        factor = self._factor_d(side)
-        if index is not None:
             factor = self._take(factor, index)
+        if self._on is None:
+            return (values.astype(self.dtype) @ factor).astype(np.float64)
         return self._on.get(self._on.put(values, self.dtype) @ factor)
-
-    def _rows(self, index: np.ndarray) -> np.ndarray:
-        return self._on.get(self._take(self._left_d, index) @ self._right_d.T)
-
-    def _take(self, factor: Any, index: Any) -> Any:
-        """Rows ``index`` (integers, a mask or a slice) of a device factor, on the device."""
-        rows = np.arange(factor.shape[0])[index].ravel()
-        return self._on.xp.take(factor, self._on.put(rows, np.int64), axis=0)
 
 
 @dataclass(frozen=True)
@@ -272,9 +262,7 @@ def low_rank_from_maps(geometry: GibbsGeometry, maps: FactorMaps) -> LowRankKern
             right = maps.device_right_factor(on, geometry.Y)
         else:
             left, right = maps.left_factor(geometry.X), maps.right_factor(geometry.Y)
-        operator = DeviceLowRankKernel(
-            geometry, maps.info, left, right, **maps.operator_arguments()
-        )
+        operator = LowRankKernel(geometry, maps.info, left, right, **maps.operator_arguments())
     for name, value in maps.attributes.items():
         setattr(operator, name, value)
     return operator

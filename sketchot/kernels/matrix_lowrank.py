@@ -43,7 +43,7 @@ from .._validation import check_float, check_int, check_rng
 from ..cost_matrix import has_points
 from ..gibbs import gibbs_block
 from .base import KernelInfo
-from .lowrank import DeviceLowRankKernel, LowRankKernel
+from .lowrank import LowRankKernel
 from .registry import register_backend
 
 #: The backend's name.
@@ -232,8 +232,6 @@ def build_skeleton(
                 "right_map": _landmark_map(geometry, geometry.Xc[rows], cost.transposed()),
                 "left_projection": left_projection, "right_projection": right_projection,
             }  # fmt: skip
-    if entries.points and geometry.computes_on_device():
-        return DeviceLowRankKernel(geometry, info, left, right, dtype=dtype, **maps)
     kernel = LowRankKernel(geometry, info, left, right, dtype=dtype, **maps)
     if not entries.points:
         kernel.info.capabilities = kernel.info.capabilities - {"out_of_sample"}

@@ -14,7 +14,6 @@ from sketchot.gibbs import GibbsGeometry
 from sketchot.kernels import IDENTITY_STEP, ExactKernel, LowRankKernel, RatioStep
 from sketchot.kernels.base import ratios_and_bad
 from sketchot.kernels.exact import DeviceExactKernel
-from sketchot.kernels.lowrank import DeviceLowRankKernel
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.usefixtures("device_operators")  # CPU tensors take them here
@@ -192,7 +191,7 @@ def test_low_rank_factors_run_on_the_device(backend):
     view = sketchot.make_kernel(torch.as_tensor(X), torch.as_tensor(Y), 0.5, backend, rng=5,
                                 **params)  # fmt: skip
     ours = view.host
-    assert isinstance(ours, DeviceLowRankKernel) and isinstance(ours, LowRankKernel)
+    assert type(ours) is LowRankKernel and ours.on_device  # one class, placed on the device
     np.testing.assert_allclose(ours.factors[0], reference.factors[0])  # the same fit
     w, a = rng.random(60) + 0.5, np.full(80, 1 / 80)
     for name in ("products", "ratios", "projection"):
@@ -241,20 +240,20 @@ def test_low_rank_factors_are_built_on_the_device(monkeypatch, backend, maps_nam
     monkeypatch.setattr(module, maps_name, device_only)
     ours = sketchot.make_kernel(torch.as_tensor(X), torch.as_tensor(Y), 0.5, backend, rng=5,
                                 **params).host  # fmt: skip
-    assert isinstance(ours._left_d, torch.Tensor) and not ours._host
-    assert ours._left_d.dtype == getattr(torch, np.dtype(dtype).name)
+    assert isinstance(ours._left_held, torch.Tensor) and not ours._fetched
+    assert ours._left_held.dtype == getattr(torch, np.dtype(dtype).name)
     # float32 factors: their own rounding; entries that cancel to ~0 (FFT sums of signed
     # terms) agree to the rounding of the factors' size (atol)
     rtol = 1e-5 if dtype == np.float32 else RTOL
     np.testing.assert_allclose(ours.left, reference.left, rtol=rtol, atol=rtol)
-    assert ours.left.dtype == dtype and set(ours._host) == {"left"}
+    assert ours.left.dtype == dtype and set(ours._fetched) == {"left"}
     index, u = [2, 7, 40], rng.random(3)
     np.testing.assert_allclose(ours.project("rows", u, index),
                                reference.project("rows", u, index), rtol=rtol,
                                atol=rtol)  # fmt: skip
     np.testing.assert_allclose(ours._rows(np.array(index)), reference._rows(np.array(index)),
                                rtol=rtol, atol=rtol)  # fmt: skip
-    assert "right" not in ours._host  # rows and projections read the device's copies
+    assert "right" not in ours._fetched  # rows and projections read the device's copies
 
 
 def test_the_block_local_kernel_runs_its_products_on_the_device():
