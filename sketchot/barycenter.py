@@ -103,6 +103,7 @@ from ._validation import (
 )
 from .kernels import build_kernel, rebuild_parameters
 from .solver import (
+    LinearRangeError,
     SinkhornResult,
     SolverOptions,
     check_backend_params,
@@ -533,8 +534,13 @@ class _Solver:
             )  # fmt: skip
             start = (None, None) if warm is None else warm.start(kernel, Z, Y, c, reg)
             problem = make_problem(c, b, geometry.shape, reg, log_u0=start[0], log_v0=start[1])
-            result = solve(problem, kernel, options, rng=self.generator, column_moments=final)
-            if self.backend != "auto" or result.accuracy_met is not False:
+            try:
+                result = solve(problem, kernel, options, rng=self.generator, column_moments=final)
+            except LinearRangeError:  # this kernel's plain iteration cannot: choose again
+                if self.backend != "auto":
+                    raise
+                result = None
+            if result is not None and (self.backend != "auto" or result.accuracy_met is not False):
                 return result
             self.notes.append(
                 f"cloud {k}: the reused kernel {name!r} missed the accuracy; chosen again"

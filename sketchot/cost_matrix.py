@@ -214,6 +214,49 @@ def _few(index: np.ndarray) -> str:
     return shown + (f", ... ({index.size} in all)" if index.size > 5 else "")
 
 
+def lowest_cost(geometry: Any) -> float:
+    """The smallest cost the geometry's kernel reads, or 0 when that is not negative: a plan
+    of mass ``s`` costs at least ``lowest_cost * s`` (0 for point clouds, whose costs are
+    distances; negative for a cost matrix solved with its negative entries as they are)."""
+    if has_points(geometry):
+        return 0.0
+    return min(geometry.min_cost - geometry.offset, 0.0)
+
+
+def reference_costs(
+    M: np.ndarray, a: np.ndarray, b: np.ndarray, reg: float, log_c: Any = None
+) -> np.ndarray:
+    """The costs ``M + reg log(a b^T / c)`` (a new array) on which ``reg KL(P | a b^T)``
+    is POT's ``reg KL(P | c)`` on ``M``: for every plan ``P``,
+
+    ``<P, M'> + reg KL(P | a b^T) = <P, M> + reg KL(P | c) + reg (sum(a) sum(b) - sum(c))``
+
+    (generalised KL), so both problems have the same plans whatever the marginal penalties.
+
+    Parameters
+    ----------
+    M : ndarray, shape (n, m)
+        Checked costs (:func:`check_cost_matrix`); ``+inf`` stays a forbidden pair.
+    a, b : ndarray
+        The weights; a zero weight's row (column) carries no mass, so its term is left out
+        (its costs stay ``M``'s).
+    reg : float
+    log_c : ndarray of shape (n, m), or None
+        ``log c``; ``-inf`` (``c_ij = 0``) makes a forbidden pair. ``None``: ``c = 1``
+        (POT's ``reg_type='entropy'``).
+    """
+    with np.errstate(divide="ignore"):
+        log_a, log_b = np.log(a), np.log(b)
+    log_a[~np.isfinite(log_a)] = 0.0
+    log_b[~np.isfinite(log_b)] = 0.0
+    out = np.add.outer(reg * log_a, reg * log_b)
+    if log_c is not None:
+        with np.errstate(invalid="ignore"):
+            out -= reg * log_c  # c = 0: +inf, a forbidden pair
+    out += M  # +inf + finite stays +inf
+    return out
+
+
 def has_points(geometry: Any) -> bool:
     """Whether the geometry has point coordinates (every geometry but
     :class:`CostMatrixGeometry`): plans' moments, barycentric maps, out-of-sample products
@@ -524,6 +567,23 @@ class CostMatrixGeometry:
             block = self.M[active[rows]] - (fa[rows, None] + self.offset)
             np.minimum(g, block.min(axis=0), out=g)
         return float(fa @ a[active] + g @ b)
+
+    def plan_inner(self, log_u: np.ndarray, log_v: np.ndarray, W: np.ndarray) -> float:
+        """``<P, W> = sum_ij P_ij W_ij`` for the plan ``P = diag(u) K diag(v)`` of this
+        kernel and another ``n x m`` matrix ``W`` (e.g. the costs of the problem that a
+        reference measure transformed into this one), over row blocks: ``O(n m)`` time, no
+        ``n x m`` temporary. A pair the plan leaves empty adds nothing (even where ``W`` is
+        ``inf``)."""
+        total = 0.0
+        for rows in row_slices(self.shape[0], block_rows(self.shape[1], dim=BLOCK_DIM)):
+            block = self._neg_cost(self.M, rows)
+            block += log_u[rows, None]
+            block += log_v[None, :]
+            np.exp(block, out=block)
+            with np.errstate(invalid="ignore"):
+                terms = np.where(block > 0, block * W[rows], 0.0)
+            total += float(terms.sum())
+        return total
 
     # ------------------------------------------------------ what needs points
     def _no_points(self, what: str) -> Any:

@@ -77,6 +77,7 @@ from .solver import (
     AccuracyWarning,
     InvalidResultError,
     LazyPlan,
+    LinearRangeError,
     NonPositiveKernelError,
     SinkhornResult,
     SolverOptions,
@@ -496,7 +497,7 @@ def _solve(P, Q, wp, wq, reg, reg_m, backend, seed, previous, trend, cost, kwarg
     if previous is not None and previous.kernel.shape == (P.shape[0], Q.shape[0]):
         try:
             result = _solve_warm(P, Q, wp, wq, reg, reg_m, seed, previous, trend, cost, kwargs)
-        except (InvalidResultError, NonPositiveKernelError) as error:  # a start far off
+        except (InvalidResultError, NonPositiveKernelError, LinearRangeError) as error:
             note = (
                 f"warm start on {previous.backend!r} failed ({type(error).__name__}): solved cold"
             )

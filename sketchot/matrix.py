@@ -5,12 +5,15 @@ With ``reg > 0`` the call runs :func:`sketchot.solver.matrix.sinkhorn_matrix` (t
 kernel ``exp(-M / reg)``, the epsilon schedule, the Newton stage, the exhaustive true-kernel
 check); with ``reg=None`` it goes to POT's own exact solver, as
 :func:`sketchot.solve_sample` does without ``reg``. What the solver does not solve
-(quadratic or TV penalties, other regularisers, a reference measure ``c``, an initial plan)
-is refused by name, with what was expected and what was received.
+(quadratic penalties, other regularisers, an initial plan) is refused by name, with what
+was expected and what was received. A reference measure ``c`` (and ``reg_type='entropy'``
+with ``unbalanced``, whose reference measure is ``c = 1``) is solved on the costs ``M + reg
+log(a b^T / c)``: :class:`ReferenceMeasureResult`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -19,6 +22,7 @@ from . import policy
 from ._arrays import NUMPY, array_context
 from ._parallel import thread_limit
 from ._validation import RenamableError, check_int, describe, unknown_names
+from .cost_matrix import CostMatrixGeometry, check_cost_matrix, reference_costs
 from .kernels import EXACT_BACKEND, available_backends, get_backend
 from .solver import (
     PENALTY_TYPES,
@@ -27,6 +31,7 @@ from .solver import (
     SinkhornResult,
     SolverOptions,
     check_unbalanced_type,
+    make_problem,
     several_targets,
     sinkhorn_matrix,
     sinkhorn_targets_matrix,
@@ -102,15 +107,22 @@ def solve(
         signature as given and returns POT's ``OTResult``, with ``notes`` saying that POT
         solved it; sketchot's options are refused there. ``reg=0`` is refused (POT reads it
         as ``None``; pass ``None``).
-    c : None
-        POT's reference measure of the regularisation. Only ``None`` (``c = a b^T``, POT's
-        default) is solved with ``reg``; an array is refused.
+    c : None or array-like, shape (n, m)
+        POT's reference measure of the regularisation, ``reg KL(P | c)`` (``None``: ``a
+        b^T``, POT's default): finite entries ``>= 0``, ``0`` forbidding the pair. Solved on
+        the costs ``M' = M + reg log(a b^T / c)`` (one more ``n x m`` array), which give the
+        same plans for any penalties; unbalanced, ``M'`` is solved as it is, negative entries
+        included. Balanced, POT 0.9.7's ``ot.solve`` ignores ``c`` (its answer is ``c = a
+        b^T``'s); this solves the problem its docstring states. With ``'entropy'`` only
+        ones (POT's ``c = 1``) are taken; one target only.
     reg_type : {'KL', 'entropy'}, default='KL'
         The regulariser (case-insensitive, as in POT). ``'KL'``: ``reg KL(P | a b^T)``.
-        ``'entropy'`` (balanced only): Cuturi's ``reg sum P log P``, which differs from
-        ``'KL'`` by ``reg (<a, log a> + <b, log b>)`` on the balanced constraint set: the
-        same plan and potentials; ``value`` is POT's ``<P, M> + reg sum P log P``. POT's
-        ``'L2'`` and ``(f, df)`` pairs are refused (``NotImplementedError``).
+        ``'entropy'``: Cuturi's ``reg sum P log P``. Balanced, it differs from ``'KL'`` by
+        ``reg (<a, log a> + <b, log b>)`` on the constraint set: the same plan and
+        potentials; ``value`` is POT's ``<P, M> + reg sum P log P``. Unbalanced, it is the
+        reference measure ``c = 1`` (see ``c``), with POT's value ``<P, M> + reg (sum P log
+        P - sum P)`` plus the penalties. POT's ``'L2'`` and ``(f, df)`` pairs are refused
+        (``NotImplementedError``).
     unbalanced : None, float or pair of float, default=None
         KL penalties of the marginals (the solver's ``reg_m``, in units of the cost): a
         number (or a one-item sequence) for both sides, ``(u_a, u_b)`` for each,
@@ -172,7 +184,10 @@ def solve(
         b^T))`` (``'KL'``) or ``<P, M> + reg sum P log P`` (``'entropy'``). Unbalanced, it
         is the objective above with the generalised KL (POT's formula with
         ``kl_div(..., mass=True)``; POT 0.9.7's ``ot.solve`` drops the mass terms
-        ``sum q - p`` there, so its ``value`` is not the objective it minimises).
+        ``sum q - p`` there, so its ``value`` is not the objective it minimises). With a
+        reference measure, a :class:`ReferenceMeasureResult`: ``value_linear`` is ``<P,
+        M>``, ``value`` the objective with ``reg KL(P | c)`` (POT's formulas above with
+        ``c``), ``potentials`` those of ``M'``.
         Without ``reg``: POT's own ``OTResult``, with ``notes``.
 
     Raises
@@ -180,8 +195,9 @@ def solve(
     TypeError, ValueError
         On invalid input, naming the argument, what was expected and what was received.
     NotImplementedError
-        For POT's problems the solver does not solve (``reg_type``, ``unbalanced_type``,
-        ``c``), as POT raises it for names it does not know.
+        For POT's problems the solver does not solve (``reg_type``, ``unbalanced_type``; a
+        reference measure with several targets), as POT raises it for names it does not
+        know.
 
     Examples
     --------
@@ -204,6 +220,9 @@ def solve(
             verbose=verbose, grad=grad, options=options,
         )  # fmt: skip
     regulariser = _check_problem(reg, c, reg_type, unbalanced, unbalanced_type)
+    if regulariser == "entropy" and c is not None:
+        _check_reference(c, np.shape(M))  # ones of M's shape: the entropy's own reference
+        c = None
     penalty = "KL" if unbalanced is None else check_unbalanced_type(unbalanced_type)
     _check_pot_arguments(method, plan_init, grad, potentials_init)
     n_threads = check_int(n_threads, "n_threads", minimum=1)
@@ -224,8 +243,19 @@ def solve(
         **options,
     )  # fmt: skip
     names = {"reg_m": "unbalanced", "warmstart": "potentials_init"}
+    # POT's reference measure c (reg_type='KL'), or c = 1 (reg_type='entropy', unbalanced):
+    # the KL problem on the costs M + reg log(a b^T / c) (balanced entropy needs none)
+    reference = c is not None or (regulariser == "entropy" and unbalanced is not None)
     try:
         with thread_limit(n_threads):
+            if several_targets(b) and reference:
+                raise NotImplementedError(
+                    "several targets (b of shape (m, k)) with "
+                    + ("a reference measure c" if c is not None else "reg_type='entropy' "
+                       "and unbalanced")
+                    + ": the reference costs M + reg log(a b_k^T / c) differ for each target; "
+                    "solve each column of b"
+                )  # fmt: skip
             if several_targets(b):  # POT's b of shape (m, k): k targets on one kernel
                 if penalty != "KL":
                     raise NotImplementedError(
@@ -247,8 +277,14 @@ def solve(
                 )  # fmt: skip
                 targets.regulariser = regulariser
                 return targets
+            costs, given = M, None
+            if reference:
+                given = check_cost_matrix(M)
+                costs, constant = _reference_geometry(
+                    given, a, b, reg, c, regulariser, _reg_m(unbalanced), penalty
+                )
             result = sinkhorn_matrix(
-                a, b, M, reg, options=settings, reg_m=_reg_m(unbalanced),
+                a, b, costs, reg, options=settings, reg_m=_reg_m(unbalanced),
                 unbalanced_type=penalty,
                 warmstart=None if potentials_init is None else tuple(potentials_init),
                 rng=rng, dtype=np.float64 if dtype is None else dtype, backend=backend,
@@ -256,7 +292,123 @@ def solve(
             )  # fmt: skip
     except RenamableError as error:
         raise error.renamed(caller="solve", **names) from None
+    if reference:
+        result = _in_terms_of_costs(result, given, constant, c is not None)
     return _as_pot(result, M, regulariser)
+
+
+@dataclasses.dataclass
+class ReferenceMeasureResult(SinkhornResult):
+    """A :class:`~sketchot.SinkhornResult` of POT's problem with a reference measure ``c``
+    (``reg KL(P | c)``; ``c = 1`` for ``reg_type='entropy'``), solved as the KL problem on
+    the costs ``M' = M + reg log(a b^T / c)`` (:func:`~sketchot.cost_matrix.reference_costs`):
+    the same plan. ``kernel`` and ``potentials`` are those of ``M'`` (``P = diag(u)
+    exp(-M' / reg) diag(v) = diag(u / a) (c * exp(-M / reg)) diag(v / b)``: POT's
+    ``(logu, logv)`` are ``log u - log a``, ``log v - log b``); ``value_linear`` is ``<P,
+    M>`` on the given ``M``; ``value`` and ``value_dual`` are ``M'``'s less
+    :attr:`value_offset`.
+
+    Attributes
+    ----------
+    value_offset : float
+        ``reg (sum(a) sum(b) - sum(c))`` for ``reg KL(P | c)`` (generalised KL);
+        ``reg sum(a) sum(b)`` for ``reg_type='entropy'`` (POT's ``reg (sum P log P - sum
+        P)``, the generalised ``KL(P | 1)`` without its constant ``n m``).
+    """
+
+    value_offset: float = 0.0
+
+    @property
+    def value(self) -> float:
+        return SinkhornResult.value.fget(self) - self.value_offset
+
+    @property
+    def value_dual(self) -> float:
+        return SinkhornResult.value_dual.fget(self) - self.value_offset
+
+
+def _reference_geometry(M, a, b, reg, c, regulariser, reg_m, penalty):
+    """``(geometry, value offset)``: the costs ``M + reg log(a b^T / c)`` at ``reg``, kept
+    as they are for unbalanced transport (negative costs included: a shift would change the
+    problem) and shifted for balanced transport (:class:`ReferenceMeasureResult`)."""
+    n, m = M.shape
+    # the weights as the problem validates them (uniform for None; b rescaled to a's mass)
+    problem = make_problem(a, b, (n, m), reg, reg_m, unbalanced_type=penalty)
+    log_c = None if c is None else _check_reference(c, (n, m))
+    costs = reference_costs(M, problem.a, problem.b, problem.reg, log_c)
+    geometry = CostMatrixGeometry(costs, problem.reg, shift=problem.balanced)
+    _check_exponents(geometry)  # before sum(c): c at most e^700 a b^T from here
+    total = float(problem.a.sum()) * float(problem.b.sum())
+    if c is None:  # entropy: c = 1
+        offset = problem.reg * total
+    else:
+        offset = problem.reg * (total - float(np.asarray(c, dtype=np.float64).sum()))
+    return geometry, offset
+
+
+#: Exponents ``-M'_ij / reg`` of a reference measure's costs above this are refused: the
+#: kernel's entries ``exp(-M' / reg)`` must be finite floats.
+LARGEST_EXPONENT = 700.0
+
+
+def _check_exponents(geometry: CostMatrixGeometry) -> None:
+    exponent = -(geometry.min_cost - geometry.offset) / geometry.reg
+    if exponent > LARGEST_EXPONENT:
+        raise ValueError(
+            f"c is too large against a b^T at this reg: the costs M' = M + reg log(a b^T / "
+            f"c) reach {geometry.min_cost:.6g}, and the kernel exp(-M' / reg) = "
+            f"e^{exponent:.4g} exceeds e^{LARGEST_EXPONENT:g} (float64 overflows at e^709.8, "
+            "and the kernel's sums before it); scale c down or raise reg"
+        )
+
+
+def _check_reference(c: Any, shape: tuple[int, int]) -> np.ndarray:
+    """``log c`` of a valid reference measure: a NumPy array of shape ``(n, m)`` of finite
+    entries ``>= 0`` (``0``: a pair the plan may not use); errors name ``c``."""
+    if hasattr(c, "tocsr") or hasattr(c, "toarray"):
+        raise TypeError(
+            f"c must be a dense array of shape {shape} (the reference measure); got "
+            f"{describe(c)}: pass c.toarray()"
+        )
+    try:
+        array = np.asarray(c)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"c must be an array of shape {shape}; got {describe(c)}") from exc
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"c must be an array of real numbers; got dtype {array.dtype}")
+    if array.shape != shape:
+        raise ValueError(
+            f"c must have the shape of M {shape} (one reference mass per pair); got shape "
+            f"{array.shape}"
+        )
+    array = array.astype(np.float64, copy=False)
+    bad = int(np.count_nonzero(~np.isfinite(array)))
+    if bad:
+        raise ValueError(f"c must contain finite numbers; got {bad} entries NaN or inf")
+    if array.min() < 0:
+        raise ValueError(
+            f"c must be non-negative (a reference measure); got minimum {array.min():.6g}"
+        )
+    with np.errstate(divide="ignore"):
+        return np.log(array)
+
+
+def _in_terms_of_costs(result, M: np.ndarray, offset: float, given_c: bool):
+    """A reference-measure result with the given ``M``'s linear cost and POT's value
+    (:class:`ReferenceMeasureResult`)."""
+    log_u, log_v = result.potentials
+    linear = result.kernel.geometry.plan_inner(log_u, log_v, M)
+    reference = "c" if given_c else "c = 1 (reg_type='entropy')"
+    fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(SinkhornResult)}
+    fields.update(
+        value_linear=linear,
+        notes=[
+            *result.notes,
+            f"reference measure {reference}: solved on M + reg log(a b^T / c) (the same "
+            "plan); value_linear is <P, M>, potentials are those of the transformed costs",
+        ],
+    )
+    return ReferenceMeasureResult(**fields, value_offset=offset)
 
 
 def _kernel_parameters(backend: Any, options: dict[str, Any]) -> dict[str, Any]:
@@ -310,18 +462,22 @@ def _check_problem(reg, c, reg_type, unbalanced, unbalanced_type) -> str:
                 f"{describe(unbalanced_type)}"
             )
         check_unbalanced_type(unbalanced_type)  # an UnknownPenaltyError names the others
-        if kind == "entropy":
-            raise NotImplementedError(
-                "reg_type='entropy' with unbalanced is not the KL problem shifted by a "
-                "constant (the marginals move), and POT solves it with L-BFGS-B, not "
-                "Sinkhorn; pass reg_type='KL' (POT's default) or unbalanced=None"
-            )
-    if c is not None:
-        raise NotImplementedError(
-            f"c must be None (the reference measure a b^T, POT's default); got {describe(c)}: "
-            "another reference measure is not implemented"
+    if c is not None and kind == "entropy" and not _all_ones(c):
+        raise ValueError(
+            f"c must be None (or ones) with reg_type='entropy' (POT's entropy is the reference "
+            f"measure c = 1: POT overwrites a given c with ones); got {describe(c)}: pass "
+            "reg_type='KL' to regularise by reg KL(P | c)"
         )
     return kind
+
+
+def _all_ones(c: Any) -> bool:
+    """Whether ``c`` is an array of ones (POT's ``reg_type='entropy'`` reference measure)."""
+    try:
+        array = np.asarray(c)
+    except (TypeError, ValueError):
+        return False
+    return array.dtype.kind in "biuf" and array.size > 0 and bool(np.all(array == 1))
 
 
 def _check_pot_arguments(method, plan_init, grad, potentials_init) -> None:
@@ -605,11 +761,12 @@ def sinkhorn_unbalanced(
         a shift of negative costs, see :func:`solve`).
     reg_m : float or pair of float
         The marginal penalties (``float('inf')``: a hard side).
-    reg_type : {'kl'}
-        POT's ``'kl'``; ``'entropy'`` is refused (POT then replaces ``c`` by ones, another
-        problem).
-    c : None
-        The reference measure ``a b^T`` (POT's default); another one is refused.
+    reg_type : {'kl', 'entropy'}
+        POT's ``'kl'``: ``reg KL(P | c)``; ``'entropy'``: the reference measure ``c = 1``
+        (POT's ``reg sum P log P`` up to ``- reg sum P``; see :func:`solve`).
+    c : None or array-like, shape (n, m)
+        The reference measure with ``'kl'`` (``None``: ``a b^T``, POT's default); refused
+        with ``'entropy'`` (POT overwrites it with ones there).
     warmstart : pair of array-like, optional
         POT's ``(logu, logv)`` of its unbalanced log (``log u - log a``, ``log v - log
         b``).
@@ -636,11 +793,9 @@ def sinkhorn_unbalanced(
     True
     """
     _pot_method(method, "sinkhorn_unbalanced")
-    if not isinstance(reg_type, str) or reg_type.lower() != "kl":
+    if not isinstance(reg_type, str) or reg_type.lower() not in ("kl", "entropy"):
         raise NotImplementedError(
-            f"reg_type must be 'kl' (POT's default); got {describe(reg_type)}: POT's "
-            "'entropy' replaces the reference measure a b^T by ones, which the solver does "
-            "not solve"
+            f"reg_type must be 'kl' (POT's default) or 'entropy'; got {describe(reg_type)}"
         )
     a, b = _pot_weights(a), _pot_weights(b)
     if warmstart is not None:  # POT's unbalanced scalings are relative to a and b
@@ -649,8 +804,8 @@ def sinkhorn_unbalanced(
         log_b = np.log(np.full(m, 1.0 / m) if b is None else np.asarray(b, dtype=float))
         warmstart = (np.asarray(warmstart[0]) + log_a, np.asarray(warmstart[1]) + log_b)
     result = solve(
-        M, a, b, reg=reg, c=c, unbalanced=reg_m, max_iter=numItermax, tol=stopThr,
-        verbose=verbose, potentials_init=warmstart, **options,
+        M, a, b, reg=reg, c=c, reg_type=reg_type, unbalanced=reg_m, max_iter=numItermax,
+        tol=stopThr, verbose=verbose, potentials_init=warmstart, **options,
     )  # fmt: skip
     several = _several_targets(result, log)
     if several is not None:

@@ -275,8 +275,15 @@ def test_sinkhorn_unbalanced_on_M_is_pots(reg_m):
         a, 2 * b, M, 0.05, reg_m, log=True, warmstart=(pot_log["logu"], pot_log["logv"])
     )
     assert warm["niter"] < log["niter"]
+    # POT's reg_type='entropy' (its c = 1: tests/test_solve_matrix_reference.py)
+    entropy = sketchot.matrix.sinkhorn_unbalanced(a, 2 * b, M, 0.05, reg_m, reg_type="entropy",
+                                                  stopThr=POT_TOL)  # fmt: skip
+    with pytest.warns(UserWarning, match="c is overwritten by the one matrix"):
+        reference = ot.sinkhorn_unbalanced(a, 2 * b, M, 0.05, reg_m, reg_type="entropy",
+                                           stopThr=1e-12, numItermax=100_000)  # fmt: skip
+    np.testing.assert_allclose(entropy, reference, atol=PLAN_ATOL)
     with pytest.raises(NotImplementedError, match="reg_type must be 'kl'"):
-        sketchot.matrix.sinkhorn_unbalanced(a, b, M, 0.05, reg_m, reg_type="entropy")
+        sketchot.matrix.sinkhorn_unbalanced(a, b, M, 0.05, reg_m, reg_type="L2")
 
 
 def test_pot_entries_take_forbidden_pairs():

@@ -42,12 +42,16 @@ def random_case(seed, n=40, m=30):
     return a / a.sum(), b / b.sum(), ot.dist(X, Y)
 
 
-def pot_unbalanced_value(plan, M, a, b, reg, unbalanced, unbalanced_type="KL"):
+def pot_unbalanced_value(plan, M, a, b, reg, unbalanced, unbalanced_type="KL", reg_type="kl"):
     """POT's unbalanced objective with the generalised KL (``kl_div(..., mass=True)``) and
-    the penalty of ``unbalanced_type`` (``ot.unbalanced._lbfgs``'s ``marg_kl``, ``marg_tv``)."""
+    the penalty of ``unbalanced_type`` (``ot.unbalanced._lbfgs``'s ``marg_kl``, ``marg_tv``);
+    ``reg_type='entropy'``: its ``reg_entropy``, ``reg (sum P log P - sum P)``."""
     nx = ot.backend.NumpyBackend()
     sides = unbalanced if isinstance(unbalanced, tuple) else (unbalanced, unbalanced)
-    value = np.sum(plan * M) + reg * nx.kl_div(plan, a[:, None] * b[None, :], mass=True)
+    if reg_type == "entropy":
+        value = np.sum(plan * M) + reg * (np.sum(plan * np.log(plan + 1e-16)) - plan.sum())
+    else:
+        value = np.sum(plan * M) + reg * nx.kl_div(plan, a[:, None] * b[None, :], mass=True)
     for penalty, marginal, weights in zip(sides, (plan.sum(1), plan.sum(0)), (a, b), strict=True):
         if np.isfinite(penalty):
             if unbalanced_type == "TV":
@@ -106,7 +110,6 @@ def _quadratic():
 REFUSED_WITH_REG = {
     "L2": "reg_type must be 'KL' or 'entropy'; got 'L2'",
     "tuple": "POT's general regulariser",
-    ("entropy", "unbalanced"): "reg_type='entropy' with unbalanced",
     ("L2", "unbalanced_type"): "unbalanced_type must be one of .* quadratic penalty",
 }
 
@@ -119,8 +122,6 @@ def _refusal(reg_type, unbalanced, unbalanced_type):
         return None
     if unbalanced_type == "L2":
         return REFUSED_WITH_REG[(unbalanced_type, "unbalanced_type")]
-    if reg_type == "entropy":
-        return REFUSED_WITH_REG[("entropy", "unbalanced")]
     return None
 
 
@@ -156,12 +157,15 @@ def test_solve_grid(reg, reg_type, unbalanced, unbalanced_type):
     if reg is None:
         assert sol.notes == ["reg=None: exact transport solved by POT (ot.solve)"]
         assert isinstance(sol, ot.utils.OTResult)
-    elif unbalanced is not None and unbalanced_type == "TV":
-        # POT's L-BFGS-B on the non-smooth primal stops short (tests/solver/
-        # test_penalties.py): our objective is at most POT's, both in POT's formula
-        value = pot_unbalanced_value(sol.plan, M, a, b, reg, unbalanced, "TV")
+    elif unbalanced is not None and (unbalanced_type == "TV" or reg_type == "entropy"):
+        # POT's L-BFGS-B (TV, and entropy with unbalanced) stops short (tests/solver/
+        # test_penalties.py, tests/test_solve_matrix_reference.py): our objective is at
+        # most POT's, both in POT's formula
+        kind = reg_type.lower()
+        value = pot_unbalanced_value(sol.plan, M, a, b, reg, unbalanced, unbalanced_type, kind)
         assert np.allclose(sol.value, value)
-        assert value <= pot_unbalanced_value(ref.plan, M, a, b, reg, unbalanced, "TV") + 1e-12
+        theirs = pot_unbalanced_value(ref.plan, M, a, b, reg, unbalanced, unbalanced_type, kind)
+        assert value <= theirs + 1e-12
         return
     elif unbalanced is not None:  # POT 0.9.7's value drops the KL's mass terms
         np.testing.assert_allclose(sol.plan, ref.plan, atol=1e-5)
@@ -339,11 +343,13 @@ def test_read_only_strided_repeated_and_threaded_calls_give_the_same_bits():
     [
         (dict(reg=0), ValueError, "reg must be > 0 .* or None for exact transport"),
         (dict(reg=-1.0), ValueError, "reg"),
-        (dict(reg=0.1, c=np.ones((4, 3))), NotImplementedError, "c must be None"),
+        (dict(reg=0.1, c=np.full((4, 3), 2.0), reg_type="entropy"), ValueError,
+         "c must be None \\(or ones\\) with reg_type=.entropy."),
+        (dict(reg=0.1, c=np.ones((3, 3))), ValueError, r"c must have the shape of M \(4, 3\)"),
+        (dict(reg=0.1, c=-np.ones((4, 3))), ValueError, "c must be non-negative"),
         (dict(reg=0.1, reg_type="L2"), NotImplementedError, "got 'L2' \\(POT's quadratic"),
         (dict(reg=0.1, unbalanced=1.0, unbalanced_type="L2"), NotImplementedError,
          "quadratic penalty has no closed-form Sinkhorn step"),
-        (dict(reg=0.1, unbalanced=1.0, reg_type="entropy"), NotImplementedError, "L-BFGS-B"),
         (dict(reg=0.1, method="sinkhorn_log"), ValueError, "method must be None with reg"),
         (dict(reg=0.1, plan_init=np.ones((4, 3))), ValueError, "plan_init must be None"),
         (dict(reg=0.1, grad="reverse"), ValueError, "grad must be one of 'autodiff'"),

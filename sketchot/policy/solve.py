@@ -33,7 +33,13 @@ from ..gibbs import GibbsGeometry
 from ..kernels import get_backend
 from ..kernels.judge import Verdict, candidate_rng
 from ..kernels.registry import LOCAL_KIND, LOW_RANK_KIND
-from ..solver import NonPositiveKernelError, Problem, SinkhornResult, SolverOptions
+from ..solver import (
+    LinearRangeError,
+    NonPositiveKernelError,
+    Problem,
+    SinkhornResult,
+    SolverOptions,
+)
 from ..solver.options import DEFAULT_ANDERSON_MEMORY
 from .ladder import choose
 
@@ -69,6 +75,8 @@ def solve_auto(
                 result = solve(problem, kernel, trial.get(kind, quiet), rng=seed)
         except NonPositiveKernelError:
             return Verdict(np.inf, False, "a denominator went non-positive")
+        except LinearRangeError:  # a KL step the plain iteration cannot hold: the next kind
+            return Verdict(np.inf, False, "the plain iteration's numerators leave float64")
         check = result.true_kernel
         measured = check.bound if check is not None else np.inf
         accepted = bool(result.accuracy_met) and _possible(result)

@@ -33,6 +33,7 @@ from .errors import (
     InvalidResultError,
     InvalidResultWarning,
     KernelSafeguardWarning,
+    LinearRangeError,
     NonPositiveKernelError,
 )
 from .matrix import sinkhorn_matrix
@@ -89,6 +90,7 @@ __all__ = [
     "IterationTable",
     "KernelSafeguardWarning",
     "LazyPlan",
+    "LinearRangeError",
     "NonPositiveKernelError",
     "NumpyInDtype",
     "Penalty",

@@ -65,13 +65,15 @@ def sinkhorn_matrix(
     ----------
     a, b : array_like or None, shapes (n,) and (m,)
         Weights of the rows and of the columns of ``M`` (``None``: uniform).
-    M : array_like, shape (n, m)
+    M : array_like, shape (n, m), or CostMatrixGeometry
         Costs (:func:`~sketchot.cost_matrix.check_cost_matrix`): ``+inf`` is a forbidden
         pair (the weights are then checked against the allowed pairs:
         :func:`~sketchot.cost_matrix.check_support`); negative costs are solved on ``M -
         min(M)`` for balanced transport (the same plan; the result is put back in terms of
         ``M``: :func:`unshift`) and refused for unbalanced transport, which is not
-        shift-invariant.
+        shift-invariant. A :class:`~sketchot.cost_matrix.CostMatrixGeometry` at ``reg``
+        built without ``shift`` is solved on its costs as they are, negative ones included
+        (unbalanced too; ``'auto'`` then takes the exact kernel).
     reg : float
         Entropic regularisation, ``> 0``.
     options : SolverOptions
@@ -106,7 +108,9 @@ def sinkhorn_matrix(
     """
     start = time.perf_counter()
     check_backend_params("solve", backend, {**backend_params, "dtype": dtype})
-    geometry = CostMatrixGeometry(M, reg, shift=True)
+    # a geometry given unshifted: its costs as they are (negative ones included), e.g. the
+    # reference-measure costs of sketchot.solve (unbalanced transport is not shift-invariant)
+    geometry = M if isinstance(M, CostMatrixGeometry) else CostMatrixGeometry(M, reg, shift=True)
     n, m = geometry.shape
     check_weights_length(a, "a", n, "rows")
     check_weights_length(b, "b", m, "columns")
@@ -139,7 +143,8 @@ def sinkhorn_matrix(
             "the same plan, the value lower by min(M) times the mass)"
         )
     dtype = check_dtype(dtype)
-    if backend == EXACT_BACKEND or (backend == "auto" and (geometry.forbidden or geometry.offset)):
+    negative = geometry.offset or geometry.min_cost < 0
+    if backend == EXACT_BACKEND or (backend == "auto" and (geometry.forbidden or negative)):
         kernel = ExactKernel(geometry, dtype=dtype, max_dense_bytes=max_dense_bytes)
         kernel.info.build_time = time.perf_counter() - start
         if backend == "auto":

@@ -49,6 +49,33 @@ from ..kernels import IDENTITY_STEP, RatioStep
 #: The penalty types, by POT's ``unbalanced_type`` name (case-insensitive).
 PENALTY_TYPES = ("KL", "TV")
 
+#: Natural logarithms of float64's smallest and largest normal numbers: a linear pass's
+#: numerator beyond them has underflowed (to a subnormal, then 0) or overflowed.
+LOG_TINY = math.log(np.finfo(np.float64).tiny)
+LOG_HUGE = math.log(np.finfo(np.float64).max)
+
+
+@dataclass(frozen=True)
+class LinearRange:
+    """Why a penalty's step cannot run in the linear (multiplicative) form on given weights:
+    its numerators ``c = w^(1 / rho)`` leave float64's normal range.
+
+    Attributes
+    ----------
+    low, high : float
+        The smallest and largest ``log c`` over the positive weights.
+    exponent : float
+        The step's power ``rho``.
+    smallest_reg_m : float
+        The smallest penalty (at the same ``reg``) whose numerators are normal floats:
+        ``rho >= max(log w_min / LOG_TINY, log w_max / LOG_HUGE)`` (``inf``: none is).
+    """
+
+    low: float
+    high: float
+    exponent: float
+    smallest_reg_m: float
+
 
 @dataclass(frozen=True)
 class Penalty:
@@ -97,6 +124,12 @@ class Penalty:
         absorbed log-scalings of this side (0 when none)."""
         return IDENTITY_STEP
 
+    def linear_range(self, log_w: Any, reg: float) -> LinearRange | None:
+        """``None`` when the step's numerators (:meth:`log_numerator`, exponentiated by a
+        linear pass) are normal float64 numbers for the weights ``exp(log_w)``, else why
+        not (:class:`LinearRange`). A hard or total-variation side divides ``w`` itself."""
+        return None
+
     def log_scaling(self, log_w: np.ndarray, log_product: np.ndarray, reg: float) -> np.ndarray:
         """``log u`` of one update from ``log(K v)``: ``log w + aprox(-reg log(K v)) / reg``
         (``-inf`` where ``w = 0``)."""
@@ -142,6 +175,19 @@ class KL(Penalty):
 
     def numerator_shift(self, offset: Any, reg: float) -> Any:
         return offset * (1.0 - 1.0 / self.exponent(reg))
+
+    def linear_range(self, log_w: Any, reg: float) -> LinearRange | None:
+        # NumPy or Dask weights: the two extremes of the finite logarithms (-inf: w = 0)
+        with np.errstate(invalid="ignore"):
+            finite = np.isfinite(log_w)
+            lo = float(np.where(finite, log_w, np.inf).min())
+            hi = float(np.where(finite, log_w, -np.inf).max())
+        rho = self.exponent(reg)
+        if not math.isfinite(lo) or (lo / rho >= LOG_TINY and hi / rho <= LOG_HUGE):
+            return None
+        needed = max(lo / LOG_TINY, hi / LOG_HUGE, 0.0)
+        smallest = reg * needed / (1.0 - needed) if needed < 1.0 else math.inf
+        return LinearRange(lo / rho, hi / rho, rho, smallest)
 
     def step(self, log_w: np.ndarray, offset: Any, reg: float, log: bool) -> RatioStep:
         return RatioStep(self.exponent(reg))

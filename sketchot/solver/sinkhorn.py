@@ -30,7 +30,7 @@ from .._validation import (
     unknown_names,
     user_stacklevel,
 )
-from ..cost_matrix import has_points
+from ..cost_matrix import has_points, lowest_cost
 from ..gibbs import GibbsGeometry, dual_lower_bound, make_cost
 from ..grid import grid_clouds
 from ..kernels import KernelOperator, build_kernel, get_backend, require_policy
@@ -585,9 +585,9 @@ def _zero_within_rounding(result: SinkhornResult) -> None:
     """A transport cost below 0 by no more than float64's rounding of the costs (identical
     clouds: ``||x||^2 + ||y||^2 - 2 x.y`` of equal points) is 0."""
     cost = result.value_linear
-    if not (np.isfinite(cost) and cost < 0):
-        return
     g = result.kernel.geometry
+    if not (np.isfinite(cost) and cost < 0) or lowest_cost(g) < 0:
+        return
     rounding = LOWER_BOUND_RTOL * g.max_cost() * abs(float(result.mass))
     if -cost <= rounding:
         result.value_linear = 0.0
@@ -597,7 +597,9 @@ def _refuse_impossible(result: SinkhornResult, options: SolverOptions) -> None:
     """Negative or non-finite cost or mass, or (balanced transport) a cost below the exact OT
     lower bound, is never returned as an ordinary number."""
     problems = []
-    if not np.isfinite(result.value_linear) or result.value_linear < 0:
+    # negative costs solved as they are (an unbalanced cost matrix): <P, M> >= min(M) mass
+    floor = lowest_cost(result.kernel.geometry) * abs(float(result.mass))
+    if not np.isfinite(result.value_linear) or result.value_linear < floor * (1 + 1e-12):
         problems.append(f"transport cost <P, M> = {result.value_linear:.6g}")
     elif (bound := _lower_bound(result)) is not None and result.value_linear < bound:
         problems.append(

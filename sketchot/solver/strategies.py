@@ -22,6 +22,8 @@ import numpy as np
 
 from ..kernels import KernelOperator, RatioStep
 from ..kernels.base import fast_ratios_and_bad
+from .errors import LinearRangeError
+from .penalties import LOG_HUGE, LOG_TINY
 from .problem import Problem
 from .safeguard import Safeguard
 from .stopping import ResidualNorm
@@ -216,7 +218,12 @@ class Strategy:
 
 class Multiplicative(Strategy):
     """Passes on plain scalings; bad denominators of a signed approximation go to the
-    :class:`~sketchot.solver.safeguard.Safeguard`."""
+    :class:`~sketchot.solver.safeguard.Safeguard`. Refused up front when a KL penalty's
+    numerators ``w^(1 / rho)`` leave float64 (:func:`check_linear_range`)."""
+
+    def __init__(self, kernel: KernelOperator, problem: Problem, guard: Safeguard | None = None):
+        super().__init__(kernel, problem, guard)
+        check_linear_range(kernel, problem, self.log_weights)
 
 
 class Deferred(Multiplicative):
@@ -411,6 +418,61 @@ class LogDomain(Strategy):
     def average(self, s: np.ndarray, ratios: np.ndarray) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(self.active["rows"], 0.5 * (s + ratios), -np.inf)
+
+
+def check_linear_range(
+    kernel: KernelOperator, problem: Problem, log_weights: dict[str, Any]
+) -> None:
+    """Refuse the linear iteration when a side's step cannot be represented: a KL penalty
+    ``reg_m`` much below ``reg`` raises the weights to ``1 / rho = 1 + reg / reg_m``, and
+    ``w^(1 / rho)`` underflows (every scaling of the side 0: a plan of mass 0) or overflows.
+    The advice is computed from the data: the log-stable iteration when the kernel has one
+    (``log_domain='auto'``), else a backend that has one, or the smallest ``reg_m`` whose
+    numerators are normal floats (:meth:`~sketchot.solver.penalties.Penalty.linear_range`).
+    """
+    for side, letter, penalty in zip(("rows", "cols"), "ab", problem.penalties, strict=True):
+        found = penalty.linear_range(log_weights[side], problem.reg)
+        if found is None:
+            continue
+        caps = kernel.info.capabilities
+        smallest = _round_up(found.smallest_reg_m)
+        fewer = (
+            f" or {{reg_m}} >= {smallest:.2g} on this side (the smallest KL penalty whose "
+            "numerators are normal floats at this reg)"
+            if math.isfinite(smallest)
+            else ""
+        )
+        if "deferred" in caps:
+            fix = f"solve in memory (the log-stable iteration has no such limit){fewer}"
+        elif caps & {"absorb", "log_products"}:
+            fix = (
+                f"pass log_domain='auto' (or True): the log-stable iteration has no such "
+                f"limit{fewer.replace(' or ', '; or, for the plain one, ', 1)}"
+            )
+        else:
+            fix = (
+                f"backend {kernel.info.backend!r} offers only linear products: pass "
+                f"backend='exact' (its log-stable iteration has no such limit){fewer}"
+            )
+        raise LinearRangeError(
+            f"the plain multiplicative iteration (log_domain=False, or a kernel with linear "
+            f"products only) cannot solve this problem: the KL penalty {{reg_m}}="
+            f"{penalty.reg_m:g} on {letter} at reg={problem.reg:g} raises its weights to "
+            f"1 / rho = {1.0 / found.exponent:.4g}, and the numerators {letter}^(1 / rho) "
+            f"span e^{found.low:.4g} to e^{found.high:.4g}, outside float64's normal range "
+            f"[e^{LOG_TINY:.1f}, e^{LOG_HUGE:.1f}] (the scalings would underflow to 0 or "
+            f"overflow): {fix}",
+            reg_m="reg_m",
+        )
+
+
+def _round_up(value: float) -> float:
+    """``value`` rounded up to two significant digits (advice that is at least what is
+    needed)."""
+    if not (math.isfinite(value) and value > 0):
+        return value
+    unit = 10.0 ** (math.floor(math.log10(value)) - 1)
+    return math.ceil(value / unit * (1 - 1e-12)) * unit
 
 
 def rebalance(u: np.ndarray, v: np.ndarray):
