@@ -14,6 +14,7 @@ followed (``tests/solver/test_advice.py``).
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 from .._memory import dense_budget_bytes
@@ -24,6 +25,10 @@ from ..kernels import get_backend
 #: d = 2 and 3, n = 120-500: bounds 1e-6 at 1.7e4-2.2e4); at 1.7e5-2.2e5 some did (bounds
 #: 3e-5-1e-4), some stalled (4e-3), and at 1.7e6 none did.
 RESOLVED_SPREAD = 2e4
+
+#: Largest cost / reg beyond which ``exp(-cost / reg)`` is below float64's smallest normal
+#: number (``-log(tiny)`` is about 708): the plain iteration's kernel has zero entries there.
+UNDERFLOW_SPREAD = -math.log(sys.float_info.min)
 
 STOPS = {"max_iter": "reached max_iter", "breakdown": "broke down"}
 
@@ -67,6 +72,23 @@ def _reg_advice(result: Any) -> str:
     )
 
 
+def _plain_underflow(result: Any) -> str:
+    """The plain iteration asked for (``log_domain=False``) where the kernel's entries
+    ``exp(-cost / reg)`` leave float64 (largest cost / reg beyond :data:`UNDERFLOW_SPREAD`):
+    no ``max_iter`` or ``reg`` nearby mends it, the log-stable iteration does. ``''``
+    otherwise."""
+    plain = result.options.get("log_domain") is False
+    stable = result.kernel.info.capabilities & {"absorb", "log_products"}
+    spread = result.kernel.geometry.max_cost() / result.reg
+    if not (plain and stable and spread > UNDERFLOW_SPREAD):
+        return ""
+    return (
+        f"The plain iteration (log_domain=False) at reg={result.reg:g} multiplies kernel "
+        f"entries down to exp(-{spread:.3g}), below float64's smallest number: pass "
+        "log_domain='auto' (the log-stable iteration, finite at any reg)."
+    )
+
+
 def advise(result: Any) -> str:
     """One or two sentences: what to change, from the measured errors and iterations.
 
@@ -76,6 +98,9 @@ def advise(result: Any) -> str:
     check = result.true_kernel
     n, m = result.kernel.shape
     if "exact" in result.kernel.info.capabilities:
+        underflow = _plain_underflow(result)
+        if underflow:
+            return underflow
         stalled = result.stop in ("stalled", "breakdown")
         beyond = result.kernel.geometry.max_cost() / result.reg > RESOLVED_SPREAD
         if stalled or (beyond and result.n_iter >= BLIND_MINIMUM):

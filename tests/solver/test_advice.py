@@ -82,3 +82,17 @@ def test_iterations_are_extrapolated_from_the_measured_rate():
     assert iterations_needed(history, 1e-9) == 90
     assert iterations_needed([(1, 1.0), (11, 0.5), (21, 2.0)], 1e-9) is None  # no decrease
     assert iterations_needed([(1, 1.0), (11, 0.5)], 1e-9) is None  # one check after the first
+
+
+def test_a_plain_iteration_beyond_float64_is_advised_the_log_stable_one():
+    """log_domain=False at reg 2e-4 on the unit cube (largest cost / reg ~1.5e4: kernel
+    entries below float64) fails; the advice is the log-stable iteration, not more
+    iterations, and following it meets the accuracy."""
+    rng = np.random.default_rng(20261128)
+    X, Y = rng.random((300, 3)), rng.random((200, 3))
+    with pytest.raises(InvalidResultError) as refused:
+        sketchot.sinkhorn(None, None, X, Y, reg=2e-4, backend="exact", log_domain=False)
+    message = str(refused.value)
+    assert "pass log_domain='auto'" in message and "max_iter=" not in message
+    followed = sketchot.sinkhorn(None, None, X, Y, reg=2e-4, backend="exact", log_domain="auto")
+    assert followed.converged and bool(followed.accuracy_met)
