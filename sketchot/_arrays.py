@@ -239,6 +239,8 @@ def array_context(**arrays: Any) -> ArrayContext:
 
     names = list(found)
     libraries = {name: _library(found[name]) for name in names}
+    if "jax" in libraries.values():
+        _refuse_tracers(found)
     libraries.update({name: context.library for name, context in views.items()})
     if len(set(libraries.values())) > 1:
         listed = ", ".join(f"{name} ({lib})" for name, lib in libraries.items())
@@ -261,6 +263,21 @@ def array_context(**arrays: Any) -> ArrayContext:
     on_host = "cpu" in str(on).lower()
     device_kernels = (not on_host) or library in DEVICE_CODE_LIBRARIES or HOST_ARRAYS_ON_DEVICE
     return ArrayContext(library, xp, on, dtype, device_kernels, float64)
+
+
+def _refuse_tracers(arrays: dict[str, Any]) -> None:
+    """JAX's transformations (``jax.grad``, ``jit``, ``vmap``) pass tracers, which hold no
+    numbers: a solve needs concrete arrays (it runs eagerly, on the host and the device)."""
+    import jax  # the caller passed JAX arrays: jax is loaded already
+
+    for name, value in arrays.items():
+        if isinstance(value, jax.core.Tracer):
+            raise TypeError(
+                f"{name} is a JAX tracer (the call is inside jax.grad, jax.jit or jax.vmap): "
+                "sketchot solves concrete arrays eagerly and cannot be traced; call it "
+                "outside the transformation, or through jax.pure_callback for values "
+                "without gradients"
+            )
 
 
 def _holds_float64(library: str) -> bool:

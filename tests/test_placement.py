@@ -128,3 +128,21 @@ def test_a_loss_object_passes_the_tensors_placement_to_its_warm_solves(device_op
         assert kernel.geometry.context.library == "torch"
         assert kernel.geometry.computes_on_device()
         assert type(kernel).__name__.startswith("Device")
+
+
+def test_jax_tracers_are_refused_by_name_and_the_advised_callback_works():
+    """Inside ``jax.grad`` / ``jax.jit`` the arrays are tracers without numbers: refused by
+    name; ``jax.pure_callback``, the advice, gives the eager call's value under ``jit``."""
+    jax = pytest.importorskip("jax")
+    X, Y = clouds()
+    jX, jY = jax.numpy.asarray(X), jax.numpy.asarray(Y)
+    with pytest.raises(TypeError, match=r"X is a JAX tracer.*jax.pure_callback"):
+        jax.grad(lambda P: sketchot.sinkhorn(None, None, P, jY, reg=0.5).value)(jX)
+
+    def value(P):
+        return np.float32(sketchot.sinkhorn2(None, None, np.asarray(P), Y, reg=0.5, rng=0))
+
+    shape = jax.ShapeDtypeStruct((), jax.numpy.float32)
+    jitted = jax.jit(lambda P: jax.pure_callback(value, shape, P))
+    expected = sketchot.sinkhorn2(None, None, np.asarray(jX), Y, reg=0.5, rng=0)
+    assert float(jitted(jX)) == pytest.approx(expected, rel=1e-6)  # float32 rounding
