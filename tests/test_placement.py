@@ -146,3 +146,27 @@ def test_jax_tracers_are_refused_by_name_and_the_advised_callback_works():
     jitted = jax.jit(lambda P: jax.pure_callback(value, shape, P))
     expected = sketchot.sinkhorn2(None, None, np.asarray(jX), Y, reg=0.5, rng=0)
     assert float(jitted(jX)) == pytest.approx(expected, rel=1e-6)  # float32 rounding
+
+
+def test_jax_jobs_answer_in_jax_and_equal_numpys():
+    """A barycenter of JAX clouds (its inner solves on JAX's device) and a kernel built
+    once and solved on: JAX arrays out, NumPy's numbers to float64 rounding."""
+    jax = pytest.importorskip("jax")
+    rng = np.random.default_rng(7)
+    clouds_ = [rng.random((80, 2)) for _ in range(2)]
+    # five outer steps (not converged: the warning says so) are enough to compare
+    settings = {"reg": 0.05, "n_support": 30, "rng": 0, "max_iter": 5}
+    with pytest.warns(UserWarning, match="stopped after 5 outer steps"):
+        reference = sketchot.barycenter(clouds_, **settings)
+    with jax.enable_x64(True), pytest.warns(UserWarning, match="stopped after 5 outer steps"):
+        ours = sketchot.barycenter([jax.numpy.asarray(c) for c in clouds_], **settings)
+        assert type(ours.X).__module__.startswith("jax")
+        np.testing.assert_allclose(np.asarray(ours.X), reference.X, rtol=1e-9, atol=1e-12)
+        jX, jY = (jax.numpy.asarray(c) for c in clouds_)
+        kernel = sketchot.make_kernel(jX, jY, 0.1, "exact")
+        assert kernel.host.geometry.computes_on_device()
+        solved = sketchot.sinkhorn_kernel(None, None, kernel)
+        expected = sketchot.sinkhorn(None, None, *clouds_, reg=0.1, backend="exact")
+        np.testing.assert_allclose(
+            np.asarray(solved.potentials[0]), expected.potentials[0], rtol=1e-9, atol=1e-12
+        )
