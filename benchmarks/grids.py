@@ -16,8 +16,9 @@ every pixel carries mass. For reg = 1e-2, 1e-3, 1e-4 x the grid's squared diamet
   at 32 x 32, reg 1e-3, on this machine), against the grid backend on the same
   downsampled problem, and their values.
 
-* a 1-D problem of ``--bins`` bins (default 10^6; two mixtures of Gaussians on
-  ``linspace(0, 1, n)`` with a floor, reg ``--bins-reg`` x the squared diameter) through
+* 1-D problems (10^5 bins at reg 1e-5 and 10^6 bins at reg 1e-7 x the squared diameter,
+  or one of ``--bins`` bins at ``--bins-reg``; two mixtures of Gaussians on
+  ``linspace(0, 1, n)`` with a floor) through
   ``sketchot.solve_grid`` (the banded axis pass of ``sketchot.grid``): time, certified
   error, value, against POT's exact ``ot.emd2_1d`` on the same histograms (the ``reg -> 0``
   limit: the entropic ``<P, M>`` lies within ``reg log(n^2)`` plus the certified error's
@@ -26,7 +27,9 @@ every pixel carries mass. For reg = 1e-2, 1e-3, 1e-4 x the grid's squared diamet
 Every grid row records the coarse-to-fine start (``sketchot.solver.grid_start``): its
 seconds, iterations over the coarse levels, and the fine iterations after it.
 
-``--quick`` runs 128 x 128 images, 1e-2, 1e-3 only, and 10^5 bins. The machine's load
+``--quick`` runs 128 x 128 images, 1e-2, 1e-3 only, and 10^5 bins. ``--oned-only`` reruns
+the 1-D rows alone and keeps the image rows of the existing JSON (their run's load stays in
+it; each 1-D row records its own). The machine's load
 (``os.getloadavg()``) goes into the JSON: timings on a shared machine are noisy, the ratio
 to POT in the same run less so.
 """
@@ -101,6 +104,7 @@ def oned_cell(n: int, factor: float) -> dict:
     import ot
 
     a, b = histograms_1d(n)
+    load = os.getloadavg()
     seconds, res = timed(lambda: sketchot.solve_grid(a, b, factor, warn=False))
     x = np.linspace(0, 1, n)
     pot_s, exact = timed(lambda: float(ot.emd2_1d(x, x, a, b)))
@@ -120,6 +124,9 @@ def oned_cell(n: int, factor: float) -> dict:
         "pot_seconds": pot_s,
         "entropic_gap": float(factor * np.log(float(n) * n)),
         "relative_difference": abs(res.value_linear - exact) / exact,
+        "coarse_stages": len(coarse.get("stages", [])),
+        "load_before": load,
+        "load_after": os.getloadavg(),
     }
 
 
@@ -186,29 +193,39 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="128 x 128, reg 1e-2 and 1e-3")
     parser.add_argument("--before-timeout", type=float, default=60.0)
     parser.add_argument("--skip-before", action="store_true")
-    parser.add_argument("--bins", type=int, default=None, help="1-D bins (default 1e6)")
+    parser.add_argument("--bins", type=int, default=None, help="one 1-D cell of this many bins")
     parser.add_argument("--bins-reg", type=float, default=1e-7)
+    parser.add_argument("--oned-only", action="store_true", help="rerun the 1-D rows alone")
     args = parser.parse_args()
-    bins = args.bins or (100_000 if args.quick else 1_000_000)
+    if args.bins:
+        cells = [(args.bins, args.bins_reg)]
+    else:
+        cells = [(100_000, 1e-5)] + ([] if args.quick else [(1_000_000, 1e-7)])
     size = 128 if args.quick else 512
     factors = REG_FACTORS[:2] if args.quick else REG_FACTORS
-    a, b = images(size)
-    data = {"size": size, "quick": args.quick, "load_before": os.getloadavg(), "grid": [],
-            "before": [], "pot": [], "oned": []}  # fmt: skip
-    for factor in factors:
-        data["grid"].append(grid_cell(a, b, factor))
-        print(data["grid"][-1], flush=True)
-    if not args.skip_before:
-        data["before"].append({"reg_factor": 1e-3, **before_cell(size, 1e-3, args.before_timeout)})
-        print(data["before"][-1], flush=True)
-    small_a, small_b = images(32)
-    for factor in REG_FACTORS[:2]:
-        data["pot"].append(pot_cell(small_a, small_b, factor))
-        print(data["pot"][-1], flush=True)
-    data["oned"].append(oned_cell(bins, args.bins_reg))
-    print(data["oned"][-1], flush=True)
-    data["load_after"] = os.getloadavg()
     name = "grids_quick" if args.quick else "grids"
+    if args.oned_only:
+        data = json.loads((RESULTS / f"{name}.json").read_text())
+        data["oned"] = []
+    else:
+        a, b = images(size)
+        data = {"size": size, "quick": args.quick, "load_before": os.getloadavg(), "grid": [],
+                "before": [], "pot": [], "oned": []}  # fmt: skip
+        for factor in factors:
+            data["grid"].append(grid_cell(a, b, factor))
+            print(data["grid"][-1], flush=True)
+        if not args.skip_before:
+            before = before_cell(size, 1e-3, args.before_timeout)
+            data["before"].append({"reg_factor": 1e-3, **before})
+            print(data["before"][-1], flush=True)
+        small_a, small_b = images(32)
+        for factor in REG_FACTORS[:2]:
+            data["pot"].append(pot_cell(small_a, small_b, factor))
+            print(data["pot"][-1], flush=True)
+        data["load_after"] = os.getloadavg()
+    for bins, reg in cells:
+        data["oned"].append(oned_cell(bins, reg))
+        print(data["oned"][-1], flush=True)
     write_json(RESULTS / f"{name}.json", data)
     lines = [f"# Grids: W2 between two {size} x {size} images (benchmarks/grids.py)", "",
              f"Load average before / after: {data['load_before'][0]:.1f} / "
@@ -254,22 +271,26 @@ def main() -> None:
         "lrrrrr",
     )
     lines += ["", "1-D histograms through solve_grid against POT's exact ot.emd2_1d (the reg -> 0 "
-              "limit; reg log(n^2) is the entropic gap's scale):", ""]  # fmt: skip
+              "limit; reg log(n^2) is the entropic gap's scale), each row with the load "
+              "average (1 min) before / after it:", ""]  # fmt: skip
     lines += md_table(
-        ["bins", "reg / diam^2", "seconds", "coarse start s", "fine iterations",
-         "certified error", "met", "value", "ot.emd2_1d", "POT s", "rel. difference",
-         "reg log(n^2)"],
+        ["bins", "reg / diam^2", "seconds", "coarse start s", "coarse stages",
+         "fine iterations", "certified error", "met", "value", "ot.emd2_1d", "POT s",
+         "rel. difference", "reg log(n^2)", "load"],
         [
             [
                 f"{c['bins']:.0e}", f"{c['reg']:g}", f"{c['seconds']:.1f}",
                 f"{c['coarse_seconds']:.1f}" if c["coarse_seconds"] is not None else "-",
+                c.get("coarse_stages", "-"),
                 c["n_iter"], f"{c['certified_error']:.1e}", c["accuracy_met"],
                 f"{c['value_linear']:.6g}", f"{c['pot_emd2_1d']:.6g}", f"{c['pot_seconds']:.2f}",
                 f"{c['relative_difference']:.1e}", f"{c['entropic_gap']:.1e}",
+                f"{c['load_before'][0]:.1f} / {c['load_after'][0]:.1f}"
+                if "load_before" in c else "-",
             ]
             for c in data["oned"]
         ],
-        "lrrrrrlrrrrr",
+        "lrrrrrrlrrrrrl",
     )  # fmt: skip
     write_text(RESULTS / f"{name}.md", "\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -47,9 +47,9 @@ Which regime does what:
   of ``10^6`` bins), and the axis of a 1-D grid once it needs blocks: the banded pass
   (:class:`_BandedAxis`): blocks of about ``sqrt(reg) / 2`` of length, the exponent of each
   block pair split exactly into input and output tilts and one Gaussian block shared by all
-  pairs (one BLAS product per pass), a pair skipped only when a bound shows its whole
-  contribution below ``1e-20`` of a lower bound of its outputs (exact to rounding;
-  ``O(N x band)``);
+  pairs (low rank for long blocks), a pair skipped only when bounds from the input's own
+  tilted maxima show its contribution below ``1e-20`` of every output's lower bound (exact
+  to rounding; ``O(N x band)``, every row of a pass at once);
 * other axes beyond :data:`MAX_AXIS_KERNEL_ENTRIES` (uneven coordinates): the shifted
   kernel blocks are computed when used, with the same skipping rule against the
   ``e^-600`` floor (``O(N^2)`` exponentials).
@@ -60,6 +60,7 @@ Which regime does what:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -81,6 +82,13 @@ MAX_AXIS_KERNEL_ENTRIES = 1 << 24
 
 #: Block width of the streamed path (axes beyond :data:`MAX_AXIS_KERNEL_ENTRIES`).
 STREAM_BLOCK = 2048
+
+#: Fewest points per block of the banded pass when the kernel is only a few points wide (its
+#: per-pair bookkeeping then outweighs the products: see :class:`_BandedAxis`).
+MIN_BAND_BLOCK = 16
+
+#: Entries of work arrays per chunk of the banded pass's block pairs (32 MiB in float64).
+BANDED_CHUNK = 1 << 22
 
 #: A streamed block pair is skipped when its contribution is provably below this fraction
 #: of the output entry (below float64 rounding).
@@ -447,32 +455,43 @@ class _AxisKernel:
 
 
 class _BandedAxis:
-    """The 1-D kernel between two uniform axes of the same spacing ``h`` too long to store
-    (a histogram of ``10^6`` bins), applied block pair by block pair, only the pairs that can
-    matter.
+    """The 1-D kernel between two uniform axes (spacings in an integer ratio) too long to
+    store (a histogram of ``10^6`` bins), applied block pair by block pair, only the pairs
+    that can matter, every row of a pass at once.
 
-    Both axes are cut into blocks of ``w`` points (about ``sqrt(reg) / (2 h)``; the last
-    padded with zero mass). On the pair of input block ``b`` and output block ``c`` (offset
-    ``o = c - b``, block starts ``D_o = t_0 - s_0 + o w h`` apart) the exponent splits
-    exactly::
+    Both axes are cut into blocks of one length ``L`` (``w`` points: about ``sqrt(reg) /
+    (2 h)``, at least :data:`MIN_BAND_BLOCK` while ``L^2 / reg <= 100``; the last padded with
+    zero mass). On the pair of input block ``b`` and output block ``c`` (offset ``o = c - b``,
+    block starts ``D_o = t_0 - s_0 + o L`` apart) the exponent splits exactly::
 
-        -(t_i - s_j)^2 / reg = -D_o^2 / reg - beta_o u + beta_o v - (u - v)^2 h^2 / reg,
+        -(t_i - s_j)^2 / reg = -D_o^2 / reg - beta_o u + beta_o v - (u - v)^2 / reg,
 
-    ``beta_o = 2 D_o h / reg``, ``u`` and ``v`` the positions in the blocks: the input is
-    tilted by ``beta_o v`` and shifted by its maximum (entries in ``[0, 1]``), multiplied by
-    the one ``w x w`` Gaussian block ``G = exp(-(u - v)^2 h^2 / reg)`` (entries in
-    ``[e^-(w h)^2 / reg, 1]``: every pair's leading term far above underflow, whatever its
-    distance), and the tilt ``-beta_o u`` and the shifts go back in the log domain. All pairs
-    share ``G``: one BLAS product per pass; the pairs of an output block are summed by a
-    log-sum-exp.
+    ``beta_o = 2 D_o / reg``, ``u`` and ``v`` the positions in the blocks: the input is
+    tilted by ``beta_o v`` and shifted by its maximum ``top`` (entries in ``[0, 1]``, one of
+    them 1), multiplied by the one Gaussian block ``G = exp(-(u - v)^2 / reg)`` (entries in
+    ``[e^-gauss_floor, 1]``, ``gauss_floor <= 100``: every pair's leading term far above
+    underflow, whatever its distance; for long blocks the low-rank form of
+    :func:`_gauss_factors`), and the tilt and the shifts go back in the log domain
+    (:meth:`_sum_pairs`: one matrix product per chunk of output blocks).
 
-    Which pairs: with ``mu_b`` the block maxima and ``kappa_o`` the pair's largest exponent,
-    ``sigma_c = max_b mu_b + kappa_o``; the leading pair holds an entry ``e^(sigma_c -
-    spread)`` (``spread`` the pair's exponent range), a lower bound of every output of ``c``;
-    a pair whose whole contribution, at most ``w e^(mu_b + kappa_o)``, is below
-    :data:`SKIP_FRACTION` of it is skipped, so what is dropped is below float64 rounding of
-    every output: the pass is exact to rounding and costs ``O(N x band)``, the band the pairs
-    that can matter (found by bisection, :meth:`_pairs`).
+    Which pairs (bounds from the potentials themselves, every one certified):
+
+    1. :meth:`_candidates`: with ``mu_b`` the block maxima and ``kappa_o`` the pair's largest
+       exponent, a pair adds at most ``w e^(mu_b + kappa_o)`` to any output; it is kept when
+       that reaches ``SKIP_FRACTION / j_in`` of a lower bound of its block's outputs
+       (:meth:`_lows`), found by descending a tree of range maxima of ``mu``;
+    2. :meth:`_tight`: each candidate's exact tilted maximum ``top`` bounds its contribution
+       to output ``u`` by ``w e^(at0 - beta u)`` (``at0 = top - D^2 / reg``), a line in
+       ``u``, and the leading pair of the block bounds the output below by ``e^(at0_q -
+       beta_q u - gauss_floor)``; the ratio of the two is checked at both ends of the block
+       (its largest values), against the leading pair at either end.
+
+    So the pairs left out add less than ``SKIP_FRACTION / j_in`` of each output each, less
+    than :data:`SKIP_FRACTION` (1e-20) together: below float64 rounding, and the kernel keeps
+    ``product_rtol = 0``. Mass moving far tilts the inputs by up to ``|beta| L`` across a
+    block; the tilted bound follows it, where the block maximum alone (step 1) kept 2.5 times
+    the pairs (73 against 29 per block on ``benchmarks/grids.py``'s 10^6 bins at reg 1e-7).
+    Cost ``O(N x band)``.
     """
 
     def __init__(self, s0: float, t0: float, steps: tuple[float, float], sizes: tuple[int, int],
@@ -493,6 +512,9 @@ class _BandedAxis:
         self.spread = (np.maximum(lo * lo, hi * hi) - near) / reg
         v, u = np.arange(self.w_in) * self.h_in, np.arange(self.w_out) * self.h_out
         self.gauss = np.exp(-((u[None, :] - v[:, None]) ** 2) / reg)  # (w_in, w_out)
+        # every entry of G is at least e^-gauss_floor (the lower bounds of _tight)
+        self.gauss_floor = max(u[-1], v[-1]) ** 2 / reg
+        self.factors = _gauss_factors(v, u, reg)
 
     @classmethod
     def build(cls, s: np.ndarray, t: np.ndarray, reg: float) -> _BandedAxis | None:
@@ -511,7 +533,13 @@ class _BandedAxis:
         r = round(ratio)
         if abs(ratio - r) > 64 * np.finfo(float).eps * ratio:
             return None
-        width = int(np.clip(math.sqrt(reg) / (2 * max(steps)), 1, STREAM_BLOCK))
+        # blocks of sqrt(reg) / 2, at least MIN_BAND_BLOCK points while the Gaussian block's
+        # smallest entry stays above e^-100 (few long blocks: less work per point)
+        h, root = max(steps), math.sqrt(reg)
+        width = max(root / (2 * h), min(MIN_BAND_BLOCK, 10.0 * root / h))
+        width = int(np.clip(width, 1, STREAM_BLOCK))
+        if ((width * r - 1) * min(steps)) ** 2 / reg > 100.0:
+            return None  # a longer block's Gaussian would underflow (spacings >> sqrt(reg))
         if steps[0] >= steps[1]:
             widths, h_in, h_out = (width, width * r), steps[0], steps[0] / r
         else:
@@ -524,110 +552,212 @@ class _BandedAxis:
                            self.reg, (self.w_out, self.w_in))  # fmt: skip
 
     def apply(self, X: np.ndarray) -> np.ndarray:
-        """The pass for ``X`` of shape ``(P, n_in, Q)``, one row ``X[p, :, q]`` at a time."""
+        """The pass for ``X`` of shape ``(P, n_in, Q)``: every row ``X[p, :, q]`` at once (the
+        pairs of all rows in one list, processed in chunks of :data:`BANDED_CHUNK` entries)."""
         P, _, Q = X.shape
-        out = np.empty((P, self.n_out, Q))
-        for p in range(P):
-            for q in range(Q):
-                out[p, :, q] = self._row(X[p, :, q])
-        return out
+        rows = np.moveaxis(X, 1, 2).reshape(P * Q, self.n_in)
+        out = self._rows(rows)
+        return np.moveaxis(out.reshape(P, Q, self.n_out), 2, 1)
 
-    def _row(self, x: np.ndarray) -> np.ndarray:
+    def _rows(self, x: np.ndarray) -> np.ndarray:
+        """``log sum_j exp(x[r, j] - (t_i - s_j)^2 / reg)`` for every row ``r`` of ``x``."""
+        R = x.shape[0]
+        blocks, pairs = self._kept_pairs(x)
+        out = np.full((R * self.j_out, self.w_out), -np.inf)
+        self._sum_pairs(blocks, *pairs, out)
+        return out.reshape(R, self.j_out * self.w_out)[:, : self.n_out]
+
+    def _kept_pairs(self, x: np.ndarray):
+        """``(blocks, (src, beta, top, at0, group))``: the padded input cut in blocks (block
+        ``b`` of row ``r`` is ``blocks[r j_in + b]``) and the block pairs that can matter,
+        sorted by output block ``group = r j_out + c``: their input block ``src``, tilt
+        ``beta``, tilted maximum ``top`` and exponent ``at0`` at the first output (the class
+        notes). Every pair left out adds less than ``SKIP_FRACTION / j_in`` of every output
+        of its block (:meth:`_candidates`, :meth:`_tight`)."""
+        R = x.shape[0]
         w, j_in, j_out = self.w_in, self.j_in, self.j_out
-        padded = np.full(j_in * w, -np.inf)
-        padded[: self.n_in] = x
-        blocks = padded.reshape(j_in, w)
-        mu = blocks.max(axis=1)
-        live = np.isfinite(mu)
-        if not live.any():
-            return np.full(self.n_out, -np.inf)
-        cs, bs, shift = self._pairs(mu, live)
+        padded = np.full((R, j_in * w), -np.inf)
+        padded[:, : self.n_in] = x
+        blocks = padded.reshape(R * j_in, w)
+        mu = blocks.max(axis=1).reshape(R, j_in)
+        rs, cs, bs = self._candidates(mu, np.isfinite(mu))
         index = cs - bs + j_in - 1
-        # sigma_c (the leading pair, which the search keeps); the final test on its range
-        sigma = np.full(j_out, -np.inf)
-        np.maximum.at(sigma, cs, shift)
-        lead_spread = np.zeros(j_out)
-        lead = shift == sigma[cs]
-        np.maximum.at(lead_spread, cs[lead], self.spread[index[lead]])
-        keep = shift - sigma[cs] + lead_spread[cs] >= math.log(SKIP_FRACTION) - math.log(w)
-        order = np.argsort(cs[keep], kind="stable")
-        cs, bs, index = cs[keep][order], bs[keep][order], index[keep][order]
-        # the tilted, shifted inputs of every pair, one product with the Gaussian block
-        k = np.arange(w)
+        src = rs * j_in + bs
         beta = 2.0 * self.start[index] / self.reg
-        tilted = blocks[bs] + (beta * self.h_in)[:, None] * k[None, :]
-        top = tilted.max(axis=1)
-        np.exp(tilted - top[:, None], out=tilted)  # -inf entries give 0
-        logs = tilted @ self.gauss
-        with np.errstate(divide="ignore"):
-            np.log(logs, out=logs)
-        u = np.arange(self.w_out) * self.h_out
-        logs += (top - self.start[index] ** 2 / self.reg)[:, None] - beta[:, None] * u[None, :]
-        # log-sum-exp over the pairs of each output block
-        starts = np.flatnonzero(np.r_[True, np.diff(cs) > 0])
-        peak = np.maximum.reduceat(logs, starts, axis=0)
-        np.exp(logs - np.repeat(peak, np.diff(np.r_[starts, cs.size]), axis=0), out=logs)
-        sums = np.add.reduceat(logs, starts, axis=0)
-        out = np.full((j_out, self.w_out), -np.inf)
-        with np.errstate(divide="ignore"):
-            out[cs[starts]] = np.log(sums) + peak
-        return out.ravel()[: self.n_out]
+        top = self._tops(blocks, src, beta)
+        # each pair's exponent at its first output, exactly split: line(u) = at0 - beta u
+        at0 = top - self.start[index] ** 2 / self.reg
+        group = rs * j_out + cs
+        keep = self._tight(group, at0, beta) if group.size else np.zeros(0, dtype=bool)
+        return blocks, (src[keep], beta[keep], top[keep], at0[keep], group[keep])
 
-    def _pairs(self, mu: np.ndarray, live: np.ndarray):
-        """``(c, b, mu_b + kappa_(c-b))`` of every pair within the skip floor of a lower
-        bound of its output block, found by bisecting ``b``'s range with range-maximum
-        bounds (a sparse table of ``mu``): ``O(pairs x log J)``, not ``J_in x J_out``."""
-        w, j_in, j_out = self.w_in, self.j_in, self.j_out
-        kappa, spread = self.kappa, self.spread
+    def _candidates(self, mu: np.ndarray, live: np.ndarray):
+        """``(row, c, b)`` of the pairs the block-maximum bound cannot rule out, sorted by
+        ``(row, c, b)``: pair ``(b, c)`` is kept while ``w e^(mu_b + kappa_(c-b))``, a bound of
+        its whole contribution, reaches ``SKIP_FRACTION / j_in`` of a lower bound of every
+        output of ``c`` (:meth:`_lows`). Found by descending a tree of range maxima of ``mu``
+        (node ``i`` of depth ``d`` covers blocks ``[i 2^(K-d), (i + 1) 2^(K-d))``; a node is
+        opened when ``max mu`` over it plus the largest ``kappa`` of its offsets reaches the
+        threshold), all rows and output blocks at once: ``O(pairs x log J)``."""
+        j_in, j_out = self.j_in, self.j_out
+        kappa = self.kappa
         peak = int(np.argmax(kappa)) - (j_in - 1)  # the offset of the nearest pairs
+        threshold = self._lows(mu, live)
+        threshold += math.log(SKIP_FRACTION) - math.log(self.w_in) - math.log(j_in)
+        depth = max(0, (j_in - 1).bit_length())
+        level = np.full((mu.shape[0], 1 << depth), -np.inf)
+        level[:, :j_in] = np.where(live, mu, -np.inf)
+        tree = [level]
+        while tree[-1].shape[1] > 1:
+            tree.append(np.maximum(tree[-1][:, 0::2], tree[-1][:, 1::2]))
+        tree.reverse()
+        rows = np.flatnonzero(live.any(axis=1))
+        r = np.repeat(rows, j_out)
+        c = np.tile(np.arange(j_out), rows.size)
+        node = np.zeros(r.size, dtype=np.intp)
+        for d in range(depth + 1):
+            length = 1 << (depth - d)
+            lo = node * length
+            hi = np.minimum(lo + length, j_in) - 1
+            offset = np.clip(peak, c - hi, c - lo)
+            bound = tree[d][r, node] + kappa[offset + j_in - 1]
+            keep = (lo < j_in) & (bound >= threshold[r, c]) & np.isfinite(bound)
+            r, c, node = r[keep], c[keep], node[keep]
+            if d < depth:  # both children, in order
+                r, c = np.repeat(r, 2), np.repeat(c, 2)
+                node = (2 * node[:, None] + np.arange(2)[None, :]).ravel()
+        return r, c, node
+
+    def _lows(self, mu: np.ndarray, live: np.ndarray) -> np.ndarray:
+        """``(rows, j_out)`` lower bounds of every output of each block: the smallest entry
+        ``mu_b + kappa_(c-b) - spread_(c-b)`` of a few pairs (near the kernel's peak, the
+        nearest live blocks, the leader of :meth:`_leaders`); ``-inf`` for a dead row."""
+        j_in, j_out = self.j_in, self.j_out
+        kappa, spread = self.kappa, self.spread
+        peak = int(np.argmax(kappa)) - (j_in - 1)
         c = np.arange(j_out)
-        # lower bound of every output of c: a pair near the peak or the nearest live blocks
-        live_at = np.flatnonzero(live)
-        at = np.searchsorted(live_at, np.clip(c - peak, 0, j_in - 1))
-        candidates = [c - peak + k for k in (-2, -1, 0, 1, 2)]
-        candidates += [live_at[np.clip(at, 0, live_at.size - 1)],
-                       live_at[np.clip(at - 1, 0, live_at.size - 1)]]  # fmt: skip
-        candidates.append(self._leaders(mu, live))
-        low = np.full(j_out, -np.inf)
-        for b in candidates:
-            ok = (b >= 0) & (b < j_in)
-            bb = np.where(ok, b, 0)
-            o = c - bb + j_in - 1
-            value = np.where(ok & live[bb], mu[bb] + kappa[o] - spread[o], -np.inf)
-            low = np.maximum(low, value)
-        threshold = low + math.log(SKIP_FRACTION) - math.log(w)
-        # sparse table: table[k][i] = max(mu[i : i + 2^k])
-        table = [np.where(live, mu, -np.inf)]
-        while (1 << len(table)) <= j_in:
-            prev, half = table[-1], 1 << (len(table) - 1)
-            table.append(np.maximum(prev[:-half], prev[half:]))
-        C, lo, hi = c, np.zeros(j_out, dtype=np.intp), np.full(j_out, j_in - 1, dtype=np.intp)
-        found_c, found_b = [], []
-        while C.size:
-            length = hi - lo + 1
-            k = np.floor(np.log2(length)).astype(np.intp)
-            top = np.empty(C.size)
-            for level in np.unique(k):
-                sel = k == level
-                t = table[level]
-                top[sel] = np.maximum(t[lo[sel]], t[hi[sel] - (1 << level) + 1])
-            # the largest kappa over offsets c - hi .. c - lo: at the one nearest the peak
-            o = np.clip(peak, C - hi, C - lo)
-            bound = top + kappa[o + j_in - 1]
-            keep = bound >= threshold[C]
-            C, lo, hi, length = C[keep], lo[keep], hi[keep], length[keep]
-            single = length == 1
-            found_c.append(C[single])
-            found_b.append(lo[single])
-            C, lo, hi = C[~single], lo[~single], hi[~single]
-            mid = (lo + hi) // 2
-            C, lo, hi = (
-                np.concatenate([C, C]),
-                np.concatenate([lo, mid + 1]),
-                np.concatenate([mid, hi]),
-            )
-        cs, bs = np.concatenate(found_c), np.concatenate(found_b)
-        return cs, bs, mu[bs] + kappa[cs - bs + j_in - 1]
+        low = np.full((mu.shape[0], j_out), -np.inf)
+        for r in np.flatnonzero(live.any(axis=1)):
+            m, ok_r = mu[r], live[r]
+            live_at = np.flatnonzero(ok_r)
+            at = np.searchsorted(live_at, np.clip(c - peak, 0, j_in - 1))
+            candidates = [c - peak + k for k in (-2, -1, 0, 1, 2)]
+            candidates += [live_at[np.clip(at, 0, live_at.size - 1)],
+                           live_at[np.clip(at - 1, 0, live_at.size - 1)]]  # fmt: skip
+            candidates.append(self._leaders(m, ok_r))
+            for b in candidates:
+                ok = (b >= 0) & (b < j_in)
+                bb = np.where(ok, b, 0)
+                o = c - bb + j_in - 1
+                value = np.where(ok & ok_r[bb], m[bb] + kappa[o] - spread[o], -np.inf)
+                np.maximum(low[r], value, out=low[r])
+        return low
+
+    def _tops(self, blocks: np.ndarray, src: np.ndarray, beta: np.ndarray) -> np.ndarray:
+        """``max_v x_b(v) + beta v h_in`` of every pair: the tilted input's maximum."""
+        k = np.arange(self.w_in) * self.h_in
+        top = np.empty(src.size)
+        step = max(1, BANDED_CHUNK // self.w_in)
+        for lo in range(0, src.size, step):
+            sl = slice(lo, lo + step)
+            tilted = blocks[src[sl]]
+            tilted += beta[sl, None] * k[None, :]
+            top[sl] = tilted.max(axis=1)
+        return top
+
+    def _tight(self, group: np.ndarray, at0: np.ndarray, beta: np.ndarray) -> np.ndarray:
+        """Which candidate pairs can matter, by the tilted bounds (the class notes): pair
+        ``p`` adds at most ``w_in e^(at0_p - beta_p u)`` to output ``u`` of its block, and
+        the output is at least ``e^(at0_q - beta_q u - g)`` for every pair ``q`` of the block
+        (``g`` :attr:`gauss_floor`); ``p`` is dropped when, against the leading pair ``q`` at
+        either end of the block, the ratio is below ``SKIP_FRACTION / j_in`` at both ends
+        (a ratio of exponentials linear in ``u``: its largest value is at an end)."""
+        span = (self.w_out - 1) * self.h_out
+        at1 = at0 - beta * span
+        starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+        owner = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, group.size]))
+        floor = math.log(SKIP_FRACTION) - math.log(self.j_in) - math.log(self.w_in)
+        keep = np.ones(group.size, dtype=bool)
+        for values in (at0, at1):
+            peak = np.maximum.reduceat(values, starts)
+            # the leading pair of each block at this end (the first of equal ones)
+            first = np.flatnonzero(values == peak[owner])
+            lead = first[np.r_[True, owner[first][1:] != owner[first][:-1]]]
+            low0 = at0[lead][owner] - self.gauss_floor
+            low1 = at1[lead][owner] - self.gauss_floor
+            # each leading line bounds the output below: either one may rule p out
+            keep &= np.maximum(at0 - low0, at1 - low1) >= floor
+        return keep
+
+    def _sum_pairs(self, blocks, src, beta, top, at0, group, out) -> None:
+        """``out[g] = log sum_p e^(at0_p - beta_p u) S_p(u)`` over the pairs ``p`` of each
+        output block ``g``, ``S_p = z_p G`` the tilted, shifted input ``z_p`` (entries in
+        ``[0, 1]``, one of them 1) times the Gaussian block.
+
+        The pairs of a block are weighted against its leading pair ``q`` (largest ``at0``):
+        ``e^(at0_p - at0_q) e^(-(o_p - o_q) 2 L u / reg)`` (``beta`` is linear in the
+        offset ``o``), a factor of the offset difference only, folded into one stacked copy
+        of ``G`` per difference; the coefficients of each block (``z_p``, or its moments
+        ``z_p left`` under the low-rank form :attr:`factors`) are placed by offset difference
+        and the block's outputs are one row of a single matrix product. The leading pair
+        alone gives at least ``e^-gauss_floor``: nothing underflows; every term is a
+        product of non-negative factors (the low-rank form's signs cancel by at most
+        ``e^(1/4)``): exact to a few ulps."""
+        if not group.size:
+            return
+        k = np.arange(self.w_in) * self.h_in
+        u = np.arange(self.w_out) * self.h_out
+        starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+        sizes = np.diff(np.r_[starts, group.size])
+        owner = np.repeat(np.arange(starts.size), sizes)
+        # the leading pair of each output block (the first of equal ones)
+        peak = np.maximum.reduceat(at0, starts)
+        first = np.flatnonzero(at0 == peak[owner])
+        lead = first[np.r_[True, owner[first][1:] != owner[first][:-1]]]
+        step = 2.0 * self.length / self.reg  # beta_(o + 1) - beta_o
+        delta = np.rint((beta - beta[lead][owner]) / step).astype(np.intp)
+        rank = self.w_in if self.factors is None else self.factors[0].shape[1]
+        right = self.gauss if self.factors is None else self.factors[1]  # (rank, w_out)
+        weight = np.exp(at0 - peak[owner])
+        # chunks of whole output blocks, about BANDED_CHUNK entries each
+        bounds = np.r_[starts, group.size]
+        per = max(self.w_in, self.w_out)
+        cuts = np.searchsorted(bounds * per, np.arange(0, group.size * per, BANDED_CHUNK))
+        cuts = np.unique(np.r_[cuts, bounds.size - 1])
+        for c0, c1 in itertools.pairwise(cuts):
+            lo, hi = bounds[c0], bounds[c1]
+            sl = slice(lo, hi)
+            z = blocks[src[sl]]
+            z += beta[sl, None] * k[None, :]
+            z -= top[sl, None]
+            np.exp(z, out=z)  # -inf (no mass) gives 0
+            reach = int(np.abs(delta[sl]).max())
+            width = 2 * reach + 1
+            # the stacked form while its tilts stay within e^600 and its zeros are few
+            if reach * step * u[-1] <= 600.0 and (c1 - c0) * width <= 4 * (hi - lo):
+                tilt = np.exp(-np.arange(-reach, reach + 1)[:, None] * step * u[None, :])
+                stack = (tilt[:, None, :] * right[None, :, :]).reshape(width * rank, -1)
+                coef = z if self.factors is None else z @ self.factors[0]
+                coef *= weight[sl, None]
+                local = owner[sl] - c0
+                placed = np.zeros((c1 - c0, width, rank))
+                placed[local, delta[sl] + reach] = coef
+                sums = placed.reshape(c1 - c0, width * rank) @ stack
+                shift = 0.0
+            else:
+                # pair by pair: each output's terms shifted by their largest log-weight
+                S = (z if self.factors is None else z @ self.factors[0]) @ right
+                logw = (at0[sl] - peak[owner[sl]])[:, None] - (delta[sl, None] * step) * u
+                local = starts[c0:c1] - lo
+                shift = np.maximum.reduceat(logw, local, axis=0)
+                logw -= np.repeat(shift, sizes[c0:c1], axis=0)
+                S *= np.exp(logw)
+                sums = np.add.reduceat(S, local, axis=0)
+            with np.errstate(divide="ignore"):
+                np.log(sums, out=sums)
+            q = lead[c0:c1]
+            sums += (at0[q, None] - beta[q, None] * u[None, :]) + shift
+            out[group[starts[c0:c1]]] = sums
 
     def _leaders(self, mu: np.ndarray, live: np.ndarray) -> np.ndarray:
         """For every output block ``c``, the input block ``b`` maximising ``mu_b - (t_c -
@@ -659,6 +789,35 @@ class _BandedAxis:
         points = np.arange(self.j_out) + (self.t0 - self.s0) / self.length
         which = np.searchsorted(z[1 : k + 1], points, side="left")
         return bs[v[which]]
+
+
+def _gauss_factors(v: np.ndarray, u: np.ndarray, reg: float):
+    """``(left, right)`` with ``left @ right`` the Gaussian block ``exp(-(u_i - v_j)^2 / reg)``
+    (rows ``v``, columns ``u``) to a relative error below ``2^-56`` per entry, or ``None`` when
+    the blocks are too short for a low-rank form to save work.
+
+    With ``p, q`` the positions from the blocks' common centre over ``sqrt(reg)``,
+    ``e^-(p - q)^2 = e^-p^2 e^-q^2 sum_k (2 p q)^k / k!``; the series is cut after ``r``
+    terms, its tail below ``rho^r / r! / (1 - rho)`` for ``rho = 2 max|p| max|q| <= 1/8``
+    (blocks of ``sqrt(reg) / 2``), relative to ``e^-p^2 e^-q^2``, i.e. to ``e^(2 max|p q|)``
+    times the entry. The terms' signs cancel by at most the same factor, so the product's
+    rounding error stays a few ulps."""
+    centre = 0.5 * max(u[-1], v[-1])
+    p, q = (u - centre) / math.sqrt(reg), (v - centre) / math.sqrt(reg)
+    rho = 2.0 * np.abs(p).max() * np.abs(q).max()
+    if rho >= 0.5:
+        return None
+    r, term = 1, rho
+    while term / (1.0 - rho) * math.exp(rho) > 2.0**-56:
+        r += 1
+        term *= rho / r
+    if 2 * r >= min(u.size, v.size):
+        return None
+    k = np.arange(r)
+    scale = np.sqrt(2.0**k / np.array([math.factorial(int(i)) for i in k]))
+    left = np.exp(-(q**2))[:, None] * q[:, None] ** k[None, :] * scale[None, :]
+    right = (np.exp(-(p**2))[:, None] * p[:, None] ** k[None, :] * scale[None, :]).T
+    return np.ascontiguousarray(left), np.ascontiguousarray(right)
 
 
 def _contract(E: np.ndarray, K: np.ndarray) -> np.ndarray:

@@ -273,3 +273,126 @@ def test_banded_axis_between_a_grid_and_its_halving(monkeypatch, reg):
     close(conv.log_apply(log_w), dense(log_w, coarse, fine, reg))
     log_v = rng.normal(size=600) * 30
     close(conv.log_apply_transpose(log_v), dense(log_v, fine, coarse, reg))
+
+
+# --- the banded pass's pair bounds (sketchot.grid._BandedAxis) -------------------------------
+
+
+def _pair_logs(B, s, t, x):
+    """``(R, j_out * w_out, j_in)``: the exact log-contribution of every input block to every
+    output (the dense definition, summed block by block) and ``(R, n_t)`` the outputs."""
+    R = x.shape[0]
+    E = x[:, None, :] - ((t[:, None] - s[None, :]) ** 2)[None] / B.reg  # (R, n_t, n_s)
+    padded = np.full((R, t.size, B.j_in * B.w_in), -np.inf)
+    padded[:, :, : s.size] = E
+    per_block = logsumexp(padded.reshape(R, t.size, B.j_in, B.w_in), axis=3)
+    return per_block, logsumexp(E, axis=2)
+
+
+def check_left_out_pairs(s, t, reg, x):
+    """Every block pair the banded pass leaves out adds at most ``SKIP_FRACTION / j_in`` of
+    each output of its block (the bound the pass states), so all of them together at most
+    ``SKIP_FRACTION``; the pass equals the dense definition to rounding."""
+    from sketchot.grid import SKIP_FRACTION, _BandedAxis
+
+    B = _BandedAxis.build(s, t, reg)
+    if B is None:  # refused only where a block's Gaussian would underflow: spacings >> sqrt(reg)
+        assert max(s[1] - s[0], t[1] - t[0]) ** 2 / reg > 25.0
+        return
+    _, (src, _, _, _, group) = B._kept_pairs(x)
+    R = x.shape[0]
+    kept = np.zeros((R, B.j_out, B.j_in), dtype=bool)
+    kept[group // B.j_out, group % B.j_out, src % B.j_in] = True
+    per_block, out = _pair_logs(B, s, t, x)
+    c_of = np.arange(t.size) // B.w_out
+    left_out = ~kept[:, c_of, :]  # (R, n_t, j_in)
+    limit = out[:, :, None] + np.log(SKIP_FRACTION) - np.log(B.j_in)
+    finite = np.isfinite(out)[:, :, None] & left_out
+    # rounding of the dense reference: a few ulps of the largest exponent
+    scale = np.where(np.isfinite(out), np.abs(out), 0.0)
+    slack = 1e-12 * np.maximum(1.0, scale)[:, :, None]
+    with np.errstate(invalid="ignore"):  # rows without mass: -inf limits, not compared
+        bound = np.broadcast_to(limit + slack, per_block.shape)
+    assert np.all(per_block[finite] <= bound[finite])
+    # rows with no mass keep no pair and give -inf
+    assert not kept[~np.isfinite(out).all(axis=1)].any()
+    got = B.apply(x[:, :, None])[:, :, 0]
+    close(got, out)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n_s=st.integers(20, 300),
+    n_t=st.integers(20, 300),
+    ratio=st.sampled_from([1, 2, 3]),
+    log10_reg=st.floats(-8, -1.5),
+    origin=st.floats(-0.5, 0.5),
+    tilt=st.floats(-1.0, 1.0),
+    spread=st.floats(0, 300),
+    dead=st.floats(0, 0.6),
+    seed=st.integers(0, 2**16),
+)
+def test_banded_pairs_left_out_are_below_their_bound(
+    n_s, n_t, ratio, log10_reg, origin, tilt, spread, dead, seed
+):
+    """Invariant (the bound of ``_BandedAxis._tight`` and ``_candidates``): on random uniform
+    axes of spacings in an integer ratio, random ``reg`` and random potentials (a transport
+    tilt ``tilt (s - 1/2)^2 / reg``, noise of any spread, stretches of zero mass), no pair
+    left out exceeds its share of the true output."""
+    rng = np.random.default_rng(seed)
+    h = 1.0 / 199
+    s = h * np.arange(n_s)
+    t = origin + h * ratio * np.arange(n_t)
+    if rng.random() < 0.5:
+        s, t = t, s  # the coarse side as the input
+    reg = 10.0**log10_reg
+    x = rng.normal(size=(2, s.size)) * spread + tilt * (s - 0.5) ** 2 / reg
+    x[rng.random(x.shape) < dead] = -np.inf
+    x[1, : s.size // 3] = -np.inf
+    check_left_out_pairs(s, t, reg, x)
+
+
+@pytest.mark.parametrize("reg", [1e-7, 1e-5, 1e-4, 1e-3, 5e-2])
+@pytest.mark.parametrize("shape", ["same", "coarse_out", "coarse_in"])
+@pytest.mark.parametrize("potential", ["transport", "noise", "zero_stretches"])
+def test_banded_pairs_left_out_on_a_grid_of_cases(reg, shape, potential):
+    """The same invariant on a fixed grid of cases: blocks of one point (reg 1e-7 on a
+    1/299 spacing), the 16-point minimum, the low-rank Gaussian (reg 5e-2), spacings 1:2
+    either way, mass moving far, any dynamic range, no mass in places."""
+    rng = np.random.default_rng(7)
+    h = 1.0 / 299
+    s, t = h * np.arange(300), h * np.arange(300) + 0.013
+    if shape == "coarse_out":
+        t = 0.2 + 2 * h * np.arange(150)
+    elif shape == "coarse_in":
+        s = 2 * h * np.arange(150)
+    x = np.zeros((3, s.size))
+    if potential == "transport":
+        x += np.array([[0.9], [-0.5], [0.2]]) * (s - 0.4) ** 2 / reg
+    elif potential == "noise":
+        x += rng.normal(size=x.shape) * np.array([[1.0], [50.0], [500.0]])
+    else:
+        x += rng.normal(size=x.shape) * 20
+        x[0, 40:200] = -np.inf
+        x[1, ::3] = -np.inf
+        x[2] = -np.inf  # a row with no mass
+    check_left_out_pairs(s, t, reg, x)
+
+
+@pytest.mark.parametrize(("w", "h", "reg"), [(24, 1e-6, 1e-7), (158, 1e-6, 1e-7),
+                                             (63, 1 / 1999, 4e-3), (200, 1e-3, 0.16)])  # fmt: skip
+def test_the_gaussian_blocks_low_rank_form_is_within_its_bound(w, h, reg):
+    """``_gauss_factors``: every entry of ``left @ right`` within ``2^-56`` (the truncation,
+    stated there) plus a few ulps of rounding of the Gaussian block's entry."""
+    from sketchot.grid import _gauss_factors
+
+    v = u = h * np.arange(w)
+    factors = _gauss_factors(v, u, reg)
+    exact = np.exp(-((u[None, :] - v[:, None]) ** 2) / reg)
+    if (w * h) ** 2 / reg > 0.3:  # blocks longer than sqrt(reg) / 2: not low rank enough
+        assert factors is None
+        return
+    assert factors is not None
+    left, right = factors
+    assert left.shape[1] * 2 < w
+    assert np.max(np.abs(left @ right / exact - 1.0)) <= 8e-16

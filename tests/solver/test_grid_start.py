@@ -102,3 +102,45 @@ def test_the_same_call_twice_gives_the_same_bits():
     np.testing.assert_array_equal(first.f, second.f)
     np.testing.assert_array_equal(first.g, second.g)
     assert first.value_linear == second.value_linear
+
+
+def test_uniform_halving_keeps_a_uniform_axis():
+    """``halve(uniform=True)`` (1-D pyramids): pairs of points, an odd axis's last point a cell
+    of its own half a step beyond it; the coarse axis uniform (the banded pass needs it)."""
+    rng = np.random.default_rng(5)
+    for n in (2 * MIN_AXIS, 2 * MIN_AXIS + 1, 1001):
+        grid = RegularGrid.from_shape(n, extent=1.0)
+        w = rng.random(n)
+        coarse, cw = halve(grid, w, uniform=True)
+        step = 1.0 / (n - 1)
+        assert coarse.size == (n + 1) // 2
+        np.testing.assert_allclose(np.diff(coarse.axes[0]), 2 * step, rtol=1e-12)
+        np.testing.assert_allclose(coarse.axes[0][0], step / 2, rtol=1e-12)
+        np.testing.assert_allclose(cw.sum(), w.sum(), rtol=1e-14)
+        if n % 2:
+            assert cw[-1] == w[-1]
+
+
+def test_a_1d_histogram_at_small_reg_climbs_the_pyramid_with_the_schedule():
+    """1-D: the epsilon schedule runs on levels that resolve each stage's blur (coarse while
+    reg is large, finer as it falls); the fine solve stays certified and within the entropic
+    gap of POT's exact ot.emd2_1d."""
+    ot = pytest.importorskip("ot")
+    n, reg = 20_000, 1e-6
+    x = np.linspace(0, 1, n)
+    a = np.exp(-((x - 0.3) ** 2) / 0.005) + 0.5 * np.exp(-((x - 0.7) ** 2) / 0.002) + 1e-3
+    b = np.exp(-((x - 0.55) ** 2) / 0.01) + 1e-3
+    a, b = a / a.sum(), b / b.sum()
+    res = sketchot.solve_grid(a, b, reg, warn=False)
+    info = res.result.iteration_info["coarse_to_fine"]
+    assert info["used"] and res.accuracy_met
+    stages = info["stages"]
+    sizes = [st["shape"][0] for st in stages]
+    regs = [st["reg"] for st in stages]
+    assert sizes == sorted(sizes) and sizes[0] < 100 < sizes[-1] < n  # coarse to fine
+    assert regs == sorted(regs, reverse=True) and regs[-1] > reg
+    exact = float(ot.emd2_1d(x, x, a, b))
+    # the entropic value lies within reg log(n^2) (the entropy's range) plus the certified
+    # error's share of the largest cost (1) above the exact one
+    gap = reg * np.log(float(n) * n) + 2 * ACCURACY
+    assert abs(res.value_linear - exact) <= gap
