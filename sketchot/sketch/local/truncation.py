@@ -33,12 +33,10 @@ class _InputBounds:
     spread: np.ndarray
 
 
-def _input_bounds(side: _Side, w_sorted: np.ndarray, first: int | None = None) -> _InputBounds:
-    """:class:`_InputBounds` of ``side``'s clusters ``first:`` (default: the expanded ones,
-    ``n_small:``; ``0``: every cluster, the exactly handled ones first) for the log weights
-    ``w_sorted``."""
-    kb = side.n_small if first is None else first
-    starts = side.offsets[kb:-1]  # a suffix of the clusters: reduceat's last is right
+def _input_bounds(side: _Side, w_sorted: np.ndarray) -> _InputBounds:
+    """:class:`_InputBounds` of ``side``'s expanded clusters for the log weights ``w_sorted``."""
+    kb = side.n_small
+    starts = side.offsets[kb:-1]  # expanded clusters are a suffix: reduceat's last is right
     sizes = np.diff(side.offsets)[kb:]
     return _InputBounds(
         np.log(sizes),
