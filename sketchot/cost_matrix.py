@@ -82,10 +82,10 @@ def check_cost_matrix(M: Any, name: str = "M") -> np.ndarray:
     )  # fmt: skip
     if hasattr(M, "tocsr") or hasattr(M, "toarray"):  # a SciPy sparse matrix
         raise TypeError(
-            f"{name} must be a dense 2-D array of costs (n, m); got {describe(M)}: a sparse "
-            "matrix of allowed pairs (missing entries forbidden, as in POT's sparse-cost EMD) "
-            f"is not solved yet. {name}.toarray() would make the missing pairs zero costs; "
-            "give a dense M with np.inf at the missing pairs (forbidden pairs) instead"
+            f"{name} must be a dense 2-D array of costs (n, m) here; got {describe(M)}: a "
+            "sparse matrix of allowed pairs (missing entries forbidden) has its own geometry, "
+            "sketchot.sparse_cost.SparseCostMatrixGeometry, which sketchot.solve and the "
+            "POT-named entries build for a sparse M"
         )
     try:
         array = np.asarray(M)

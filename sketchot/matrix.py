@@ -36,6 +36,7 @@ from .solver import (
     sinkhorn_matrix,
     sinkhorn_targets_matrix,
 )
+from .sparse_cost import check_sparse_cost, cost_geometry, is_sparse, sparse_reference_costs
 
 #: POT's ``ot.solve`` arguments (the did-you-mean of an unknown keyword reads them too).
 _POT_NAMES = (
@@ -279,7 +280,7 @@ def solve(
                 return targets
             costs, given = M, None
             if reference:
-                given = check_cost_matrix(M)
+                given = check_sparse_cost(M) if is_sparse(M) else check_cost_matrix(M)
                 costs, constant = _reference_geometry(
                     given, a, b, reg, c, regulariser, _reg_m(unbalanced), penalty
                 )
@@ -335,8 +336,11 @@ def _reference_geometry(M, a, b, reg, c, regulariser, reg_m, penalty):
     # the weights as the problem validates them (uniform for None; b rescaled to a's mass)
     problem = make_problem(a, b, (n, m), reg, reg_m, unbalanced_type=penalty)
     log_c = None if c is None else _check_reference(c, (n, m))
-    costs = reference_costs(M, problem.a, problem.b, problem.reg, log_c)
-    geometry = CostMatrixGeometry(costs, problem.reg, shift=problem.balanced)
+    if is_sparse(M):  # its stored entries only: the missing ones stay forbidden
+        costs = sparse_reference_costs(M, problem.a, problem.b, problem.reg, log_c)
+    else:
+        costs = reference_costs(M, problem.a, problem.b, problem.reg, log_c)
+    geometry = cost_geometry(costs, problem.reg, shift=problem.balanced)
     _check_exponents(geometry)  # before sum(c): c at most e^700 a b^T from here
     total = float(problem.a.sum()) * float(problem.b.sum())
     if c is None:  # entropy: c = 1

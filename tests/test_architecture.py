@@ -24,7 +24,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "sketchot"
 LAYERS = {
     "_validation": 0, "_memory": 0, "_dask": 0, "_defaults": 0, "_arrays": 0, "_autograd": 0,
     "_parallel": 1,
-    "gibbs": 1, "cost_matrix": 1, "grid": 1, "fused": 1, "sketch": 1,
+    "gibbs": 1, "cost_matrix": 1, "sparse_cost": 1, "grid": 1, "fused": 1, "sketch": 1,
     "distributed.geometry": 1, "kernels": 2, "distributed.kernels": 2,
     "distributed.builders": 2, "solver": 3, "distributed.solver": 3, "distributed": 3,
     "policy": 4, "da": 5, "color": 5, "api": 6, "matrix": 6,

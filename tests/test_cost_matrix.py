@@ -229,9 +229,6 @@ def test_a_row_without_weight_is_minus_infinity():
         (np.ones((2, 2), dtype=complex), TypeError, r"M must be a 2-D array of real costs .* "
          r"dtype complex128"),
         ([["a", "b"]], TypeError, r"M must be a 2-D array of real costs"),
-        (scipy.sparse.eye(3, format="csr"), TypeError,
-         r"M must be a dense 2-D array of costs \(n, m\); got .*sparse.* is not solved yet"
-         r".* np\.inf at the missing pairs"),
         (np.ma.masked_array(np.ones((2, 2)), mask=[[1, 0], [0, 0]]), TypeError, r"M"),
     ],
 )  # fmt: skip
@@ -240,6 +237,14 @@ def test_bad_matrices_are_refused_by_name(M, error, match):
         CostMatrixGeometry(M, 1.0)
     with pytest.raises(error, match=match):
         build_exact_from_cost(M, 1.0)
+
+
+def test_a_sparse_matrix_is_sent_to_its_own_geometry():
+    # the dense geometry names the sparse one; the builder takes a sparse M itself
+    with pytest.raises(TypeError, match=r"M must be a dense 2-D array .*SparseCostMatrixGeometry"):
+        CostMatrixGeometry(scipy.sparse.eye(3, format="csr"), 1.0)
+    kernel = build_exact_from_cost(scipy.sparse.eye(3, format="csr"), 1.0)
+    assert type(kernel).__name__ == "SparseExactKernel"
 
 
 def test_bad_reg_is_refused_by_name():

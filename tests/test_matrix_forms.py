@@ -194,22 +194,21 @@ def test_negative_costs_with_a_low_rank_backend_are_refused_and_auto_takes_the_e
     assert sketchot.solve(M - 1.0, a, b, reg=0.5).backend == "exact"
 
 
-def test_a_sparse_matrix_of_allowed_pairs_is_refused_with_the_dense_remedy():
-    """The remedy the message gives (a dense M with +inf at the missing pairs) solves the
-    problem POT's sparse-cost EMD means."""
+def test_a_sparse_matrix_of_allowed_pairs_is_the_dense_one_with_inf_at_the_missing_pairs():
+    """POT's sparse-cost convention: the stored entries are the allowed pairs (more in
+    ``tests/test_sparse_cost.py``)."""
     import scipy.sparse
 
     _, _, M = case(13, n=20, m=20)
     pattern = np.random.default_rng(14).random(M.shape) < 0.5
     np.fill_diagonal(pattern, True)  # a feasible support: the identity coupling of ...
-    sparse = scipy.sparse.csr_array(np.where(pattern, M, 0.0))
-    with pytest.raises(TypeError, match=r"M must be a dense 2-D array .*sparse.* not solved yet"):
-        sketchot.solve(sparse, reg=0.1)
-    dense = np.full(M.shape, np.inf)
-    rows, cols = sparse.nonzero()
-    dense[rows, cols] = sparse[rows, cols]
-    result = sketchot.solve(dense, reg=0.1)  # ... uniform weights (feasible)
-    assert result.accuracy_met and np.all(result.plan[~pattern] == 0.0)
+    rows, cols = np.nonzero(pattern)
+    sparse = scipy.sparse.csr_array((M[rows, cols], (rows, cols)), shape=M.shape)
+    dense = np.where(pattern, M, np.inf)
+    on_sparse = sketchot.solve(sparse, reg=0.1)  # ... uniform weights (feasible)
+    on_dense = sketchot.solve(dense, reg=0.1)
+    assert on_sparse.accuracy_met and np.all(on_sparse.plan[~pattern] == 0.0)
+    np.testing.assert_allclose(on_sparse.plan, on_dense.plan, rtol=0, atol=1e-12)
 
 
 def test_nan_is_refused_by_name():

@@ -13,9 +13,10 @@ from .base import (
     ratios_and_bad,
 )
 from .build import build_kernel, make_kernel, require_policy
-from .exact import EXACT_BACKEND, ExactKernel, build_exact_from_cost
+from .exact import EXACT_BACKEND, ExactKernel
 from .grid import GRID_BACKEND
 from .lowrank import FactorMaps, LowRankKernel
+from .matrix_exact import SparseExactKernel, build_exact_from_cost, exact_cost_kernel
 from .paper import comparable_parameters
 from .registry import (
     Backend,
@@ -42,11 +43,13 @@ __all__ = [
     "KernelOperator",
     "LowRankKernel",
     "RatioStep",
+    "SparseExactKernel",
     "available_backends",
     "backend_parameters",
     "build_exact_from_cost",
     "build_kernel",
     "comparable_parameters",
+    "exact_cost_kernel",
     "get_backend",
     "make_kernel",
     "ratios_and_bad",

@@ -20,8 +20,8 @@ import numpy as np
 from .._arrays import DeviceArrays
 from .._defaults import DEFAULT_MAX_DENSE_BYTES
 from .._parallel import Part, run_parts
-from .._validation import check_choice, check_dtype, check_int
-from ..cost_matrix import CostMatrixGeometry, block_dim, has_points, require_points
+from .._validation import check_choice, check_int
+from ..cost_matrix import block_dim, has_points, require_points
 from ..fused import MAX_COLUMNS, FusedPoints, fused_available, fused_pass_seconds, fused_rows
 from ..gibbs import (
     GibbsGeometry,
@@ -805,39 +805,3 @@ def build_exact(
         return DeviceExactKernel(geometry, dtype=dtype, max_dense_bytes=max_dense_bytes)
     return ExactKernel(geometry, dtype=dtype, max_dense_bytes=max_dense_bytes)
 
-
-def build_exact_from_cost(
-    M: Any,
-    reg: Any,
-    *,
-    dtype: Any = np.float64,
-    max_dense_bytes: int = DEFAULT_MAX_DENSE_BYTES,
-) -> ExactKernel:
-    """The exact kernel ``K = exp(-M / reg)`` of a cost matrix, with no point cloud (POT's
-    ``ot.sinkhorn(a, b, M, reg)``): stored when it fits ``max_dense_bytes``, streamed from
-    ``M`` otherwise; log-stable passes, the absorbed form and :meth:`~ExactKernel.at_reg`
-    (an epsilon schedule) as for points.
-
-    Parameters
-    ----------
-    M : array_like, shape (n, m)
-        Finite costs ``>= 0`` (:class:`~sketchot.cost_matrix.CostMatrixGeometry`).
-    reg : float
-        Entropic regularisation, ``> 0``.
-    dtype : {numpy.float64, numpy.float32}
-        Precision of the stored kernel and of its products.
-    max_dense_bytes : int
-        ``K`` is stored when it takes at most this many bytes.
-
-    Returns
-    -------
-    ExactKernel
-        Its ``geometry`` is the cost-matrix geometry; out-of-sample products are refused
-        (they need points).
-    """
-    start = time.perf_counter()
-    max_dense_bytes = check_int(max_dense_bytes, "max_dense_bytes", minimum=0)
-    dtype = check_dtype(dtype)
-    kernel = ExactKernel(CostMatrixGeometry(M, reg), dtype=dtype, max_dense_bytes=max_dense_bytes)
-    kernel.info.build_time = time.perf_counter() - start
-    return kernel

@@ -22,8 +22,15 @@ import numpy as np
 from .._defaults import DEFAULT_ACCURACY, DEFAULT_MAX_DENSE_BYTES
 from .._validation import RenamableValueError, check_dtype
 from ..cost_matrix import CostMatrixGeometry, check_support
-from ..kernels import EXACT_BACKEND, ExactKernel, build_kernel, get_backend, require_policy
+from ..kernels import (
+    EXACT_BACKEND,
+    build_kernel,
+    exact_cost_kernel,
+    get_backend,
+    require_policy,
+)
 from ..kernels.registry import EXACT_KIND
+from ..sparse_cost import SparseCostMatrixGeometry, allowed_pairs, cost_geometry
 from .options import SolverOptions
 from .problem import make_problem
 from .result import SinkhornResult
@@ -110,7 +117,7 @@ def sinkhorn_matrix(
     check_backend_params("solve", backend, {**backend_params, "dtype": dtype})
     # a geometry given unshifted: its costs as they are (negative ones included), e.g. the
     # reference-measure costs of sketchot.solve (unbalanced transport is not shift-invariant)
-    geometry = M if isinstance(M, CostMatrixGeometry) else CostMatrixGeometry(M, reg, shift=True)
+    geometry = M if isinstance(M, CostMatrixGeometry) else cost_geometry(M, reg, shift=True)
     n, m = geometry.shape
     check_weights_length(a, "a", n, "rows")
     check_weights_length(b, "b", m, "columns")
@@ -134,7 +141,14 @@ def sinkhorn_matrix(
             problem, log_u0=problem.log_u0 - geometry.offset / geometry.reg
         )
     if geometry.forbidden:
-        check_support(np.isfinite(geometry.M), problem.a, problem.b, hard)
+        check_support(allowed_pairs(geometry), problem.a, problem.b, hard)
+    sparse = isinstance(geometry, SparseCostMatrixGeometry)
+    if sparse and backend not in ("auto", EXACT_BACKEND):
+        raise ValueError(
+            f"backend={backend!r} on a sparse M: its missing entries are forbidden pairs "
+            "(kernel 0), which no low-rank approximation keeps; use backend='exact' (or "
+            "'auto'): the sparse exact kernel costs O(nnz) a product"
+        )
     if geometry.offset and backend != "auto" and get_backend(backend).kind != EXACT_KIND:
         raise ValueError(
             f"backend={backend!r} on M with negative costs (smallest {geometry.min_cost:.6g}): "
@@ -144,8 +158,10 @@ def sinkhorn_matrix(
         )
     dtype = check_dtype(dtype)
     negative = geometry.offset or geometry.min_cost < 0
-    if backend == EXACT_BACKEND or (backend == "auto" and (geometry.forbidden or negative)):
-        kernel = ExactKernel(geometry, dtype=dtype, max_dense_bytes=max_dense_bytes)
+    if backend == EXACT_BACKEND or (
+        backend == "auto" and (geometry.forbidden or negative or sparse)
+    ):
+        kernel = exact_cost_kernel(geometry, dtype=dtype, max_dense_bytes=max_dense_bytes)
         kernel.info.build_time = time.perf_counter() - start
         if backend == "auto":
             kernel.info.reason = (
@@ -176,7 +192,7 @@ def unshift(result: SinkhornResult) -> SinkhornResult:
     the dual value follow from the potentials)."""
     old = result.kernel
     # the exact kernel of M itself (stored entries, if any, were of M - offset)
-    kernel = ExactKernel(
+    kernel = exact_cost_kernel(
         old.geometry.unshifted(), dtype=old.dtype, max_dense_bytes=old.max_dense_bytes
     )
     kernel.info = old.info

@@ -141,6 +141,12 @@ def _log_form_summary(kernel: KernelOperator, log_u: np.ndarray, log_v: np.ndarr
     same bits with any number of threads)."""
     g = kernel.geometry
     n, m = g.shape
+    if hasattr(g, "plan_entries"):  # a sparse cost matrix: its stored entries, O(nnz)
+        rows_of, cols_of, plan = g.plan_entries(log_u, log_v)
+        row = np.bincount(rows_of, weights=plan, minlength=n)
+        col = np.bincount(cols_of, weights=plan, minlength=m)
+        cost = float(plan @ (g.M.data - g.offset))  # <P, M - offset>, as the blocks below
+        return PlanSummary(row, col, cost, float(row.sum()))
     # a cost matrix has no coordinates: no moments (barycentric maps need points)
     points = has_points(g)
     d = g.Xc.shape[1] if points else 0
