@@ -337,6 +337,16 @@ class SparseCostMatrixGeometry(CostMatrixGeometry):
         np.exp(plan, out=plan)
         return rows, cols, plan
 
+    def plan_matrix(self, log_u: np.ndarray, log_v: np.ndarray) -> Any:
+        """The plan ``diag(u) K diag(v)`` as a ``scipy.sparse.csr_array`` on the stored
+        entries (``O(nnz)``; a pair whose plan entry underflows stays stored, as 0)."""
+        import scipy.sparse
+
+        _, _, plan = self.plan_entries(log_u, log_v)
+        return scipy.sparse.csr_array(
+            (plan, self.M.indices.copy(), self.M.indptr.copy()), shape=self.shape
+        )
+
 
 def _values_at(W: Any, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """``W[rows, cols]`` for a dense or a SciPy sparse ``W`` (0 where a sparse ``W`` stores

@@ -207,8 +207,8 @@ def test_a_sparse_matrix_of_allowed_pairs_is_the_dense_one_with_inf_at_the_missi
     dense = np.where(pattern, M, np.inf)
     on_sparse = sketchot.solve(sparse, reg=0.1)  # ... uniform weights (feasible)
     on_dense = sketchot.solve(dense, reg=0.1)
-    assert on_sparse.accuracy_met and np.all(on_sparse.plan[~pattern] == 0.0)
-    np.testing.assert_allclose(on_sparse.plan, on_dense.plan, rtol=0, atol=1e-12)
+    assert on_sparse.accuracy_met and np.all(on_sparse.plan.toarray()[~pattern] == 0.0)
+    np.testing.assert_allclose(on_sparse.plan.toarray(), on_dense.plan, rtol=0, atol=1e-12)
 
 
 def test_nan_is_refused_by_name():

@@ -75,17 +75,17 @@ def test_a_sparse_M_solves_the_dense_problem_with_forbidden_pairs(fmt, kwargs):
     assert on_sparse.status == on_dense.status == "converged"
     # at small reg the two iterations part ways after ~20 iterations (rounding grows where
     # plan entries are 1e-100): both stop at tol=1e-12, so the plans agree to ~tol
-    np.testing.assert_allclose(on_sparse.plan, on_dense.plan, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(on_sparse.plan.toarray(), on_dense.plan, rtol=0, atol=1e-10)
     np.testing.assert_allclose(on_sparse.value, on_dense.value, rtol=1e-10)
     np.testing.assert_allclose(on_sparse.value_linear, on_dense.value_linear, rtol=1e-10)
-    assert np.all(on_sparse.plan[np.isinf(dense)] == 0.0)
+    assert np.all(on_sparse.plan.toarray()[np.isinf(dense)] == 0.0)
 
 
 def test_negative_costs_and_several_targets():
     a, b, sparse, dense = case(1, negative=True)
     on_sparse = sketchot.solve(sparse, a, b, reg=0.05)
     on_dense = sketchot.solve(dense, a, b, reg=0.05)
-    np.testing.assert_allclose(on_sparse.plan, on_dense.plan, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(on_sparse.plan.toarray(), on_dense.plan, rtol=0, atol=1e-12)
     np.testing.assert_allclose(on_sparse.value, on_dense.value, rtol=1e-10)
     a, b, sparse, dense = case(2)
     targets = np.random.default_rng(3).random((30, 3)) + 0.1
@@ -103,7 +103,8 @@ def test_POTs_log_sinkhorn_on_a_large_cost_at_the_missing_pairs():
         numItermax=100_000, stopThr=1e-12,
     )  # fmt: skip
     ours = sketchot.solve(sparse, a, b, reg=reg, tol=1e-12)
-    np.testing.assert_allclose(ours.plan, pot, atol=1e-5)
+    assert scipy.sparse.issparse(ours.plan)  # POT's sparse-cost convention: a sparse plan
+    np.testing.assert_allclose(ours.plan.toarray(), pot, atol=1e-5)
     np.testing.assert_allclose(
         pot_names.sinkhorn2(a, b, sparse, reg), pot_names.sinkhorn2(a, b, dense, reg), rtol=1e-10
     )
@@ -145,16 +146,16 @@ def test_stored_zeros_are_allowed_pairs_and_stored_inf_forbidden():
     csr = sparse.tocsr()
     csr.data[0] = 0.0  # an explicit zero: a pair of cost 0
     row, col = 0, csr.indices[0]
-    assert sketchot.solve(csr, a, b, reg=0.05).plan[row, col] > 0
+    assert sketchot.solve(csr, a, b, reg=0.05).plan.toarray()[row, col] > 0
     csr = sparse.tocsr()
     csr.data[0] = np.inf  # a stored +inf: forbidden like a missing entry
     on_sparse = sketchot.solve(csr, a, b, reg=0.05)
     dense = dense.copy()
     dense[row, col] = np.inf
     np.testing.assert_allclose(
-        on_sparse.plan, sketchot.solve(dense, a, b, reg=0.05).plan, atol=1e-12
+        on_sparse.plan.toarray(), sketchot.solve(dense, a, b, reg=0.05).plan, atol=1e-12
     )
-    assert on_sparse.plan[row, col] == 0.0
+    assert on_sparse.plan.toarray()[row, col] == 0.0
 
 
 def test_the_callers_matrix_is_left_alone_and_the_same_call_gives_the_same_bits():
@@ -164,9 +165,17 @@ def test_the_callers_matrix_is_left_alone_and_the_same_call_gives_the_same_bits(
     csr.data.flags.writeable = False
     first = sketchot.solve(csr, a, b, reg=0.01)
     second = sketchot.solve(csr, a, b, reg=0.01)
-    assert np.array_equal(first.plan, second.plan) and first.value == second.value
+    assert np.array_equal(first.plan.data, second.plan.data) and first.value == second.value
     for kept, now in zip(before, (csr.data, csr.indices, csr.indptr), strict=True):
         assert np.array_equal(kept, now)
+
+
+def test_a_float32_M_gives_a_float32_sparse_plan():
+    # POT's convention: results in M's floating dtype (the solve runs in float64)
+    a, b, sparse, _ = case(12)
+    result = sketchot.solve(sparse.astype(np.float32), a, b, reg=0.05)
+    assert scipy.sparse.issparse(result.plan) and result.plan.dtype == np.float32
+    assert isinstance(result.value, np.float32)
 
 
 def test_a_warm_start_from_the_solution_takes_fewer_iterations():
@@ -174,7 +183,7 @@ def test_a_warm_start_from_the_solution_takes_fewer_iterations():
     cold = sketchot.solve(sparse, a, b, reg=0.005, tol=1e-10)
     warm = sketchot.solve(sparse, a, b, reg=0.005, tol=1e-10, potentials_init=cold.potentials)
     assert warm.n_iter < cold.n_iter
-    np.testing.assert_allclose(warm.plan, cold.plan, atol=1e-9)  # both to tol=1e-10
+    np.testing.assert_allclose(warm.plan.data, cold.plan.data, atol=1e-9)  # both to tol=1e-10
 
 
 @pytest.mark.parametrize(

@@ -229,8 +229,13 @@ class SinkhornResult:
         return LazyPlan(self.kernel, *self.potentials)
 
     @property
-    def plan(self) -> np.ndarray:
-        """The dense plan; only for problems whose ``n x m`` array fits 1 GiB."""
+    def plan(self) -> Any:
+        """The dense plan; only for problems whose ``n x m`` array fits 1 GiB. On a sparse
+        cost matrix, a ``scipy.sparse.csr_array`` on its pattern (the allowed pairs; POT's
+        sparse-cost EMD returns its plan sparse too), ``O(nnz)``."""
+        g = self.kernel.geometry
+        if hasattr(g, "plan_entries"):
+            return g.plan_matrix(*self.potentials)
         return self.lazy_plan.to_dense()
 
     # ------------------------------------------------------- barycentric maps
@@ -377,6 +382,8 @@ class NumpyInDtype(ArrayContext):
     def wrap(self, value: Any) -> Any:
         if isinstance(value, np.ndarray):
             return self.to_user(value)
+        if getattr(value, "format", None) == "csr" and value.dtype.kind == "f":  # sparse plan
+            return value.astype(self.dtype) if value.dtype != self.dtype else value
         if isinstance(value, np.floating):
             return self.dtype.type(value)
         if isinstance(value, (tuple, list)):
