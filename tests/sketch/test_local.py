@@ -763,3 +763,145 @@ def test_products_with_exact_small_clusters_are_the_same_bits_every_time():
     for products in runs[1:]:
         for mine, first in zip(products, runs[0], strict=True):
             np.testing.assert_array_equal(mine, first)
+
+
+# ---------------------------------------------------------------------- truncated exact pairs
+def _all_pair_sums(kernel, log_w, transpose=False):
+    """Exact ``S_iB`` per output row (sorted order) and input cluster, EVERY input cluster
+    (the exactly handled ones first, as ``_Product.kept_pairs`` numbers them)."""
+    out, inn = (kernel._y, kernel._x) if transpose else (kernel._x, kernel._y)
+    w = log_w[inn.order]
+    with np.errstate(invalid="ignore"):  # a cluster of zero weights only: NaN, its sum is 0
+        S = np.stack(
+            [
+                np.exp(gibbs_log_matvec(out.points, inn.points[s:e], kernel.reg, w[s:e]))
+                for s, e in itertools.pairwise(inn.offsets)
+            ],
+            axis=1,
+        )
+    return np.nan_to_num(S, nan=0.0)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    log_reg=st.floats(np.log(0.002), np.log(0.03)),
+    weight_spread=st.floats(0.0, 20.0),
+    truncate=st.sampled_from([1e-9, 1e-5, 1e-2]),
+    transpose=st.booleans(),
+)
+def test_one_budget_bounds_the_skipped_pairs_of_exact_and_expanded_clusters(
+    seed, log_reg, weight_spread, truncate, transpose
+):
+    """Invariant: a truncated product keeps, for every output cluster (exactly handled or
+    expanded), the input clusters of both kinds whose skipped share is at most ``truncate`` of
+    each row's exact sum, one budget over all of them (``_Product.kept_pairs``)."""
+    rng = np.random.default_rng(seed)
+    reg = float(np.exp(log_reg))
+    # a dense core and sparse outliers: clusters below exact_below on both sides
+    X = np.concatenate([0.3 * rng.random((160, 3)), rng.random((25, 3))])
+    Y = np.concatenate([0.3 * rng.random((140, 3)) + 0.1, rng.random((30, 3))])
+    kernel = LocalGaussianExpansion(reg, truncate=truncate, rng=0).fit(X, Y)
+    out, inn = (kernel._y, kernel._x) if transpose else (kernel._x, kernel._y)
+    assert out.n_small and inn.n_small  # both kinds take part
+    log_w = weight_spread * rng.normal(size=inn.n_points)
+    product = local.products._Product(
+        out, inn, log_w, None, kernel._monomials, reg, truncate, None, None
+    )
+    keep = product.kept_pairs(np.arange(out.n_clusters))
+    S = _all_pair_sums(kernel, log_w, transpose)
+    labels = np.repeat(np.arange(out.n_clusters), np.diff(out.offsets))
+    skipped = np.where(keep[labels], 0.0, S).sum(axis=1)
+    assert np.all(skipped <= truncate * S.sum(axis=1) * (1 + 1e-12))
+    # the exactly handled input clusters skip at most rounding's share of a row
+    small = np.arange(inn.n_clusters) < inn.n_small
+    skipped_exact = np.where(keep[labels] | ~small, 0.0, S).sum(axis=1)
+    assert np.all(skipped_exact <= local.truncation.EXACT_SKIP * S.sum(axis=1) * (1 + 1e-12))
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_truncated_products_compute_only_the_kept_exact_pairs(transpose):
+    """With clusters below ``exact_below`` on both sides (uniform points at small reg), a
+    truncated product's log is within ``entry_error_bound_ + truncate`` of the exact one on
+    every row, its exact entries are those of the kept pairs only (counted: far fewer than
+    the small rows against every point), its means match the exact weighted means, and the
+    same call gives the same bits twice."""
+    X, Y = clouds("uniform", 3000, 2800, seed=71)
+    reg, truncate = 0.002, 1e-6
+    kernel = LocalGaussianExpansion(reg, tau=4.0, truncate=truncate, rng=0).fit(X, Y)
+    full = LocalGaussianExpansion(reg, tau=4.0, rng=0).fit(X, Y)
+    assert min(kernel.n_exact_points_) > 0
+    A, B = (Y, X) if transpose else (X, Y)
+    log_w = 5 * np.random.default_rng(3).normal(size=B.shape[0])
+    product = kernel.log_rmatvec if transpose else kernel.log_matvec
+    got = product(log_w)
+    tol = kernel.entry_error_bound_ + truncate + ROUNDING
+    assert np.max(np.abs(got - gibbs_log_matvec(A, B, reg, log_w))) <= tol
+    assert np.array_equal(product(log_w), got)
+    # skipping only removes positive terms: never above the untruncated product
+    untruncated = full.log_rmatvec(log_w) if transpose else full.log_matvec(log_w)
+    assert np.all(got <= untruncated + 1e-12)
+    log_sum, means = kernel.log_means(log_w, transpose=transpose)
+    # the same sums, the exact entries' rounded by a matrix product instead of a sum
+    np.testing.assert_allclose(log_sum, got, rtol=0, atol=1e-12)
+    expected = gibbs_softmax_average(A, B, reg, log_w, B)
+    assert np.max(np.abs(means - expected)) <= kernel.means_error_bound_ + 1e-9
+    # the exact entries counted are those of the kept pairs, not all small rows x points
+    out, inn = (kernel._y, kernel._x) if transpose else (kernel._x, kernel._y)
+    work = {"entries": 0.0, "exp": 0.0, "fma": 0.0, "exact": 0.0, "calls": 0.0}
+    local._apply(out, inn, log_w, None, kernel._monomials, reg, truncate, work=work)
+    every = out.small_rows * inn.n_points + (out.n_points - out.small_rows) * inn.small_rows
+    assert 0 < work["exact"] < 0.5 * every
+
+
+def _log_tolerance(kernel, truncate: float) -> float:
+    """``|log K~v - log K v|`` allowed: each entry within ``(1 +- entry_error_bound_)`` and at
+    most ``truncate`` of a row skipped, plus the exact reference's rounding."""
+    return -np.log1p(-kernel.entry_error_bound_) - np.log1p(-truncate) + ROUNDING
+
+
+@pytest.mark.parametrize(
+    "shape, reg",
+    [((120, 90), 0.01), ((300, 250), 0.01), ((300, 250), 0.003)],
+)
+def test_products_whose_clusters_are_all_exactly_handled_stay_exact_to_rounding(shape, reg):
+    """Regression (CI, cd9bc28): at the default truncation, a product whose clusters are all
+    below ``exact_below`` (the sizes and regs of tests/solver's warm log runs) is exact to
+    rounding, as before exactly handled clusters shared the truncation budget: a solve asks
+    it for marginals at 1e-11, which a product off by ``truncate`` ~ 2e-5 never reaches."""
+    rng = np.random.default_rng(20261125)
+    X, Y = rng.random((shape[0], 3)), rng.beta(2.0, 5.0, size=(shape[1], 3))
+    kernel = LocalGaussianExpansion(reg, truncate=2e-5, rng=0).fit(X, Y)
+    assert kernel.n_exact_points_ == shape  # every point exactly handled
+    for spread in (0.0, 5.0, 50.0):
+        log_v, log_u = spread * rng.normal(size=shape[1]), spread * rng.normal(size=shape[0])
+        got = kernel.log_matvec(log_v)
+        assert np.max(np.abs(got - gibbs_log_matvec(X, Y, reg, log_v))) <= ROUNDING
+        back = kernel.log_rmatvec(log_u)
+        assert np.max(np.abs(back - gibbs_log_matvec(Y, X, reg, log_u))) <= ROUNDING
+
+
+@pytest.mark.parametrize("reg", REGS)
+def test_truncated_products_with_both_kinds_of_clusters_stay_within_the_certified_error(reg):
+    """The declared error of a truncated product (``entry_error_bound_`` per entry, at most
+    ``truncate`` of a row skipped, exactly handled clusters sharing the budget) bounds its true
+    error against the exact product, at every reg, on clouds with both kinds of clusters and
+    weights spanning hundreds of orders; the same inputs and ``rng`` give the same bits."""
+    rng = np.random.default_rng(83)
+    # a dense core (expanded clusters) and sparse outliers (exactly handled ones)
+    X = np.concatenate([0.3 * rng.random((900, 3)), rng.random((60, 3))])
+    Y = np.concatenate([0.3 * rng.random((800, 3)) + 0.1, rng.random((70, 3))])
+    truncate = 2e-5  # the policy's default
+    kernel = LocalGaussianExpansion(reg, truncate=truncate, rng=0).fit(X, Y)
+    again = LocalGaussianExpansion(reg, truncate=truncate, rng=0).fit(X, Y)
+    for side in (kernel._x, kernel._y):
+        assert 0 < side.n_small < side.n_clusters  # both kinds take part
+    tol = _log_tolerance(kernel, truncate)
+    for spread in (0.0, 5.0, 100.0):
+        log_v, log_u = spread * rng.normal(size=Y.shape[0]), spread * rng.normal(size=X.shape[0])
+        got = kernel.log_matvec(log_v)
+        assert np.max(np.abs(got - gibbs_log_matvec(X, Y, reg, log_v))) <= tol
+        back = kernel.log_rmatvec(log_u)
+        assert np.max(np.abs(back - gibbs_log_matvec(Y, X, reg, log_u))) <= tol
+        assert np.array_equal(again.log_matvec(log_v), got)
+        assert np.array_equal(again.log_rmatvec(log_u), back)

@@ -34,7 +34,9 @@ Cost of one product: ``O((n k_Y + m k_X) R)`` flops plus ``O(n k_Y + m k_X)`` ex
 with ``k_X, k_Y`` the cluster counts (which grow like ``rho^-(2..3)``); memory
 ``O((n + m) R)`` for the stored features (or recomputed per block above a budget) plus
 chunked temporaries. Clusters of fewer than ``exact_below`` points (isolated colours) use
-exact entries instead, ``O(n m_small + n_small m)``, cheaper than ``R`` features each. When
+exact entries instead, ``O(n m_small + n_small m)``, cheaper than ``R`` features each; a
+truncated product bounds their pairs with the others and computes the kept ones only
+(skipping them within rounding only: a product of exactly handled clusters stays exact). When
 nearly every cluster is that small (data filling 3-D at small ``reg``) the method degrades
 to the exact kernel: it is a method for low-dimensional, clustered data.
 

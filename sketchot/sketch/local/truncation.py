@@ -17,9 +17,15 @@ if TYPE_CHECKING:
     from .clusters import _Side
 
 
+#: The share of a row's sum that the exactly handled input clusters a product skips may hold
+#: (float64's epsilon: what rounding their entries loses anyway).
+EXACT_SKIP = float(np.finfo(np.float64).eps)
+
+
 @dataclass(frozen=True)
 class _InputBounds:
-    """What the truncation bounds read of the expanded input clusters, for given log weights
+    """What the truncation bounds read of input clusters (the expanded ones, or every one,
+    the exactly handled ones first), for given log weights
     ``w`` (sorted order): per cluster ``B``, ``log |B|``, the largest, smallest and mean ``w``,
     the radius ``r_B``, the centroid ``ybar_B`` (centred coordinates) and the spread
     ``mean_j ||y_j - ybar_B||^2``."""
@@ -33,10 +39,12 @@ class _InputBounds:
     spread: np.ndarray
 
 
-def _input_bounds(side: _Side, w_sorted: np.ndarray) -> _InputBounds:
-    """:class:`_InputBounds` of ``side``'s expanded clusters for the log weights ``w_sorted``."""
-    kb = side.n_small
-    starts = side.offsets[kb:-1]  # expanded clusters are a suffix: reduceat's last is right
+def _input_bounds(side: _Side, w_sorted: np.ndarray, first: int | None = None) -> _InputBounds:
+    """:class:`_InputBounds` of ``side``'s clusters ``first:`` (default: the expanded ones,
+    ``n_small:``; ``0``: every cluster, the exactly handled ones first) for the log weights
+    ``w_sorted``."""
+    kb = side.n_small if first is None else first
+    starts = side.offsets[kb:-1]  # a suffix of the clusters: reduceat's last is right
     sizes = np.diff(side.offsets)[kb:]
     return _InputBounds(
         np.log(sizes),
@@ -57,6 +65,7 @@ def _kept_pairs(
     inputs: _InputBounds,
     reg: float,
     truncate: float,
+    exact_first: int = 0,
 ) -> np.ndarray:
     """Which cluster pairs ``(A, B)`` a product truncated at ``truncate`` must compute.
 
@@ -84,6 +93,13 @@ def _kept_pairs(
     ``truncate`` of its sum (the polynomial's own relative error comes on top).
     ``O(|group| k log k)``.
 
+    The first ``exact_first`` columns are exactly handled input clusters, whose entries a
+    product computes to rounding: one of them is skipped only while the running sum stays
+    within :data:`EXACT_SKIP` ``e^{L_A}`` (float64's epsilon), so a product whose clusters are
+    all exactly handled stays exact to rounding (solves ask such products for marginals at
+    1e-11), while far pairs are still skipped. Every skipped pair's running sum is within
+    ``truncate e^{L_A}`` either way, so the skipped pairs of a row hold at most ``truncate``.
+
     Returns
     -------
     ndarray of bool, shape (|group|, k)
@@ -98,6 +114,12 @@ def _kept_pairs(
         ascending = np.take_along_axis(upper, order, axis=1)
         running = np.logaddexp.accumulate(ascending, axis=1)
         skipped = running <= (lower + np.log(truncate))[:, None]
+        if exact_first:
+            # exactly handled inputs: skipped only within rounding of the row's sum
+            exact = np.take_along_axis(
+                np.broadcast_to(np.arange(upper.shape[1]) < exact_first, upper.shape), order, axis=1
+            )
+            skipped &= ~exact | (running <= (lower + np.log(min(truncate, EXACT_SKIP)))[:, None])
     keep = np.ones_like(upper, dtype=bool)
     np.put_along_axis(keep, order, ~skipped, axis=1)
     return keep
@@ -111,7 +133,7 @@ def _row_sum_lower_bound(
     reg: float,
 ) -> np.ndarray:
     """``L_A``, shape ``(|group|,)``: every row of output cluster ``A`` sums to at least
-    ``e^{L_A}`` over the expanded input clusters (the three bounds of :func:`_kept_pairs`);
+    ``e^{L_A}`` over the input clusters of ``inputs`` (the three bounds of :func:`_kept_pairs`);
     ``distance`` is ``||c_A - c_B||``, shape ``(|group|, k)``."""
     far = distance + out_radius[:, None] + inputs.radius[None, :]
     far_sq = far * far / reg
