@@ -56,6 +56,7 @@ INCLUDED = (
     "accuracy_quick",
     "accuracy_2e4_auto",
     "accuracy_2e4_certify",
+    "sparse_cost",
 )
 
 
