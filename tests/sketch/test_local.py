@@ -392,6 +392,60 @@ def test_skipped_cluster_pairs_hold_at_most_truncate_of_every_row(
     assert np.all(keep.any(axis=1))  # a row never loses all of its pairs
 
 
+def _kept_pairs_by_full_sort(pair_sq, centers, radius, bounds, reg, truncate, exact_first):
+    """The rule of ``_kept_pairs`` as first written: every bound of a row sorted and summed
+    in order (the reference for its shortcut)."""
+    distance = np.sqrt(pair_sq)
+    near = np.maximum(distance - radius[:, None] - bounds.radius[None, :], 0.0)
+    upper = bounds.log_size + bounds.top - near * near / reg
+    lower = local.truncation._row_sum_lower_bound(distance, centers, radius, bounds, reg)
+    with np.errstate(invalid="ignore"):
+        order = np.argsort(upper, axis=1)
+        running = np.logaddexp.accumulate(np.take_along_axis(upper, order, axis=1), axis=1)
+        skipped = running <= (lower + np.log(truncate))[:, None]
+        exact = np.take_along_axis(
+            np.broadcast_to(np.arange(upper.shape[1]) < exact_first, upper.shape), order, axis=1
+        )
+        limit = lower + np.log(min(truncate, local.truncation.EXACT_SKIP))
+        skipped &= ~exact | (running <= limit[:, None])
+    keep = np.ones_like(upper, dtype=bool)
+    np.put_along_axis(keep, order, ~skipped, axis=1)
+    return keep
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    log_reg=st.floats(np.log(0.002), np.log(0.1)),
+    weight_spread=st.floats(0.0, 30.0),
+    zero_weights=st.booleans(),
+    truncate=st.sampled_from([1e-12, 2e-5, 1e-2]),
+    exact_share=st.floats(0.0, 1.0),
+)
+def test_kept_pairs_sort_only_the_bounds_that_can_be_kept(
+    seed, log_reg, weight_spread, zero_weights, truncate, exact_share
+):
+    """``_kept_pairs`` sorts and sums in order only the bounds above the row's smallest limit
+    less log k (those below are skipped whatever comes first, their sum taken at once): the
+    same pairs as sorting every bound of the row, exactly handled columns (EXACT_SKIP) and
+    clusters of zero weights (bounds -inf) included; the running sums differ in rounding
+    only, so a pair could differ only at a bound within rounding of the limit."""
+    rng = np.random.default_rng(seed)
+    reg = float(np.exp(log_reg))
+    X, Y = rng.random((250, 3)), rng.random((230, 3))
+    kernel = LocalGaussianExpansion(reg, exact_below=0, rng=rng).fit(X, Y)
+    log_v = weight_spread * rng.normal(size=230)
+    if zero_weights:
+        log_v[kernel._y.order[: kernel._y.offsets[3]]] = -np.inf  # the first clusters
+    x, y = kernel._x, kernel._y
+    bounds = local._input_bounds(y, log_v[y.order], first=0)
+    pair_sq = np.sum((x.centers[:, None, :] - y.centers[None, :, :]) ** 2, axis=2)
+    exact_first = int(exact_share * y.n_clusters)
+    args = (pair_sq, x.centers, x.cluster_radius, bounds, reg, truncate)
+    keep = local._kept_pairs(*args, exact_first=exact_first)
+    np.testing.assert_array_equal(keep, _kept_pairs_by_full_sort(*args, exact_first))
+
+
 @pytest.mark.parametrize("kind", ["photo", "uniform"])
 def test_truncated_log_products_within_entry_bound_plus_truncate(kind):
     """A truncated product misses at most ``truncate`` of a row: its log is within
@@ -511,8 +565,11 @@ def test_sparse_pairs_keep_the_certified_error(monkeypatch, row_block):
 @pytest.mark.parametrize("row_block", [64, 4096])
 def test_shared_input_pass_is_the_per_group_arithmetic(monkeypatch, row_block):
     """A truncated product forms the moments of several groups of output clusters input
-    batch by input batch (each batch's features read once for all of them): the same bits
-    as the groups one after the other, also with the means and the timing sample."""
+    batch by input batch (each batch's features read once for all of them, on the host one
+    matrix product for all of their columns: ``_Compact``): the same pairs as the groups one
+    after the other, to rounding (a wider matrix product may round a moment otherwise: 1 ulp
+    measured; 1e-13 relative leaves room for the log of a sum near 0), also with the means
+    and the timing sample (the same rows computed)."""
     monkeypatch.setattr(local.clusters, "_ROW_BLOCK", row_block)
     monkeypatch.setattr(local.products, "_TRUNCATED_ROWS", row_block)
     # small moments: many groups of a few output clusters, a few groups per shared pass
@@ -553,9 +610,73 @@ def test_shared_input_pass_is_the_per_group_arithmetic(monkeypatch, row_block):
         ),
         strict=True,
     ):
-        np.testing.assert_array_equal(ours[0], theirs[0])
-        np.testing.assert_array_equal(ours[1], theirs[1])
+        for mine, one_by_one_result in zip(ours, theirs, strict=True):
+            np.testing.assert_array_equal(mine == 0.0, one_by_one_result == 0.0)
+            np.testing.assert_allclose(mine, one_by_one_result, rtol=1e-13, atol=1e-15)
     assert groups[0] > 8  # more groups than one shared pass takes
+
+
+@pytest.mark.parametrize("row_block", [64, 4096])
+def test_compact_moments_hold_only_the_computed_pairs(monkeypatch, row_block):
+    """On the host the moments of a truncated product's groups are one compact array of the
+    pairs their input batches compute (``_Compact``), not a zero-filled kept x group x R array
+    a group: when a group's rows are formed, each pair its input batches compute (a column of
+    the batch, ``_Sparsity``) has a row of its own, every other pair the one empty row (zero
+    moments, shift -inf), and the array holds those rows only. The products stay within
+    ``entry_error_bound_ + truncate`` of the exact ones (the means within
+    ``means_error_bound_``), and are the same bits again and with 1 or 2 threads. Small
+    moments: several chunks of groups share the buffer."""
+    monkeypatch.setattr(local.clusters, "_ROW_BLOCK", row_block)
+    monkeypatch.setattr(local.products, "_TRUNCATED_ROWS", row_block)
+    monkeypatch.setattr(local.device, "_MOMENT_BYTES", 1 << 17)
+    X, Y = clouds("photo", 1800, 1600, seed=75)
+    reg, truncate = 0.003, 1e-6
+    rng = np.random.default_rng(10)
+    log_v = -0.5 * np.sum((Y - 0.5) ** 2, axis=1) / reg + 3 * rng.normal(size=Y.shape[0])
+    kernel = LocalGaussianExpansion(
+        reg, tau=2.0, rtol=1e-6, exact_below=0, truncate=truncate, rng=0
+    ).fit(X, Y)
+    compacts, checked = [], []
+    make, outputs = local.products._Compact.__init__, local.products._Group.outputs
+
+    def recorded(self, shared, users, buffer):
+        make(self, shared, users, buffer)
+        compacts.append(self)
+
+    def checked_outputs(self, out_batches, pair_sq, parallel):
+        compact = compacts[-1]
+        assert self.moments is compact.store and self.position is compact.positions[id(self)]
+        empty = compact.store.shape[0] - 1
+        np.testing.assert_array_equal(compact.store[empty], 0.0)
+        computed = np.zeros(self.position.shape, dtype=bool)
+        rows = 0
+        for *_, parts in compact.blocks.values():
+            for group, batch, columns in parts:
+                rows += (batch.stop - batch.first) * columns.size
+                if group is self:
+                    computed[batch.first : batch.stop, columns] = True
+        assert rows == empty  # the computed pairs of the chunk's groups, and the empty row
+        assert np.unique(self.position[computed]).size == computed.sum()
+        assert np.all(self.position[computed] < empty)
+        assert np.all(self.position[~computed] == empty)
+        assert np.all(np.isneginf(self.shifts[~computed]))
+        checked.append(computed.mean())
+        return outputs(self, out_batches, pair_sq, parallel)
+
+    monkeypatch.setattr(local.products._Compact, "__init__", recorded)
+    monkeypatch.setattr(local.products._Group, "outputs", checked_outputs)
+    got = kernel.log_matvec(log_v)
+    assert len(compacts) > 1 and len(checked) > len(compacts)  # chunks of several groups
+    assert min(checked) < 1.0  # some pairs of a group are not computed: the empty row
+    tol = kernel.entry_error_bound_ + truncate + ROUNDING
+    assert np.max(np.abs(got - gibbs_log_matvec(X, Y, reg, log_v))) <= tol
+    log_sum, means = kernel.log_means(log_v)
+    assert np.max(np.abs(log_sum - got)) <= 2 * kernel.entry_error_bound_
+    exact_means = gibbs_softmax_average(X, Y, reg, log_v, Y)
+    assert np.max(np.abs(means - exact_means)) <= kernel.means_error_bound_ + ROUNDING
+    for threads in (1, 2, 2):
+        with sketchot.thread_limit(threads):
+            np.testing.assert_array_equal(kernel.log_matvec(log_v), got)
 
 
 def test_truncate_is_validated():

@@ -107,7 +107,9 @@ def _apply(
     (:class:`_Sparsity`: each pair left out is one the bound skips, so the error bound is
     unchanged), and step 1 runs for several groups at once, input batch by input batch, so
     that features recomputed per block are computed once for all of them
-    (:meth:`_Product.shared_input_pass`).
+    (:meth:`_Product.shared_input_pass`); on the host those groups' moments are one compact
+    array of the computed pairs only, each input batch one product for all of their columns
+    (:class:`_Compact`).
 
     Clusters below ``exact_below`` points use exact entries (:func:`_exact_scaled`), merged
     with :func:`_combine`. A truncated product bounds these pairs with the others (one budget
@@ -244,19 +246,32 @@ class _Product:
         bytes run step 1 together, batch by batch of input clusters, so that a batch's
         features (recomputed per block when the side does not store them: 36% of a product
         at 10^6 points) are read once for all of those groups instead of once per group.
-        The same arithmetic per group as :meth:`one_group`: the same bits."""
+        On the host the groups of a chunk form their moments together (:class:`_Compact`),
+        in one buffer the chunks reuse (a fresh page faults on its first write: an array a
+        chunk cost 0.5 s of system time a product at 10^5 points, reg 0.003, against 0.03 s);
+        the same pairs as :meth:`one_group`, to rounding (a wider matrix product may round
+        a moment differently), and the same plan whatever the thread count."""
         planned = [p for p in map(self.plan_group, groups) if p is not None]
         # a device computes features cheaply and sizes its groups by its free memory
         budget = self.A_in.moment_bytes() * (_SHARED_GROUPS if self.A_in.on_host else 1)
-        start = 0
+        # on the host the moments of the computed pairs only (:class:`_Compact`)
+        sizes = [group.moment_rows(batches) for group, batches, _, _ in planned]
+        R = self.plan.n_features
+        chunks, start = [], 0
         while start < len(planned):
             stop, size = start, 0
             while stop < len(planned):
-                group = planned[stop][0]
-                size += group.kept.size * group.n_group * group.R * 8
+                size += sizes[stop] * R * 8
                 if stop > start and size > budget:
                     break
                 stop += 1
+            chunks.append((start, stop))
+            start = stop
+        buffer = None
+        if self.A_in.on_host and chunks:
+            # the largest chunk's rows and the empty row
+            buffer = np.empty((max(sum(sizes[a:b]) for a, b in chunks) + 1, R))
+        for start, stop in chunks:
             chunk = planned[start:stop]
             # per input batch (its first cluster), the groups that keep it and its place there
             users: dict[int, list[tuple[_Group, _Batch]]] = {}
@@ -264,21 +279,24 @@ class _Product:
                 for batch in batches:
                     users.setdefault(int(batch.ids[0]), []).append((group, batch))
             shared = [batch for batch in self.in_batches if int(batch.ids[0]) in users]
+            compact = None if buffer is None else _Compact(shared, users, buffer)
 
-            def inputs(part: list[_Batch], users=users) -> None:
+            def inputs(part: list[_Batch], users=users, compact=compact) -> None:
                 for batch in part:
                     features = _BatchFeatures(self.A_in, batch, self.plan.n_features)
+                    if compact is not None:
+                        compact.input_batch(batch, features)
+                        continue
                     for group, local_batch in users[int(batch.ids[0])]:
                         group.input_batch(local_batch, features)
 
             for group, *_ in chunk:
-                group.allocate()
+                group.allocate(compact)
             with np.errstate(under="ignore", invalid="ignore"):
                 run_parts(inputs, shared, parallel)
             for group, _, out_batches, pair_sq in chunk:
                 group.outputs(out_batches, pair_sq, parallel)
                 group.release()
-            start = stop
 
     def plan_group(self, ids: np.ndarray) -> tuple[_Group, list[_Batch], list[_Batch], Any] | None:
         """The output clusters ``ids``' :class:`_Group` (the inputs it keeps and which pairs
@@ -551,11 +569,77 @@ class _Sparsity:
         return self.shape[1] if inputs is None else inputs.size
 
 
+class _Compact:
+    """The moments of the groups that run step 1 together (:meth:`_Product.shared_input_pass`,
+    host, truncated): only the pairs their input batches compute, as rows of R.
+
+    Per shared input batch, the columns of every group that keeps it, side by side: one
+    exponent, exponential and matrix product for all of them, written straight into a
+    contiguous block of ``store`` (clusters x columns x R), then an appended empty row (zero
+    moments; its pairs keep shift ``-inf``). Each group's ``positions`` (kept x group) name a
+    pair's row there, or the empty row. Before, each group filled a zeroed dense array (kept
+    x group x R, mostly zeros) by a scatter, and each input batch ran one product a group
+    with few columns (a memory-bound product: measured 2-10 GFMA/s below 16 columns).
+    """
+
+    def __init__(
+        self,
+        shared: list[_Batch],
+        users: dict[int, list[tuple[_Group, _Batch]]],
+        buffer: np.ndarray,
+    ) -> None:
+        self.blocks: dict[int, tuple[int, int, list[tuple[_Group, _Batch, np.ndarray]]]] = {}
+        start = 0
+        layout = []
+        for batch in shared:
+            parts, width = [], 0
+            for group, local_batch in users[int(batch.ids[0])]:
+                sparsity = group.sparsity
+                columns = None if sparsity is None else sparsity.columns[local_batch.first]
+                columns = np.arange(group.n_group) if columns is None else columns
+                parts.append((group, local_batch, columns))
+                width += columns.size
+            self.blocks[int(batch.ids[0])] = (start, width, parts)
+            layout.append((start, width, parts))
+            start += (batch.stop - batch.first) * width
+        self.store = buffer[: start + 1]  # rows of R, reused by the product's chunks
+        self.store[start] = 0.0
+        self.positions: dict[int, np.ndarray] = {}
+        for start, width, parts in layout:
+            at = 0
+            for group, local_batch, columns in parts:
+                position = self.positions.get(id(group))
+                if position is None:
+                    position = np.full((group.kept.size, group.n_group), self.store.shape[0] - 1)
+                    self.positions[id(group)] = position
+                clusters = np.arange(local_batch.stop - local_batch.first)[:, None]
+                position[local_batch.first : local_batch.stop, columns] = (
+                    start + clusters * width + at + np.arange(columns.size)[None, :]
+                )
+                at += columns.size
+
+    def input_batch(self, batch: _Batch, features: _BatchFeatures) -> None:
+        """Shifts and moments of the input batch ``batch`` (of the product's list) for every
+        group that keeps it."""
+        start, width, parts = self.blocks[int(batch.ids[0])]
+        group = parts[0][0]
+        coupling = np.concatenate([g.out_coupling[:, columns] for g, _, columns in parts], axis=1)
+        size = batch.stop - batch.first
+        out = self.store[start : start + size * width].reshape(size, width, -1)
+        top, _ = group.batch_moments(batch, coupling, features, out)
+        at = 0
+        for group, local_batch, columns in parts:
+            rows = slice(local_batch.first, local_batch.stop)
+            group.shifts[rows, columns] = top[:, at : at + columns.size]
+            at += columns.size
+
+
 class _Group:
     """Steps 1 and 2 of :func:`_apply` for one group of output clusters against the input
     clusters ``kept`` (numbered from 0 among the expanded ones): the input-side shifts and
     moments (clusters kept x group x R, input-major, so that a batch's moments are one
-    contiguous write), then the output rows; with ``sparsity`` (truncated products) only
+    contiguous write; truncated on the host, the rows of a :class:`_Compact` that
+    ``position`` names), then the output rows; with ``sparsity`` (truncated products) only
     the pairs it names (:class:`_Sparsity`)."""
 
     def __init__(
@@ -573,21 +657,32 @@ class _Group:
         self.shifts: Any = None
         self.moments: Any = None
         self.totals: Any = None
+        # compact moments (:class:`_Compact`): each pair's row there (kept x group), or the
+        # appended empty row where the pair is not computed
+        self.position: np.ndarray | None = None
 
-    def allocate(self) -> None:
+    def moment_rows(self, batches: list[_Batch]) -> int:
+        """Rows of R moments the group holds: on the host with ``sparsity``, the pairs its
+        input batches compute (:class:`_Compact`), else ``kept x group``."""
+        if self.sparsity is None or not self.A_in.on_host:
+            return self.kept.size * self.n_group
+        return sum((b.stop - b.first) * self.sparsity.n_columns(b) for b in batches)
+
+    def allocate(self, compact: _Compact | None = None) -> None:
         """The shifts and moments step 1 fills (not at planning: a product plans all of
-        its groups first)."""
+        its groups first); with ``compact`` (the host, truncated) the moments are its rows,
+        shared by the groups that run step 1 together."""
         p = self.product
         self.shifts = p.A_in.full((self.kept.size, self.n_group), -np.inf)
+        if compact is not None:
+            self.moments, self.position = compact.store, compact.positions[id(self)]
+            return
         shape = (self.kept.size, self.n_group * p.n_values, self.R)
-        # sparse on the host: the batches write their columns in place, the others stay 0
-        # (C-contiguous: the batches write and read them as rows of R moments)
-        sparse = self.sparsity is not None and p.A_in.on_host
-        self.moments = np.zeros(shape) if sparse else p.A_in.empty(shape)
+        self.moments = p.A_in.empty(shape)
 
     def release(self) -> None:
         """Drop the group's moments once its rows are out."""
-        self.shifts = self.moments = self.totals = None
+        self.shifts = self.moments = self.totals = self.position = None
 
     def run(
         self,
@@ -596,11 +691,25 @@ class _Group:
         pair_sq: np.ndarray,
         parallel: bool,
     ) -> None:
-        """Step 1 on ``in_batches``, then step 2 on ``out_batches`` (each on the pool)."""
+        """Step 1 on ``in_batches``, then step 2 on ``out_batches`` (each on the pool); a
+        truncated group on the host as a :class:`_Compact` of its own."""
         with np.errstate(under="ignore", invalid="ignore"):
-            self.allocate()
-            run_parts(self.input_batches, in_batches, parallel)
+            if self.product.truncated and self.A_in.on_host:
+                users = {int(batch.ids[0]): [(self, batch)] for batch in in_batches}
+                buffer = np.empty((self.moment_rows(in_batches) + 1, self.R))
+                compact = _Compact(in_batches, users, buffer)
+                self.allocate(compact)
+
+                def inputs(part: list[_Batch]) -> None:
+                    for batch in part:
+                        compact.input_batch(batch, _BatchFeatures(self.A_in, batch, self.R))
+
+                run_parts(inputs, in_batches, parallel)
+            else:
+                self.allocate()
+                run_parts(self.input_batches, in_batches, parallel)
         self.outputs(out_batches, pair_sq, parallel)
+        self.release()
 
     def outputs(self, out_batches: list[_Batch], pair_sq: np.ndarray, parallel: bool) -> None:
         """Step 2 on ``out_batches`` (on the pool), once step 1 has run."""
@@ -622,16 +731,6 @@ class _Group:
         columns = None if self.sparsity is None else self.sparsity.columns[batch.first]
         if columns is None:
             top, block = self.batch_moments(batch, self.out_coupling, features)
-        elif A_in.on_host:
-            # the output clusters that keep one of the batch's clusters, written in place
-            # (the others keep shift -inf and zero moments from allocate)
-            top, block = self.batch_moments(batch, self.out_coupling[:, columns], features)
-            # as whole rows of R moments (n_values = 1): 2.5x faster than an index on the
-            # middle axis, the same copies
-            at = np.arange(batch.first, batch.stop)[:, None] * self.n_group + columns[None, :]
-            self.shifts.reshape(-1)[at.ravel()] = top.reshape(-1)
-            self.moments.reshape(-1, self.R)[at.ravel()] = block.reshape(-1, self.R)
-            return
         else:
             # the output clusters that keep one of the batch's clusters (n_values = 1);
             # the others read an appended empty pair: shift -inf, zero moments (a gather
@@ -651,10 +750,11 @@ class _Group:
         self.moments = A_in.assign(self.moments, (rows, Ellipsis), block)
 
     def batch_moments(
-        self, batch: _Batch, coupling: Any, features: _BatchFeatures
+        self, batch: _Batch, coupling: Any, features: _BatchFeatures, out: Any = None
     ) -> tuple[Any, Any]:
         """``(shift, moments)`` of one input batch against the output clusters whose
-        ``2 c_A / reg`` are the columns of ``coupling``."""
+        ``2 c_A / reg`` are the columns of ``coupling``; the moments written into ``out``
+        when given (host)."""
         xp = self.xp
         blocks = batch.row_blocks() if batch.index is None else []
         if len(blocks) > 1:
@@ -669,10 +769,12 @@ class _Group:
                 )
                 for rows in blocks
             )
+            if out is not None:
+                out[...] = block
             return top, block
         E = self.exponents(batch, coupling)
         top = xp.max(E, axis=1)  # (clusters, columns)
-        return top, self.weighted_moments(E, batch, None, top, features(None))
+        return top, self.weighted_moments(E, batch, None, top, features(None), out)
 
     def exponents(self, batch: _Batch, coupling: Any, rows: slice | None = None) -> Any:
         """``E_jA = base_j + log_w_j + 2 c_A . q_j / reg``, shape (clusters, size, columns)."""
@@ -687,14 +789,19 @@ class _Group:
             E += A_in.padding(batch)[:, :, None]
         return E
 
-    def weighted_moments(self, E: Any, batch: _Batch, rows: slice | None, top: Any, F) -> Any:
-        """``Psi_B^T (exp(E - top) * values)``, shape (clusters, n_group * k, R)."""
+    def weighted_moments(
+        self, E: Any, batch: _Batch, rows: slice | None, top: Any, F, out: Any = None
+    ) -> Any:
+        """``Psi_B^T (exp(E - top) * values)``, shape (clusters, n_group * k, R); written
+        into ``out`` when given (host)."""
         xp, A_in, v_on = self.xp, self.A_in, self.product.v_on
         E -= xp.where(xp.isfinite(top), top, xp.zeros_like(top))[:, None, :]
         E = xp.exp(E)
         if v_on is not None:
             V = v_on[rows, ...][None, ...] if rows is not None else A_in.gather(batch, v_on)
             E = xp.reshape(E[..., None] * V[:, :, None, :], (*E.shape[:2], -1))
+        if out is not None:
+            return np.matmul(E.mT, F, out=out)
         return E.mT @ F  # (clusters, n_group * k, R)
 
     # ------------------------------------------------------------------ step 2
@@ -703,31 +810,35 @@ class _Group:
         xp, A_out, pieces = self.xp, self.A_out, self.product.pieces
         n_values = self.product.n_values
         for batch in batches:
-            G = xp.reshape(self.moments, (self.kept.size, self.n_group, n_values, self.R))
-            G = G[:, batch.first : batch.stop, ...]
+            G = None
+            if self.position is None:
+                G = xp.reshape(self.moments, (self.kept.size, self.n_group, n_values, self.R))
+                G = G[:, batch.first : batch.stop, ...]
             tot = self.totals[batch.first : batch.stop, :]
             coupling, centers = self.kept_coupling, self.kept_centers
             inputs = None if self.sparsity is None else self.sparsity.inputs[batch.first]
+            if inputs is not None and inputs.size == 0:  # no kept pair: the rows stay empty
+                continue
+            if self.position is not None:
+                # compact moments (n_values = 1): the batch's pairs as whole rows of R, in
+                # (output cluster, input) order; a pair not computed reads the empty row
+                at = self.position[:, batch.first : batch.stop]
+                at = at if inputs is None else at[inputs]
+                G = self.moments[at.T.ravel()]
+                # (clusters, R, inputs): each matrix transposed (BLAS reads it as is)
+                G = xp.reshape(G, (batch.stop - batch.first, -1, self.R)).mT
             if inputs is not None:
-                if inputs.size == 0:  # no kept pair: the rows are filled as empty
-                    continue
                 # only the input clusters one of the batch's clusters keeps
-                if self.A_in.on_host:
-                    # whole rows of R moments from the contiguous array: 3-4x faster than a
-                    # take on the strided view, the same copies
-                    at = inputs[:, None] * self.n_group + np.arange(batch.first, batch.stop)
-                    at = (at[:, :, None] * n_values + np.arange(n_values)).ravel()
-                    G = self.moments.reshape(-1, self.R)[at]
-                    G = G.reshape(inputs.size, batch.stop - batch.first, n_values, self.R)
                 inputs = A_out.put_index(inputs)
-                if not self.A_in.on_host:
+                if self.position is None:
                     G = xp.take(G, inputs, axis=0)
                 tot = xp.take(tot, inputs, axis=1)
                 coupling = xp.take(coupling, inputs, axis=1)
                 centers = xp.take(centers, inputs, axis=0)
-            # (clusters, R, kept * k): a strided view for one column (BLAS reads it as is)
-            G = xp.permute_dims(G, (1, 3, 0, 2))
-            G = xp.reshape(G, (batch.stop - batch.first, self.R, -1))
+            if self.position is None:
+                # (clusters, R, kept * k): a strided view for one column (BLAS reads it as is)
+                G = xp.permute_dims(G, (1, 3, 0, 2))
+                G = xp.reshape(G, (batch.stop - batch.first, self.R, -1))
             H = self.offset_moments(G)
             pair = (coupling, centers)
             if batch.index is None:

@@ -108,20 +108,42 @@ def _kept_pairs(
     near = np.maximum(distance - out_radius[:, None] - inputs.radius[None, :], 0.0)
     upper = inputs.log_size + inputs.top - near * near / reg
     lower = _row_sum_lower_bound(distance, out_centers, out_radius, inputs, reg)
-    with np.errstate(invalid="ignore"):
-        # skip the smallest bounds while their sum stays within truncate e^L
-        order = np.argsort(upper, axis=1)
-        ascending = np.take_along_axis(upper, order, axis=1)
-        running = np.logaddexp.accumulate(ascending, axis=1)
-        skipped = running <= (lower + np.log(truncate))[:, None]
+    limit = lower + np.log(truncate)
+    exact_limit = lower + np.log(min(truncate, EXACT_SKIP)) if exact_first else limit
+    keep = np.zeros_like(upper, dtype=bool)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        # Skip the smallest bounds while their sum stays within truncate e^L. A bound at most
+        # the row's smallest limit less log k is skipped whatever comes before it (k such
+        # terms sum to at most the limit): only the others are sorted and summed in order,
+        # after the sum of those (the same pairs to rounding of the sums; at 10^5 uniform
+        # points, reg 0.003, the selection took 0.18 s a product instead of 0.30 s).
+        sure = upper <= (exact_limit - np.log(upper.shape[1]))[:, None]
+        top = np.max(np.where(sure, upper, -np.inf), axis=1, keepdims=True)
+        safe = np.where(np.isfinite(top), top, 0.0)
+        below = np.log(np.sum(np.exp(np.where(sure, upper - safe, -np.inf)), axis=1)) + safe[:, 0]
+        rows, columns = np.nonzero(~sure)  # row-major: each row's candidates together
+        if rows.size == 0:
+            return keep
+        counts = np.bincount(rows, minlength=upper.shape[0])
+        place = np.arange(rows.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        # each row's candidates, padded with +inf (sorted last, never compared)
+        candidates = np.full((upper.shape[0], int(counts.max())), np.inf)
+        candidates[rows, place] = upper[rows, columns]
+        index = np.zeros(candidates.shape, dtype=np.int64)
+        index[rows, place] = columns
+        order = np.argsort(candidates, axis=1)
+        ascending = np.take_along_axis(candidates, order, axis=1)
+        index = np.take_along_axis(index, order, axis=1)
+        running = np.logaddexp.accumulate(
+            np.concatenate([below[:, None], ascending], axis=1), axis=1
+        )[:, 1:]
+        skipped = running <= limit[:, None]
         if exact_first:
             # exactly handled inputs: skipped only within rounding of the row's sum
-            exact = np.take_along_axis(
-                np.broadcast_to(np.arange(upper.shape[1]) < exact_first, upper.shape), order, axis=1
-            )
-            skipped &= ~exact | (running <= (lower + np.log(min(truncate, EXACT_SKIP)))[:, None])
-    keep = np.ones_like(upper, dtype=bool)
-    np.put_along_axis(keep, order, ~skipped, axis=1)
+            skipped &= (index >= exact_first) | (running <= exact_limit[:, None])
+    real = np.arange(candidates.shape[1])[None, :] < counts[:, None]
+    at = np.nonzero(real)
+    keep[at[0], index[at]] = ~skipped[at]
     return keep
 
 
