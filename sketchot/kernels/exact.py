@@ -804,4 +804,3 @@ def build_exact(
     if runs_on_device(geometry):  # the caller's points are e.g. tensors: products there
         return DeviceExactKernel(geometry, dtype=dtype, max_dense_bytes=max_dense_bytes)
     return ExactKernel(geometry, dtype=dtype, max_dense_bytes=max_dense_bytes)
-

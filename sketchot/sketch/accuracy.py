@@ -6,7 +6,10 @@ and a relative-error fit of the small ones needs more. Past that the features ar
 orders of magnitude, with nothing in the numbers to tell. So every fit measures its features
 against the function itself on the entries of its k-center coreset (Algorithm 4: the centres
 of one side against the rows of the other, weighted by cluster size, which stand for all
-``n1 n2`` entries), and a fit above its ``fit_tolerance`` warns with the measured error and
+``n1 n2`` entries), and its polynomial against the function on entries it was not fitted on
+(up to 256 rows of each side: a coreset of a few distinct points, as on integer data, is
+interpolated exactly and says nothing of the other values of ``u . v``); the larger error is
+the fit's. A fit above its ``fit_tolerance`` warns with the measured error and
 with changes tried on the same coreset and random draws that meet the tolerance.
 """
 
@@ -31,6 +34,12 @@ DEFAULT_FIT_TOLERANCE = 0.05
 #: Rows of the other side measured against the coreset centres (evenly spaced beyond): with
 #: ``k`` centres, ``k x 1024`` entries, against features of ``k + 1024`` rows.
 MEASURE_ROWS = 1024
+
+#: Rows of each side on which the fitted polynomial itself is checked against ``f`` beyond the
+#: coreset (evenly spaced, with the row of largest norm): the coreset entries the coefficients
+#: were fitted on can miss values of ``u . v`` that other rows make (a few distinct points, as on
+#: integer data, are interpolated exactly on the coreset and missed elsewhere).
+POLYNOMIAL_CHECK_ROWS = 256
 
 #: Advice must measure at most this fraction of the tolerance on the coreset it is tried on,
 #: so that a refit with other random draws (another coreset, other hashes) meets it too.
@@ -97,6 +106,46 @@ def measured_entries(
     if side == "U":
         return MeasuredEntries(centers, rows, sizes, spread)
     return MeasuredEntries(rows, centers, spread, sizes)
+
+
+def checked_rows(W: np.ndarray, count: int = POLYNOMIAL_CHECK_ROWS) -> np.ndarray:
+    """Up to ``count`` evenly spaced rows of ``W`` and its row of largest norm (the ends of
+    ``[-a, a]``, where a polynomial strays first), sorted and unique."""
+    n = W.shape[0]
+    rows = np.linspace(0, n - 1, min(n, count)).astype(np.int64)
+    largest = int(np.argmax(np.einsum("ij,ij->i", W, W)))
+    return np.unique(np.append(rows, largest))
+
+
+def polynomial_error(
+    U: np.ndarray,
+    V: np.ndarray,
+    coef: np.ndarray,
+    function: Callable[[np.ndarray], np.ndarray],
+    log_row_scales: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> tuple[float, int]:
+    """``(relative error of p(U V^T) against f(U V^T), entries)`` on the entries of
+    :func:`checked_rows` of both sides, ``p`` the polynomial of monomial coefficients ``coef``:
+    the bias of the features (their expectation is ``p``), measured out of the coreset.
+
+    ``log_row_scales(W)``: log of a factor of each row (the entry ``(i, j)`` of the matrix is
+    ``s_i s_j f(u_i . v_j)``: the Gaussian kernel's ``exp(-||u||^2)``); ``None``: 1.
+    ``O(k1 k2 (d + r))`` for ``k1 x k2`` entries.
+    """
+    left, right = checked_rows(U), checked_rows(V)
+    t = U[left] @ V[right].T
+    with np.errstate(over="ignore", invalid="ignore"):
+        approx = np.polynomial.polynomial.polyval(t, coef)
+        truth = np.asarray(function(t), dtype=np.float64)
+    weights = []
+    for W, rows in ((U, left), (V, right)):
+        if log_row_scales is None:
+            weights.append(np.ones(rows.shape[0]))
+        else:  # squared scales weigh squared differences; divided by the largest: no overflow
+            log_scales = log_row_scales(W[rows])
+            weights.append(np.exp(2.0 * (log_scales - log_scales.max())))
+    entries = MeasuredEntries(left, right, weights[0], weights[1])
+    return relative_error(approx, truth, entries), entries.size
 
 
 def relative_error(approx: np.ndarray, truth: np.ndarray, entries: MeasuredEntries) -> float:

@@ -39,6 +39,7 @@ from .accuracy import (
     first_passing,
     largest_passing_scale,
     measured_entries,
+    polynomial_error,
     refit_error,
     relative_error,
     size_candidates,
@@ -74,7 +75,8 @@ class GaussianPolySketch(PolySketchParameters):
         error 0.078 with ``'bbox'`` vs 0.12 with ``'mean'`` (``a`` 5.96 vs 8.64).
     fit_tolerance : float or None, default=0.05
         After fitting, the product of the features is measured against the kernel itself on
-        the coreset entries (:attr:`fit_error_`); above this relative error the fit warns
+        the coreset entries, and its polynomial on sampled entries (:attr:`fit_error_`);
+        above this relative error the fit warns
         (:class:`~sketchot.sketch.SketchAccuracyWarning`) with the error, the interval and
         changes tried on the same coreset that meet the tolerance (a larger sketch, a
         smaller ``gamma``). ``None``: measure, never warn.
@@ -92,7 +94,8 @@ class GaussianPolySketch(PolySketchParameters):
         ``1 + r m`` (``'paper'``), at most ``rank`` (``'improved'``).
     fit_error_ : float
         Relative Frobenius error of ``phi_X phi_Y^T`` against ``exp(-gamma ||x - y||^2)``,
-        measured on the coreset entries (see :attr:`PolyTensorSketch.fit_error_`).
+        measured on the coreset entries, or its polynomial's on sampled entries when larger
+        (see :attr:`PolyTensorSketch.fit_error_`).
     """
 
     gamma: float = 1.0
@@ -150,14 +153,20 @@ class GaussianPolySketch(PolySketchParameters):
     def _measure(
         self, X: np.ndarray, Y: np.ndarray, U: np.ndarray, V: np.ndarray
     ) -> tuple[float, int]:
-        """``(relative error of phi_X phi_Y^T against the kernel, entries)`` on the coreset."""
+        """``(relative error, entries measured)``: the larger of the error of
+        ``phi_X phi_Y^T`` against the kernel on the coreset and of the polynomial on sampled
+        entries (with the kernel's row scales)."""
         entries = measured_entries(U, V, self.sketch_.fit_info_.details, self.coreset_size)
         u, v = U[entries.left], V[entries.right]
         with np.errstate(over="ignore", invalid="ignore"):
             approx = self.transform_x(X[entries.left]) @ self.transform_y(Y[entries.right]).T
         distances = _sq_norms(u)[:, None] + _sq_norms(v)[None, :] - 2.0 * (u @ v.T)
         truth = np.exp(-np.maximum(distances, 0.0))  # u, v are scaled: this is gamma ||x - y||^2
-        return relative_error(approx, truth, entries), entries.size
+        # the kernel is exp(-||u||^2) exp(-||v||^2) exp(2 u.v): the row scales weigh the bias
+        bias, n_sampled = polynomial_error(
+            U, V, self.sketch_.coef_, self.sketch_.function_, lambda W: -_sq_norms(W)
+        )
+        return max(relative_error(approx, truth, entries), bias), entries.size + n_sampled
 
     def _accuracy_message(
         self, X: np.ndarray, Y: np.ndarray, start: np.random.Generator, n_entries: int
@@ -167,8 +176,9 @@ class GaussianPolySketch(PolySketchParameters):
         head = (
             f"GaussianPolySketch(gamma={self.gamma:g}): its features miss exp(-gamma ||x - y||^2) "
             f"by a relative error of {self.fit_error_:.2g} (fit_error_, measured on {n_entries} "
-            f"coreset entries; fit_tolerance={self.fit_tolerance:g}). Its polynomial of degree "
-            f"{self.sketch_.degree_} ({self.n_features_out_} features) approximates exp(2 t) on "
+            f"entries of the coreset and sampled rows; fit_tolerance={self.fit_tolerance:g}). "
+            f"Its polynomial of degree {self.sketch_.degree_} ({self.n_features_out_} features) "
+            f"approximates exp(2 t) on "
             f"[-a, a], a = gamma max||x - c|| max||y - c|| = {self.half_width_:.4g}. Tried with "
             f"the same coreset and random draws, for an error below {target:.2g}: "
         )

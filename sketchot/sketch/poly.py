@@ -44,6 +44,7 @@ from .accuracy import (
     first_passing,
     largest_passing_scale,
     measured_entries,
+    polynomial_error,
     refit_error,
     relative_error,
     size_candidates,
@@ -137,8 +138,9 @@ class PolyTensorSketch(PolySketchParameters):
         exactly ``R`` features unless every degree up to ``degree`` is exact with room to spare.
     fit_tolerance : float or None, default=0.05
         After fitting, the product of the features is measured against ``f`` itself on the
-        coreset entries (:attr:`fit_error_`); above this relative error the fit warns
-        (:class:`~sketchot.sketch.SketchAccuracyWarning`) with the error, the interval
+        coreset entries and the polynomial on sampled entries (:attr:`fit_error_`); above
+        this relative error the fit warns (:class:`~sketchot.sketch.SketchAccuracyWarning`)
+        with the error, the interval
         ``[-a, a]`` and changes tried on the same coreset that meet the tolerance (a larger
         sketch, inputs scaled down). ``None``: measure, never warn.
     rng : None, int, Generator, ...
@@ -169,7 +171,10 @@ class PolyTensorSketch(PolySketchParameters):
         Relative error ``||F_U F_V^T - f(U V^T)||_F / ||f(U V^T)||_F`` measured on the
         coreset entries (the k-center centres of one side against up to 1024 rows of the
         other, weighted to stand for all entries; a deterministic k-center when the
-        coefficients were not fitted on one): polynomial and sketch errors together.
+        coefficients were not fitted on one): polynomial and sketch errors together; or, when
+        larger, the error of the polynomial ``p(U V^T)`` (the features' expectation) on up to
+        256 x 256 sampled entries, which the coefficients were not fitted on (a coreset of a
+        few distinct points is fitted exactly and says nothing of the other entries).
 
     Notes
     -----
@@ -253,13 +258,15 @@ class PolyTensorSketch(PolySketchParameters):
         return self
 
     def _measure(self, U: np.ndarray, V: np.ndarray) -> tuple[float, int]:
-        """``(relative error of F_U F_V^T against f(U V^T), entries)`` on the coreset."""
+        """``(relative error, entries measured)``: the larger of the error of ``F_U F_V^T``
+        against ``f(U V^T)`` on the coreset and of the polynomial on sampled entries."""
         entries = measured_entries(U, V, self.fit_info_.details, self.coreset_size)
         left, right = U[entries.left], V[entries.right]
         with np.errstate(over="ignore", invalid="ignore"):
             approx = self.left_features(left) @ self.right_features(right).T
             truth = np.asarray(self.function_(left @ right.T), dtype=np.float64)
-        return relative_error(approx, truth, entries), entries.size
+        bias, n_sampled = polynomial_error(U, V, self.coef_, self.function_)
+        return max(relative_error(approx, truth, entries), bias), entries.size + n_sampled
 
     def _accuracy_message(
         self, U: np.ndarray, V: np.ndarray, start: np.random.Generator, n_entries: int
@@ -269,9 +276,10 @@ class PolyTensorSketch(PolySketchParameters):
         a = self.half_width_
         head = (
             f"PolyTensorSketch of {self.function_!r}: its features miss f(U V^T) by a relative "
-            f"error of {self.fit_error_:.2g} (fit_error_, measured on {n_entries} coreset "
-            f"entries; fit_tolerance={self.fit_tolerance:g}). Its polynomial of degree "
-            f"{self.degree_} ({self.n_features_out_} features) approximates f on the interval "
+            f"error of {self.fit_error_:.2g} (fit_error_, measured on {n_entries} entries "
+            f"of the coreset and sampled rows; fit_tolerance={self.fit_tolerance:g}). Its "
+            f"polynomial of degree {self.degree_} ({self.n_features_out_} features) approximates "
+            f"f on the interval "
             f"[-{a:.4g}, {a:.4g}] that U V^T spans. Tried with the same coreset and random "
             f"draws, for an error below {target:.2g}: "
         )

@@ -9,11 +9,12 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import sketchot
 from sketchot.sketch import GaussianPolySketch, PolyTensorSketch, SketchAccuracyWarning
+from sketchot.sketch.accuracy import POLYNOMIAL_CHECK_ROWS, checked_rows, polynomial_error
 
 TOLERANCE = 0.05  # the default fit_tolerance
 
@@ -149,6 +150,9 @@ def test_accurate_fits_are_quiet_and_report_a_small_error():
     integer=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
 )
+# 12 distinct integer points: the coreset's 10 centres against every row make 7 values of u.v,
+# which degree 8 fits exactly (2e-14 on the coreset); the other rows make u.v = 3 and 5: 0.74
+@example(function="exp", spread=0.6875, d=2, n=43, integer=True, seed=2)
 def test_no_silent_wrong_answer(function, spread, d, n, integer, seed):
     """Over scales from harmless to hopeless: features off by more than 30% on all entries
     always warn, features within 0.5% never do; a warning is given exactly when the measured
@@ -203,3 +207,25 @@ def test_the_polyts_backend_leaves_the_verdict_to_the_solver():
         warnings.simplefilter("error", SketchAccuracyWarning)
         kernel = sketchot.make_kernel(X, X, 0.01, "polyts", variant="improved", rng=0)
     assert kernel.sketch.fit_error_ > TOLERANCE  # measured all the same
+
+
+def test_the_polynomial_check_is_the_error_on_every_entry_while_the_rows_fit():
+    """Up to POLYNOMIAL_CHECK_ROWS rows a side, the sampled check of the polynomial is its
+    weighted error on every entry (here the Gaussian kernel's row scales exp(-||u||^2)), to
+    rounding; beyond, it keeps the row of largest norm, where the polynomial strays first."""
+    rng = np.random.default_rng(5)
+    U, V = rng.standard_normal((50, 3)) / 2, rng.standard_normal((40, 3)) / 2
+    coef = np.array([1.0, 2.0, 2.0, 4.0 / 3.0])  # Taylor of exp(2 t) to degree 3
+    scale_u, scale_v = np.exp(-(U * U).sum(1)), np.exp(-(V * V).sum(1))
+    t = U @ V.T
+    truth = np.outer(scale_u, scale_v) * np.exp(2 * t)
+    approx = np.outer(scale_u, scale_v) * np.polynomial.polynomial.polyval(t, coef)
+    expected = np.linalg.norm(approx - truth) / np.linalg.norm(truth)
+    error, entries = polynomial_error(
+        U, V, coef, lambda s: np.exp(2 * s), lambda W: -(W * W).sum(1)
+    )
+    assert entries == 50 * 40 and error == pytest.approx(expected, rel=1e-12)
+    W = rng.standard_normal((1000, 2))
+    W[777] *= 10
+    rows = checked_rows(W)
+    assert 777 in rows and rows.shape[0] == POLYNOMIAL_CHECK_ROWS + 1
