@@ -18,6 +18,8 @@ that ``import sketchot`` never imports torch) on top of it.
 
 import functools as _functools
 
+from . import api as _api
+from . import barycenter as _barycenter
 from . import loss as _loss
 from ._parallel import get_num_threads, set_num_threads, thread_limit
 from .api import (
@@ -30,7 +32,7 @@ from .api import (
     solve_grid,
     solve_sample,
 )
-from .barycenter import BarycenterResult, barycenter
+from .barycenter import BarycenterResult
 from .batch import (
     BatchResult,
     PairwiseDivergences,
@@ -111,6 +113,15 @@ def sinkhorn_divergence(X, Y, a=None, b=None, *args, **kwargs):
 
         return on_tensors(X, Y, a, b, *args, **kwargs)
     return _loss.sinkhorn_divergence(X, Y, a, b, *args, **kwargs)
+
+
+@_functools.wraps(_barycenter.barycenter)
+def barycenter(clouds, weights=None, *args, **kwargs):
+    # Dask clouds go to their Dask form through the public entries (sketchot.api tells Dask
+    # inputs apart); the barycentre job stands beside them, so the package routes here
+    if _api.on_dask(clouds, weights, kwargs.get("X_init"), *args[3:4]):
+        return _api.barycenter_dask(clouds, weights, *args, **kwargs)
+    return _barycenter.barycenter(clouds, weights, *args, **kwargs)
 
 
 def __dir__() -> list[str]:

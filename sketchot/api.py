@@ -148,22 +148,37 @@ def _distributed():
     return distributed
 
 
-def _refuse_on_dask(metric: Any, warmstart: Any = None, coarse_to_fine: Any = "auto") -> None:
-    """Dask solves and kernels use the squared-Euclidean cost and start cold."""
+def on_dask(*values: Any) -> bool:
+    """Whether any of ``values`` (or an item of a list or tuple among them) is a Dask array:
+    the jobs built on the public entries ask here, the one place that tells Dask inputs
+    apart, and then call their Dask form (:func:`sinkhorn_divergence_dask`,
+    :func:`barycenter_dask`)."""
+    listed = [value if isinstance(value, (list, tuple)) else [value] for value in values]
+    return any_dask(*(item for items in listed for item in items))
+
+
+def sinkhorn_divergence_dask(X: Any, Y: Any, a: Any, b: Any, *args: Any, **kwargs: Any) -> Any:
+    """:func:`sketchot.sinkhorn_divergence` of Dask arrays
+    (:func:`sketchot.distributed.jobs.sinkhorn_divergence_dask`, the policy passed in)."""
+    _refuse_on_dask(kwargs.pop("metric", "sqeuclidean"))
+    return _distributed().sinkhorn_divergence_dask(X, Y, a, b, *args, policy=policy, **kwargs)
+
+
+def barycenter_dask(clouds: Any, *args: Any, **kwargs: Any) -> Any:
+    """:func:`sketchot.barycenter` of Dask clouds
+    (:func:`sketchot.distributed.jobs.barycenter_dask`, the policy passed in)."""
+    _refuse_on_dask(kwargs.pop("metric", "sqeuclidean"))
+    return _distributed().barycenter_dask(clouds, *args, policy=policy, **kwargs)
+
+
+def _refuse_on_dask(metric: Any) -> None:
+    """Dask solves and kernels use the squared-Euclidean cost (warm starts and coarse-to-fine
+    starts are taken: :mod:`sketchot.distributed.multiscale`)."""
     if not (isinstance(metric, str) and metric == "sqeuclidean"):
         name = metric if isinstance(metric, str) else "a callable"
         raise NotImplementedError(
             f"metric={name!r} is not implemented on Dask arrays (squared Euclidean only); "
             "compute the clouds (numpy arrays) to solve with another metric"
-        )
-    if warmstart is not None:
-        raise NotImplementedError(
-            "warmstart is not implemented on Dask arrays; pass warmstart=None"
-        )
-    if coarse_to_fine is True:
-        raise NotImplementedError(
-            "coarse_to_fine=True is not implemented on Dask arrays (the clustering and the "
-            "extrapolation run in memory); pass coarse_to_fine='auto' or False"
         )
 
 
@@ -379,10 +394,10 @@ def sinkhorn(
             warmstart=warmstart, rng=rng, policy=policy, **build, **backend_params,
         )  # fmt: skip
     if any_dask(a, b, X, Y):
-        _refuse_on_dask(metric, warmstart, options.coarse_to_fine)
+        _refuse_on_dask(metric)
         return _distributed().sinkhorn_dask(
-            a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, policy=policy, **options.as_dict(),
-            **build, **backend_params,
+            a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, policy=policy, warmstart=warmstart,
+            **options.as_dict(), **build, **backend_params,
         )  # fmt: skip
     return solver.sinkhorn(
         a, b, X, Y, reg, backend, options=options, reg_m=reg_m,
@@ -983,11 +998,9 @@ def sinkhorn_kernel(
             warmstart=warmstart, rng=rng,
         )  # fmt: skip
     if _on_dask(kernel, a, b):
-        _refuse_on_dask(
-            "sqeuclidean" if metric is None else metric, warmstart, options.coarse_to_fine
-        )
+        _refuse_on_dask("sqeuclidean" if metric is None else metric)
         return _distributed().sinkhorn_kernel_dask(
-            a, b, kernel, reg_m=reg_m, rng=rng, **options.as_dict()
+            a, b, kernel, reg_m=reg_m, rng=rng, warmstart=warmstart, **options.as_dict()
         )
     return solver.sinkhorn_kernel(
         a, b, kernel, options=options, reg_m=reg_m, unbalanced_type=unbalanced_type,

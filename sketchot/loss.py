@@ -70,7 +70,7 @@ from ._validation import (
     check_weights,
     user_stacklevel,
 )
-from .api import make_kernel, sinkhorn
+from .api import make_kernel, on_dask, sinkhorn, sinkhorn_divergence_dask
 from .gibbs import Cost, make_cost
 from .kernels import rebuild_parameters
 from .solver import (
@@ -294,6 +294,11 @@ def sinkhorn_divergence(
     0.0
     """
     debias = check_bool(debias, "debias")
+    if on_dask(X, Y, a, b):  # the clouds stay on the cluster: value, Dask gradients
+        return sinkhorn_divergence_dask(
+            X, Y, a, b, reg, reg_m, backend, debias=debias, rng=rng, warm_start=warm_start,
+            **kwargs,
+        )  # fmt: skip
     _refuse_tensors(X=X, Y=Y, a=a, b=b)
     X = check_matrix(X, "X")
     Y = check_matrix(Y, "Y", n_features=X.shape[1], feature_name="X")

@@ -25,6 +25,12 @@ entries on the edge of the bad-denominator test (signed kernels at small ``reg``
 
 from .builders import choose_dask_kernel, dask_backends, make_kernel_dask
 from .geometry import FIT_ROWS, DaskGibbsGeometry
+from .jobs import (
+    DaskBarycenterResult,
+    DaskDivergenceResult,
+    barycenter_dask,
+    sinkhorn_divergence_dask,
+)
 from .kernels import ArrayPass, ChainedPass, DaskExactKernel, DaskLowRankKernel, LazyRatios
 from .solver import DaskSinkhornResult, sinkhorn_dask, sinkhorn_kernel_dask, solve_dask
 
@@ -32,15 +38,19 @@ __all__ = [
     "FIT_ROWS",
     "ArrayPass",
     "ChainedPass",
+    "DaskBarycenterResult",
+    "DaskDivergenceResult",
     "DaskExactKernel",
     "DaskGibbsGeometry",
     "DaskLowRankKernel",
     "DaskSinkhornResult",
     "LazyRatios",
+    "barycenter_dask",
     "choose_dask_kernel",
     "dask_backends",
     "make_kernel_dask",
     "sinkhorn_dask",
+    "sinkhorn_divergence_dask",
     "sinkhorn_kernel_dask",
     "solve_dask",
 ]

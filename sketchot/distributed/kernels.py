@@ -35,6 +35,7 @@ from ..gibbs import block_rows, gibbs_softmax_average, neg_cost_over_reg, row_sl
 from ..kernels.base import (
     IDENTITY_STEP,
     DeferredPass,
+    FusedPass,
     KernelInfo,
     KernelOperator,
     RatioStep,
@@ -811,8 +812,8 @@ class DaskExactKernel(KernelOperator):
             self.shape[1] * k,
             partial=True,
         )
-        total = _tree_sum(partials)
-        return total if not vector else total.reshape(self.shape[1])
+        total = _tree_sum(partials)  # K^T U flattened row-major: m rows of k
+        return total.reshape(self.shape[1]) if vector else total.reshape(self.shape[1], k)
 
     def _rows(self, index: np.ndarray) -> np.ndarray:
         g = self.geometry
@@ -896,3 +897,426 @@ def _as_dask(value: Any) -> da.Array:
     if not hasattr(value, "chunks"):
         value = da.from_array(np.asarray(value, dtype=np.float64), chunks=-1)
     return value.astype(np.float64)
+
+
+# ------------------------------------------------------------- exact, log-stable
+def _delayed_whole(array: Any) -> Any:
+    """One key holding ``array`` (a single-chunk Dask array, or NumPy): sent once to each
+    worker that runs a task needing it, not embedded in every task."""
+    if hasattr(array, "chunks"):
+        return array.rechunk(-1).to_delayed().ravel()[0]
+    return dask.delayed(np.ascontiguousarray(array, dtype=np.float64), pure=True)
+
+
+def _absorbed_block(Xc, x_sq, alpha, Yc, y_sq, beta, reg, dtype):
+    """The rows of ``exp(max(alpha_i + beta_j - ||x_i - y_j||^2 / reg, floor))`` of a chunk,
+    by :class:`~sketchot.kernels.exact.AbsorbedExactKernel`'s rules: the product form of the
+    exponents (``d + 2`` inner terms) when the offsets are finite, elementwise otherwise."""
+    from ..kernels.exact import LOG_FLOOR
+
+    floor = LOG_FLOOR[np.dtype(dtype)]
+    factors = None
+    if np.isfinite(alpha).all() and np.isfinite(beta).all():
+        left = np.column_stack([Xc * (2.0 / reg), alpha - x_sq / reg, np.ones(len(alpha))])
+        right = np.column_stack([Yc, np.ones(len(beta)), beta - y_sq / reg]).T
+        factors = (left, np.ascontiguousarray(right))
+
+    def block_of(rows: slice) -> np.ndarray:
+        if factors is not None:
+            block = factors[0][rows] @ factors[1]
+        else:
+            with np.errstate(invalid="ignore"):
+                block = neg_cost_over_reg(Xc[rows], Yc, reg, x_sq[rows], y_sq)
+                block += alpha[rows, None]
+                block += beta[None, :]
+        np.maximum(block, floor, out=block)
+        np.exp(block, out=block)
+        return block if np.dtype(dtype) == np.float64 else block.astype(dtype)
+
+    return block_of
+
+
+def _absorbed_pass_chunk(Xc, x_sq, alpha, numerator, Yc, y_sq, beta, w, reg, dtype, exponent):
+    """One chunk of an absorbed rows pass: ``([products, ratios, bad] (rows, 3),
+    [K~_chunk^T ratios, n_bad] (1, m + 1))``, streamed in row blocks of the chunk."""
+    m = Yc.shape[0]
+    block_of = _absorbed_block(Xc, x_sq, alpha, Yc, y_sq, beta, reg, dtype)
+    result = blocked_fused_pass(
+        list(row_slices(Xc.shape[0], block_rows(m, 8))), block_of, Xc.shape[0], m, w,
+        numerator, np.dtype(dtype), RatioStep(exponent),
+    )  # fmt: skip
+    vectors = np.column_stack([result.products, result.ratios, result.bad.astype(np.float64)])
+    ratios = result.ratios
+    with np.errstate(invalid="ignore"):
+        stats = [ratios.sum(), ratios.max(initial=-np.inf), ratios.min(initial=np.inf)]
+    return vectors, np.concatenate([result.projection, [result.n_bad], stats])[None, :]
+
+
+class ScalingVector(da.Array):
+    """A row scaling on the cluster whose whole-array ``sum``, ``max`` and ``min`` were
+    computed with the pass that made it: the absorbing strategy's tests after every
+    iteration (finite, within ``[e^-tau, e^tau]``) then cost no scheduler call. Any other
+    operation is the plain Dask array's."""
+
+    def __new__(cls, array: da.Array, stats: dict[str, float]) -> ScalingVector:
+        self = super().__new__(cls, array.dask, array.name, array.chunks, meta=array._meta)
+        self._stats = stats
+        return self
+
+    def _cached(self, name: str, args: tuple, kwargs: dict) -> Any:
+        if not args and not kwargs and name in getattr(self, "_stats", {}):
+            return np.float64(self._stats[name])
+        return getattr(da.Array, name)(self, *args, **kwargs)
+
+    def sum(self, *args: Any, **kwargs: Any) -> Any:
+        return self._cached("sum", args, kwargs)
+
+    def max(self, *args: Any, **kwargs: Any) -> Any:
+        return self._cached("max", args, kwargs)
+
+    def min(self, *args: Any, **kwargs: Any) -> Any:
+        return self._cached("min", args, kwargs)
+
+
+def _absorbed_project_chunk(Xc, x_sq, alpha, values, Yc, y_sq, beta, reg, dtype):
+    """``K~_chunk^T values_chunk`` (1, m), streamed in row blocks."""
+    m = Yc.shape[0]
+    block_of = _absorbed_block(Xc, x_sq, alpha, Yc, y_sq, beta, reg, dtype)
+    out = np.zeros(m)
+    for rows in row_slices(Xc.shape[0], block_rows(m, 8)):
+        out += values[rows].astype(dtype) @ block_of(rows)
+    return out[None, :]
+
+
+def _log_pass_chunk(Xc, numerator, Yc, log_w, reg, exponent):
+    """One chunk of a log-domain rows pass: ``[log K w, log ratios, bad]`` (rows, 3)."""
+    from ..gibbs import gibbs_log_matvec
+    from ..kernels.base import log_ratios_and_bad
+
+    products = gibbs_log_matvec(Xc, Yc, reg, log_w)
+    ratios, bad = log_ratios_and_bad(numerator, products, RatioStep(exponent))
+    return np.column_stack([products, ratios, bad.astype(np.float64)])
+
+
+def _log_project_chunk(Xc, log_u, Yc, reg):
+    """``log sum_{i in chunk} exp(log_u_i - ||x_i - y_j||^2 / reg)`` for every ``j``: (1, m)."""
+    from ..gibbs import gibbs_log_matvec
+
+    return gibbs_log_matvec(Yc, Xc, reg, log_u)[None, :]
+
+
+def _log_plan_chunk(Xc, x_sq, log_u, Yc, y_sq, log_v, reg):
+    """One chunk of the log-stable plan summary: ``row marginal`` (rows,) and
+    ``[column marginal partial, <P_chunk, C_chunk>]`` (1, m + 1), with
+    ``P_ij = exp(log_u_i + log_v_j - ||x_i - y_j||^2 / reg)`` streamed in row blocks (its
+    entries are at most the plan's mass: no overflow at any reg)."""
+    m = Yc.shape[0]
+    rows_out = np.zeros(Xc.shape[0])
+    cols = np.zeros(m + 1)
+    finite_v = np.isfinite(log_v)
+    lv = np.where(finite_v, log_v, 0.0)
+    for rows in row_slices(Xc.shape[0], block_rows(m, 8)):
+        logits = neg_cost_over_reg(Xc[rows], Yc, reg, x_sq[rows], y_sq)
+        cost = np.maximum(-reg * logits, 0.0)
+        lu = log_u[rows]
+        finite_u = np.isfinite(lu)
+        logits += np.where(finite_u, lu, 0.0)[:, None]
+        logits += lv[None, :]
+        logits[~finite_u] = -np.inf  # zero weights: no mass (never 0 * inf)
+        logits[:, ~finite_v] = -np.inf
+        plan = np.exp(logits, out=logits)
+        rows_out[rows] = plan.sum(axis=1)
+        cols[:m] += plan.sum(axis=0)
+        cols[m] += float(np.sum(plan * cost))
+    return rows_out, cols[None, :]
+
+
+def _rows_of(parts: list[Any], chunks: tuple[int, ...], width: int | None) -> da.Array:
+    """Dask array of per-chunk delayed row blocks."""
+    arrays = [
+        da.from_delayed(part, shape=(rows,) if width is None else (rows, width), dtype=np.float64)
+        for part, rows in zip(parts, chunks, strict=True)
+    ]
+    return da.concatenate(arrays, axis=0)
+
+
+class DaskStableExactKernel(KernelOperator):
+    """The exact kernel on a cluster for the solver's log-stable strategies (the in-memory
+    :class:`~sketchot.kernels.exact.ExactKernel`'s ``'absorb'`` and ``'log_products'``
+    capabilities, with :meth:`at_reg` for an epsilon schedule).
+
+    Its passes are immediate (not ``'deferred'``): the absorbing strategy tests the scalings
+    after every iteration, and each pass streams ``O(n m d)`` entries, so one scheduler call
+    per half-step costs nothing in comparison. The rows side (``n``-sized: scalings,
+    products, offsets ``alpha``) stays on the cluster as persisted Dask vectors; the columns
+    side (``m``-sized: a pass's projection, the column scalings, ``beta``) is a NumPy vector
+    on the client, as every row task receives the whole target cloud anyway. Per pass each
+    row chunk returns ``O(m)`` floats.
+
+    Parameters
+    ----------
+    parent : DaskExactKernel
+        The kernel whose persisted clouds are shared.
+    geometry : DaskGibbsGeometry, optional
+        The parent's clouds at another ``reg`` (:meth:`at_reg`).
+    """
+
+    def __init__(self, parent: DaskExactKernel, geometry: Any = None) -> None:
+        info = KernelInfo(
+            "exact",
+            {},
+            capabilities=frozenset({"exact", "nonnegative", "absorb", "log_products"}),
+            product_rtol=0.0
+            if parent.dtype == np.float64
+            else 8.0 * float(np.finfo(parent.dtype).eps),
+        )
+        super().__init__(parent.geometry if geometry is None else geometry, info, parent.dtype)
+        self.parent = parent
+        self.is_dense = False
+
+    # ----------------------------------------------------------- shared pieces
+    def _whole_y(self) -> tuple[Any, Any]:
+        Yc, y_sq = self.parent._shared()
+        return _delayed_whole(Yc), _delayed_whole(y_sq)
+
+    def _row_blocks(self, *arrays: Any) -> list[Any]:
+        chunks = self.geometry.Xc.chunks[0]
+        out = []
+        for array in arrays:
+            array = _align(array, chunks, "rows vector") if array.ndim == 1 else array
+            out.append(array.to_delayed().ravel())
+        return out
+
+    def at_reg(self, reg: float) -> DaskStableExactKernel:
+        """The same clouds at another ``reg`` (an epsilon schedule); nothing is recomputed."""
+        import copy
+
+        geometry = copy.copy(self.geometry)
+        geometry.reg = float(reg)
+        return DaskStableExactKernel(self.parent, geometry)
+
+    def absorbed(self, alpha: Any, beta: Any, previous: Any = None) -> DaskAbsorbedExactKernel:
+        """``diag(e^alpha) K diag(e^beta)`` (``alpha`` a Dask vector on the rows' chunks,
+        ``beta`` an ``m``-vector)."""
+        del previous  # nothing is stored
+        return DaskAbsorbedExactKernel(self, alpha, beta)
+
+    # ------------------------------------------------------------- products
+    def matmat(self, V: Any) -> da.Array:
+        return (
+            self.parent.matmat(V)
+            if self.geometry is self.parent.geometry
+            else self._plain().matmat(V)
+        )
+
+    def rmatmat(self, U: Any) -> Any:
+        return self._plain().rmatmat(U)
+
+    def _plain(self) -> DaskAbsorbedExactKernel:
+        n, m = self.shape
+        return self.absorbed(da.zeros(n, chunks=(self.geometry.Xc.chunks[0],)), np.zeros(m))
+
+    def _rows(self, index: np.ndarray) -> np.ndarray:
+        g = self.geometry
+        Yc, y_sq = dask.compute(*self.parent._shared())
+        block = neg_cost_over_reg(g.rows("x", index), Yc, g.reg, y_sq=y_sq)
+        return np.exp(block, out=block)
+
+    def log_rmatvec(self, log_u: Any) -> np.ndarray:
+        """``log (K^T exp(log_u))`` (m,): per-chunk log-sum-exps combined on the client."""
+        g = self.geometry
+        (Xc,) = self._row_blocks(g.Xc)
+        (lu,) = self._row_blocks(_align(log_u, g.Xc.chunks[0], "log_u"))
+        Yc, _ = self._whole_y()
+        task = dask.delayed(_log_project_chunk, pure=True)
+        parts = dask.compute(*[task(x, u, Yc, g.reg) for x, u in zip(Xc, lu, strict=True)])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.logaddexp.reduce(np.concatenate(parts, axis=0), axis=0)
+
+    def fused_pass(
+        self,
+        side: str,
+        w: Any,
+        numerator: Any,
+        *,
+        log: bool = False,
+        step: RatioStep = IDENTITY_STEP,
+    ) -> Any:
+        """Cols: elementwise on the client (``R = I``). Rows, ``log``: ``log K exp(w)`` and
+        its log ratios per row chunk (persisted), the projection ``log K^T exp(ratios)`` when
+        first read. Rows, linear: the absorbed pass with zero offsets."""
+        from ..kernels.base import ProjectedOnRead, identity_pass
+
+        if side == "cols":
+            return identity_pass(np.asarray(w), np.asarray(numerator), log=log, step=step)
+        if not log:
+            return self._plain().fused_pass(side, w, numerator, step=step)
+        g = self.geometry
+        exponent = _power_of(step)
+        Xc, num = self._row_blocks(g.Xc, _align(numerator, g.Xc.chunks[0], "numerator"))
+        Yc, _ = self._whole_y()
+        log_w = _delayed_whole(np.asarray(w, dtype=np.float64))
+        task = dask.delayed(_log_pass_chunk, pure=True)
+        parts = [task(x, c, Yc, log_w, g.reg, exponent) for x, c in zip(Xc, num, strict=True)]
+        (vectors,) = persist_now(_rows_of(parts, g.Xc.chunks[0], 3))
+        ratios = vectors[:, 1]
+        return ProjectedOnRead(vectors[:, 0], ratios, vectors[:, 2] > 0, self.log_rmatvec)
+
+    def project(self, side: str, values: Any, index: Any = None, *, log: bool = False) -> Any:
+        """Cols: ``values`` on the client; rows: ``K^T values`` (or its log form) gathered as
+        an ``m``-vector."""
+        if side == "cols":
+            out = np.full(self.shape[1], -np.inf if log else 0.0)
+            out[slice(None) if index is None else index] = np.asarray(values)
+            return out
+        if index is not None:
+            raise NotImplementedError(
+                "project(side, values, index) with an index is not available on Dask arrays"
+            )
+        if log:
+            return self.log_rmatvec(values)
+        return self._plain().project(side, values)
+
+
+class CountedPass(FusedPass):
+    """A rows pass whose bad entries were counted with its projection (one computation)."""
+
+    def __init__(self, products, ratios, projection, bad, count: int) -> None:
+        super().__init__(products, ratios, projection, bad)
+        object.__setattr__(self, "_count", count)
+
+    @property
+    def n_bad(self) -> int:
+        return self._count
+
+
+class DaskAbsorbedExactKernel(KernelOperator):
+    """``exp(alpha_i + beta_j - ||x_i - y_j||^2 / reg)`` on a cluster, never stored (the
+    Dask form of :class:`~sketchot.kernels.exact.AbsorbedExactKernel`, with its floor and
+    its product form of the exponents): ``alpha`` persisted on the rows' chunks, ``beta``
+    an ``m``-vector sent once to each worker per pass."""
+
+    def __init__(self, parent: DaskStableExactKernel, alpha: Any, beta: Any) -> None:
+        KernelOperator.__init__(
+            self, parent.geometry, KernelInfo("exact", {}, capabilities=frozenset()), parent.dtype
+        )
+        self.parent = parent
+        g = parent.geometry
+        (self.alpha,) = persist_now(_align(alpha, g.Xc.chunks[0], "alpha"))
+        self.beta = np.asarray(
+            beta.compute() if hasattr(beta, "chunks") else beta, dtype=np.float64
+        )
+        self.is_dense = False
+
+    def _chunks(self, *vectors: Any) -> list[Any]:
+        g = self.geometry
+        return [v.to_delayed().ravel() for v in (g.Xc, g.x_sq, self.alpha, *vectors)]
+
+    def _shared(self) -> tuple[Any, Any, Any]:
+        Yc, y_sq = self.parent._whole_y()
+        return Yc, y_sq, _delayed_whole(self.beta)
+
+    def fused_pass(
+        self,
+        side: str,
+        w: Any,
+        numerator: Any,
+        *,
+        log: bool = False,
+        step: RatioStep = IDENTITY_STEP,
+    ) -> FusedPass:
+        """Rows: one streamed pass per row chunk (products, ratios, bad entries persisted;
+        the ``m``-sized projection and the count summed on the client). Cols: elementwise."""
+        from ..kernels.base import identity_pass
+
+        if log:
+            raise NotImplementedError("an absorbed kernel runs linear passes only")
+        if side == "cols":
+            return identity_pass(np.asarray(w), np.asarray(numerator), step=step)
+        g = self.geometry
+        m = self.shape[1]
+        exponent = _power_of(step)
+        numerator = _align(numerator, g.Xc.chunks[0], "numerator")
+        Yc, y_sq, beta = self._shared()
+        weights = _delayed_whole(np.asarray(w, dtype=np.float64))
+        task = dask.delayed(_absorbed_pass_chunk, pure=True, nout=2)
+        outs = [
+            task(x, xs, al, c, Yc, y_sq, beta, weights, g.reg, self.dtype, exponent)
+            for x, xs, al, c in zip(*self._chunks(numerator), strict=True)
+        ]
+        vectors = _rows_of([o[0] for o in outs], g.Xc.chunks[0], 3)
+        parts = [da.from_delayed(o[1], shape=(1, m + 4), dtype=np.float64) for o in outs]
+        partials = da.concatenate(parts, axis=0)
+        # persisted without waiting: the reduction below runs the same tasks (one round trip)
+        vectors = vectors.persist()
+        table = partials.compute()
+        total = table[:, : m + 2].sum(axis=0)
+        with np.errstate(invalid="ignore"):
+            stats = {
+                "sum": total[m + 1],
+                "max": table[:, m + 2].max(),
+                "min": table[:, m + 3].min(),
+            }
+        ratios = ScalingVector(vectors[:, 1], stats)
+        return CountedPass(vectors[:, 0], ratios, total[:m], vectors[:, 2] > 0, int(total[m]))
+
+    def project(self, side: str, values: Any, index: Any = None, *, log: bool = False) -> Any:
+        """Rows: ``K~^T values`` gathered (m,); cols: ``values``."""
+        if log:
+            raise NotImplementedError("an absorbed kernel runs linear passes only")
+        if index is not None:
+            raise NotImplementedError(
+                "project(side, values, index) with an index is not available on Dask arrays"
+            )
+        if side == "cols":
+            return np.asarray(values, dtype=np.float64)
+        g = self.geometry
+        values = _align(values, g.Xc.chunks[0], "values")
+        Yc, y_sq, beta = self._shared()
+        task = dask.delayed(_absorbed_project_chunk, pure=True)
+        parts = [
+            da.from_delayed(
+                task(x, xs, al, v, Yc, y_sq, beta, g.reg, self.dtype),
+                shape=(1, self.shape[1]),
+                dtype=np.float64,
+            )
+            for x, xs, al, v in zip(*self._chunks(values), strict=True)
+        ]
+        return da.concatenate(parts, axis=0).sum(axis=0, split_every=SPLIT_EVERY).compute()
+
+    def matmat(self, V: Any) -> da.Array:
+        raise NotImplementedError("the absorbed Dask kernel runs the solver's passes only")
+
+    def rmatmat(self, U: Any) -> Any:
+        if np.ndim(U) == 1:
+            return self.project("rows", U)
+        raise NotImplementedError("the absorbed Dask kernel runs the solver's passes only")
+
+    def _rows(self, index: np.ndarray) -> np.ndarray:
+        raise NotImplementedError("the absorbed Dask kernel runs the solver's passes only")
+
+
+def log_plan_summary(
+    kernel: Any, log_u: Any, log_v: np.ndarray
+) -> tuple[da.Array, da.Array, float]:
+    """``(row marginal, column marginal, <P, C>)`` of ``P = diag(e^log_u) K diag(e^log_v)``
+    streamed per row chunk (finite at any reg): the rows stay on the cluster (persisted),
+    ``O(m)`` floats per chunk come back."""
+    g = kernel.geometry
+    m = kernel.shape[1]
+    Yc, y_sq = kernel.parent._shared() if hasattr(kernel, "parent") else kernel._shared()
+    Yc, y_sq = _delayed_whole(Yc), _delayed_whole(y_sq)
+    lv = _delayed_whole(np.asarray(log_v, dtype=np.float64))
+    task = dask.delayed(_log_plan_chunk, pure=True, nout=2)
+    blocks = [
+        v.to_delayed().ravel() for v in (g.Xc, g.x_sq, _align(log_u, g.Xc.chunks[0], "log_u"))
+    ]
+    outs = [task(x, xs, u, Yc, y_sq, lv, g.reg) for x, xs, u in zip(*blocks, strict=True)]
+    rows = _rows_of([o[0] for o in outs], g.Xc.chunks[0], None)
+    partials = da.concatenate(
+        [da.from_delayed(o[1], shape=(1, m + 1), dtype=np.float64) for o in outs], axis=0
+    )
+    rows, partials = persist_now(rows, partials)
+    total = partials.sum(axis=0, split_every=SPLIT_EVERY).compute()
+    col = da.from_array(total[:m], chunks=(g.Yc.chunks[0],))
+    return rows, col, float(total[m])

@@ -13,6 +13,7 @@ gathered on the client.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_bool, check_int, check_rng, describe, unknown_names
 from ..kernels import MIN_DENOMINATOR_RATIO, KernelOperator
 from ..solver import (
+    EPSILON_SCALING_SPREAD,
     MASS_RTOL,
     SAMPLED_CHECK_SIZE,
     IterationTable,
@@ -34,20 +36,23 @@ from ..solver import (
     SinkhornResult,
     SolverOptions,
     TrueKernelCheck,
+    annealing_kernels,
     check_backend_params,
     check_from_masses,
     check_reg_m,
     choose_strategy,
     finish_solve,
     iterate,
+    join_runs,
     sample_indices,
 )
 from .builders import build_dask_kernel, choose_dask_kernel
 from .geometry import SPLIT_EVERY, check_reg_and_clouds
-from .kernels import DaskExactKernel, per_chunk
+from .kernels import DaskExactKernel, DaskStableExactKernel, log_plan_summary, per_chunk
+from .multiscale import coarse_start_dask
 
 # The exact kernel's plain iteration stays within float64 range while max cost / reg is below
-# this (e^+-500); beyond, the in-memory solver's stabilised path is needed (not on Dask).
+# this (e^+-500); beyond, log_domain='auto' runs the log-stable path (:func:`solve_log_stable`).
 LOG_DOMAIN_THRESHOLD = 500.0
 
 
@@ -62,6 +67,7 @@ def sinkhorn_dask(
     reg_m: Any = None,
     rng: Any = None,
     policy: Any = None,
+    warmstart: Any = None,
     **kwargs: Any,
 ) -> DaskSinkhornResult:
     """:func:`sketchot.sinkhorn` on Dask arrays (it dispatches here for any Dask input).
@@ -79,6 +85,11 @@ def sinkhorn_dask(
         by :func:`sketchot.sinkhorn`, makes the choice). ``safeguard`` must be ``'raise'`` or
         ``'none'`` for a problem with non-positive approximate denominators (the repairs of
         ``'exact'`` and ``'clip'`` need the passes' values: such a solve raises and says so).
+        The exact backend at ``max cost / reg >`` :data:`LOG_DOMAIN_THRESHOLD`, from a warm
+        or coarse-to-fine start, or with ``log_domain=True`` or ``epsilon_scaling=True``
+        runs the in-memory log-stable solve (absorption, epsilon schedule, Anderson mixing)
+        on the workers
+        (:func:`solve_log_stable`).
 
     Returns
     -------
@@ -98,7 +109,8 @@ def sinkhorn_dask(
     options, backend_params = SolverOptions.split(kwargs)
     check_backend_params("sinkhorn", backend, backend_params)
     geometry = check_reg_and_clouds(X, Y, reg)
-    problem = dask_problem(a, b, geometry, reg_m)
+    problem = warm_problem(dask_problem(a, b, geometry, reg_m), warmstart)
+    problem, coarse = coarse_start_dask(problem, geometry, options, rng)
     accuracy = options.accuracy if options.accuracy is not None else DEFAULT_ACCURACY
     reason, attempts = "", []
     if backend == "auto":
@@ -112,11 +124,21 @@ def sinkhorn_dask(
         )
     if options.verbose:
         print(f"sketchot.sinkhorn: built {kernel!r} in {kernel.info.build_time:.3f} s")
-    return solve_dask(problem, kernel, options, rng=rng, reason=reason, attempts=attempts)
+    result = solve_dask(problem, kernel, options, rng=rng, reason=reason, attempts=attempts)
+    if coarse is not None:
+        result.iteration_info["coarse_to_fine"] = coarse
+    return result
 
 
 def sinkhorn_kernel_dask(
-    a: Any, b: Any, kernel: KernelOperator, *, reg_m: Any = None, rng: Any = None, **kwargs: Any
+    a: Any,
+    b: Any,
+    kernel: KernelOperator,
+    *,
+    reg_m: Any = None,
+    rng: Any = None,
+    warmstart: Any = None,
+    **kwargs: Any,
 ) -> DaskSinkhornResult:
     """:func:`sketchot.sinkhorn_kernel` on a Dask operator (from ``make_kernel`` on Dask
     arrays): several solves with one persisted kernel."""
@@ -133,8 +155,12 @@ def sinkhorn_kernel_dask(
             f"and the backend's parameters; solver options: {', '.join(SolverOptions.names())}"
         )
     options = SolverOptions(**kwargs)
-    problem = dask_problem(a, b, kernel.geometry, reg_m)
-    return solve_dask(problem, kernel, options, rng=rng)
+    problem = warm_problem(dask_problem(a, b, kernel.geometry, reg_m), warmstart)
+    problem, coarse = coarse_start_dask(problem, kernel.geometry, options, rng)
+    result = solve_dask(problem, kernel, options, rng=rng)
+    if coarse is not None:
+        result.iteration_info["coarse_to_fine"] = coarse
+    return result
 
 
 def dask_problem(a: Any, b: Any, geometry: Any, reg_m: Any = None) -> Problem:
@@ -187,6 +213,47 @@ def dask_problem(a: Any, b: Any, geometry: Any, reg_m: Any = None) -> Problem:
     return Problem(a, b, geometry.reg, pair, notes=tuple(notes))
 
 
+def warm_problem(problem: Problem, warmstart: Any) -> Problem:
+    """``problem`` started from ``warmstart = (log_u, log_v)`` (Dask or NumPy vectors, e.g. a
+    previous result's ``potentials``), rechunked to the weights' chunks and checked in one
+    computation as :func:`~sketchot.solver.make_problem` checks them (shape, real, finite
+    where the weight is positive); ``None``: the cold start."""
+    if warmstart is None:
+        return problem
+    if not isinstance(warmstart, (tuple, list)) or len(warmstart) != 2:
+        raise ValueError(
+            f"warmstart must be None or a pair (log_u, log_v) of arrays; got {describe(warmstart)}"
+        )
+    starts = []
+    for index, (value, weights, points) in enumerate(
+        zip(warmstart, (problem.a, problem.b), ("X", "Y"), strict=True)
+    ):
+        side = "log u" if index == 0 else "log v"
+        if value is None or getattr(value, "shape", np.shape(value)) != weights.shape:
+            raise ValueError(
+                f"warmstart[{index}] ({side}) must have shape {weights.shape} (one entry per row "
+                f"of {points}); got {describe(value)}"
+            )
+        if not hasattr(value, "chunks"):
+            value = da.from_array(np.asarray(value), chunks=weights.chunks)
+        if np.dtype(value.dtype).kind not in "biuf":
+            raise TypeError(
+                f"warmstart[{index}] ({side}) must be a real array; got dtype {value.dtype}"
+            )
+        starts.append(value.astype(np.float64).rechunk(weights.chunks).persist())
+    weights = (problem.a, problem.b)
+    bad = dask.compute(
+        *[((~da.isfinite(s)) & (w > 0)).sum() for s, w in zip(starts, weights, strict=True)]
+    )
+    for index, count in enumerate(bad):
+        if count:
+            raise ValueError(
+                f"warmstart[{index}] must be finite where the weight is positive; got "
+                f"{int(count)} NaN or inf entries"
+            )
+    return dataclasses.replace(problem, log_u0=starts[0], log_v0=starts[1])
+
+
 def _l2(x: da.Array) -> da.Array:
     return da.sqrt((x * x).sum(split_every=SPLIT_EVERY))
 
@@ -217,17 +284,25 @@ def solve_dask(
 ) -> DaskSinkhornResult:
     """The Dask solve of a validated problem on a Dask operator: the engine's iteration,
     persisted results, scalar summary, sampled true-kernel check."""
-    exact = "exact" in kernel.info.capabilities
+    exact = isinstance(kernel, DaskExactKernel)
     geometry = kernel.geometry
-    if options.log_domain is True or (
-        exact
-        and options.log_domain == "auto"
-        and geometry.max_cost() / geometry.reg > LOG_DOMAIN_THRESHOLD
+    if exact and (
+        options.log_domain is True
+        or options.epsilon_scaling is True
+        or (
+            options.log_domain == "auto"
+            # a warm start's scalings e^(f / reg) may leave float64 at any spread
+            and (
+                geometry.max_cost() / geometry.reg > LOG_DOMAIN_THRESHOLD
+                or problem.log_u0 is not None
+            )
+        )
     ):
+        return solve_log_stable(problem, kernel, options, rng=rng, reason=reason, attempts=attempts)
+    if options.log_domain is True:
         raise NotImplementedError(
-            f"the log-domain iteration is not available on Dask arrays (max cost / reg = "
-            f"{geometry.max_cost() / geometry.reg:.3g} > {LOG_DOMAIN_THRESHOLD:g} needs it "
-            "with the exact kernel); raise reg or solve in memory"
+            f"log_domain=True needs the exact kernel on Dask arrays (backend='exact'); "
+            f"backend {kernel.info.backend!r} runs the plain iteration"
         )
     if options.anderson not in ("auto", 0):
         raise ValueError(
@@ -289,6 +364,118 @@ def solve_dask(
     return finish_solve(result, options, guard, printer)
 
 
+def solve_log_stable(
+    problem: Problem,
+    kernel: DaskExactKernel,
+    options: SolverOptions,
+    *,
+    rng: Any = None,
+    reason: str = "",
+    attempts: Any = (),
+) -> DaskSinkhornResult:
+    """The exact kernel's log-stable solve on Dask: the in-memory solver's choices
+    (:func:`~sketchot.solver.sinkhorn.solve_kernel`: :func:`choose_strategy`, the automatic
+    epsilon schedule and its retry after a stall, Anderson mixing, the certified first stop
+    and its resumption) on :class:`~.kernels.DaskStableExactKernel`, whose passes stream the
+    true kernel per row chunk on the workers. The row scalings stay on the cluster; the
+    ``m``-sized column side (weights ``b``, scalings, projections) is on the client."""
+    stable = DaskStableExactKernel(kernel)
+    g = kernel.geometry
+    strategy = choose_strategy(stable, options.log_domain)
+    b_host = np.asarray(problem.b.compute(), dtype=np.float64)
+    log_v0 = problem.log_v0
+    columns = dataclasses.replace(
+        problem,
+        b=b_host,
+        log_v0=None if log_v0 is None else np.asarray(da.asarray(log_v0).compute()),
+    )
+    tol, norm = options.stopping(
+        kernel.dtype == np.float32, lambda: float(np.linalg.norm(b_host) / b_host.sum())
+    )
+    first = options.first_target(tol, norm, stable.info.product_rtol)
+    printer = IterationTable(options.verbose, " on Dask")
+    guard = Safeguard(stable, options.safeguard)
+    automatic = options.epsilon_scaling == "auto" and strategy in ("absorb", "log")
+    wanted = options.epsilon_scaling is True or (
+        automatic and problem.log_u0 is None and g.max_cost() / g.reg > EPSILON_SCALING_SPREAD
+    )
+    every = options.check_interval(stable.shape)
+    notes = list(problem.notes)
+
+    def run(schedule, target, begin=columns, done=0):
+        return iterate(
+            stable, begin, tol=target, norm=norm, max_iter=options.max_iter - done,
+            check_every=every, strategy=strategy,
+            anderson=options.anderson_memory(strategy != "multiplicative"), guard=guard,
+            progress=printer, schedule=schedule,
+        )  # fmt: skip
+
+    start = time.perf_counter()
+    state = run(annealing_kernels(stable) if wanted else None, first)
+    if state.status in ("stalled", "breakdown") and not wanted and automatic:
+        notes.append(
+            f"the iteration {state.status} at residual "
+            f"{state.history[-1][1] if state.history else float('nan'):.2g} after "
+            f"{state.n_iter} iterations; solved again with an epsilon schedule"
+        )
+        state = run(annealing_kernels(stable), first)
+    elapsed = time.perf_counter() - start
+    target = first
+    result = _stable_result(problem, stable, options, state, guard, target, elapsed, notes)
+    if first > tol and state.converged:
+        check = result.check_true_kernel(_samples(options), rng)
+        if check.bound > options.accuracy:
+            notes.append(
+                f"stopped first at residual {first:.2g}, where the true-kernel check gave "
+                f"{check.bound:.2g} > accuracy {options.accuracy:g}; went on to {tol:.2g}"
+            )
+            warm = dataclasses.replace(columns, log_u0=state.log_u, log_v0=state.log_v)
+            resumed = time.perf_counter()
+            more = run(None, tol, warm, state.n_iter)
+            elapsed += time.perf_counter() - resumed
+            state, target = join_runs(state, more), tol
+            result = _stable_result(problem, stable, options, state, guard, target, elapsed, notes)
+        else:
+            result.true_kernel = check
+    result.reason, result.attempts = reason, list(attempts)
+    if options.accuracy is not None and result.true_kernel is None:
+        result.true_kernel = result.check_true_kernel(_samples(options), rng)
+    return finish_solve(result, options, guard, printer)
+
+
+def _samples(options: SolverOptions) -> int:
+    samples = options.true_kernel_samples
+    return SAMPLED_CHECK_SIZE if samples == "auto" else samples
+
+
+def _stable_result(problem, kernel, options, state, guard, target, elapsed, notes):
+    """The :class:`DaskSinkhornResult` of a log-stable run (persisted, scalars computed)."""
+    summary = _summary(kernel, problem, state.log_u, state.log_v)
+    return DaskSinkhornResult(
+        kernel=kernel,
+        problem=problem,
+        potentials=summary["potentials"],
+        n_iter=state.n_iter,
+        stop=state.status,
+        tol=target,
+        marginals=summary["marginals"],
+        value_linear=summary["cost"],
+        mass=summary["mass"],
+        log_domain=True,
+        safeguard={"policy": options.safeguard, **guard.counts, "faults": guard.faults},
+        timings={
+            "build": kernel.parent.info.build_time,
+            "iterations": elapsed,
+            "per_iteration": elapsed / max(state.n_iter, 1),
+        },
+        error_history=state.history,
+        options=options.as_dict(),
+        notes=list(notes),
+        iteration_info={"strategy": state.strategy, **state.info},
+        scalars=summary["scalars"],
+    )
+
+
 def _summary(kernel, problem, log_u, log_v) -> dict[str, Any]:
     """Persisted potentials and marginals, and every scalar in one ``dask.compute``.
 
@@ -298,20 +485,29 @@ def _summary(kernel, problem, log_u, log_v) -> dict[str, Any]:
     """
     g = kernel.geometry
     a, b = problem.a, problem.b
+    if not hasattr(log_v, "chunks"):  # the log-stable path's columns live on the client
+        log_v = da.from_array(np.asarray(log_v, dtype=np.float64), chunks=(g.Yc.chunks[0],))
     # Persisted step by step: later graphs then only reference finished keys (never two
     # different task specs for one key on the scheduler).
     log_u, log_v = dask.persist(log_u, log_v)
-    u, v = dask.persist(da.exp(log_u), da.exp(log_v))
-    stacked = da.concatenate([v[:, None], v[:, None] * g.Yc], axis=1)
-    products, Ktu = dask.persist(kernel.matmat(stacked), kernel.rmatmat(u))
-    row, col = dask.persist(u * products[:, 0], v * Ktu.rechunk((g.Yc.chunks[0],)))
-    cross = (u[:, None] * g.Xc * products[:, 1:]).sum(split_every=SPLIT_EVERY)
+    if isinstance(kernel, DaskStableExactKernel):
+        # streamed in the log domain: e^log_u and e^log_v may each leave float64 at small reg
+        row, col, cost = log_plan_summary(kernel, log_u, log_v.compute())
+    else:
+        u, v = dask.persist(da.exp(log_u), da.exp(log_v))
+        stacked = da.concatenate([v[:, None], v[:, None] * g.Yc], axis=1)
+        products, Ktu = dask.persist(kernel.matmat(stacked), kernel.rmatmat(u))
+        row, col = dask.persist(u * products[:, 0], v * Ktu.rechunk((g.Yc.chunks[0],)))
+        cross = (u[:, None] * g.Xc * products[:, 1:]).sum(split_every=SPLIT_EVERY)
+        cost = (
+            (row * g.x_sq).sum(split_every=SPLIT_EVERY)
+            + (col * g.y_sq).sum(split_every=SPLIT_EVERY)
+            - 2.0 * cross
+        )
     log_a, log_b = da.log(da.where(a > 0, a, 1.0)), da.log(da.where(b > 0, b, 1.0))
     scalars = dask.compute(
         {
-            "cost": (row * g.x_sq).sum(split_every=SPLIT_EVERY)
-            + (col * g.y_sq).sum(split_every=SPLIT_EVERY)
-            - 2.0 * cross,
+            "cost": cost,
             "mass": row.sum(split_every=SPLIT_EVERY),
             "mass_col": col.sum(split_every=SPLIT_EVERY),
             "error_a": abs(row - a).sum(split_every=SPLIT_EVERY),
@@ -406,7 +602,7 @@ class DaskSinkhornResult(SinkhornResult):
     def inverse_barycentric_map(self, Y_new: Any = None, *, return_fallbacks: bool = False):
         """Barycentric projection of the target points onto ``X`` (low-rank backends)."""
         return_fallbacks = check_bool(return_fallbacks, "return_fallbacks")
-        if isinstance(self.kernel, DaskExactKernel):
+        if isinstance(self.kernel, DaskExactKernel | DaskStableExactKernel):
             raise NotImplementedError(
                 "inverse_barycentric_map of the exact backend is not available on Dask arrays"
             )
@@ -493,6 +689,8 @@ def _barycentric(kernel, points, log_w, values, *, transpose=False) -> tuple[da.
     columns; rows with a non-positive approximate denominator are NaN and counted (the
     in-memory path recomputes them with the true kernel; not done on Dask yet).
     """
+    if isinstance(kernel, DaskStableExactKernel):
+        kernel = kernel.parent
     if isinstance(kernel, DaskExactKernel):
         if points is not None:
             raise NotImplementedError("barycentric maps of new points need a low-rank backend")

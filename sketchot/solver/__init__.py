@@ -27,7 +27,7 @@ from .batch import (
     stack_clouds,
     stack_weights,
 )
-from .engine import choose_strategy, iterate
+from .engine import annealing_kernels, choose_strategy, iterate
 from .errors import (
     AccuracyWarning,
     InvalidResultError,
@@ -56,10 +56,12 @@ from .progress import IterationTable, Progress
 from .result import NumpyInDtype, ResultView, SinkhornResult, in_points_dtype
 from .safeguard import Safeguard
 from .sinkhorn import (
+    EPSILON_SCALING_SPREAD,
     SAMPLED_CHECK_SIZE,
     check_backend_params,
     check_problem,
     finish_solve,
+    join_runs,
     sinkhorn,
     sinkhorn_kernel,
     solve,
@@ -76,6 +78,7 @@ from .targets import (
 )
 
 __all__ = [
+    "EPSILON_SCALING_SPREAD",
     "KL",
     "MASS_RTOL",
     "PENALTY_TYPES",
@@ -105,6 +108,7 @@ __all__ = [
     "TargetsProblem",
     "TargetsResult",
     "TrueKernelCheck",
+    "annealing_kernels",
     "check_backend_params",
     "check_batch_keywords",
     "check_clouds",
@@ -118,6 +122,7 @@ __all__ = [
     "finish_solve",
     "in_points_dtype",
     "iterate",
+    "join_runs",
     "make_penalty",
     "make_problem",
     "make_targets",

@@ -133,8 +133,7 @@ class CoarseStart:
 def coarsen(points: np.ndarray, weights: np.ndarray, k: int, rng: Any = None) -> Coarsening:
     """Cluster ``points`` into at most ``k`` clusters (k-means), with the clusters' masses.
 
-    The k-means (:func:`_lloyd`: seeds drawn among the sample, :data:`KMEANS_ITER` Lloyd
-    steps) runs on a sample of at most :data:`KMEANS_SAMPLE`
+    The k-means (:func:`kmeans_seeds`) runs on a sample of at most :data:`KMEANS_SAMPLE`
     points drawn in proportion to the weights; every point then joins its nearest seed (a
     k-d tree) and each centre moves to its cluster's weighted mean. Points of zero weight
     are assigned but carry no mass; clusters without mass are dropped (their points get
@@ -148,18 +147,35 @@ def coarsen(points: np.ndarray, weights: np.ndarray, k: int, rng: Any = None) ->
     else:
         p = weights[positive] / weights[positive].sum()
         sample = points[generator.choice(positive, KMEANS_SAMPLE, replace=True, p=p)]
-    seeds = sample if k >= sample.shape[0] else _lloyd(sample, k, generator)
-    _, labels = cKDTree(seeds).query(points, workers=get_num_threads())
-    masses = np.bincount(labels, weights=weights, minlength=seeds.shape[0])
-    sums = np.stack(
-        [np.bincount(labels, weights=weights * points[:, j], minlength=seeds.shape[0])
-         for j in range(points.shape[1])],
-        axis=1,
-    )  # fmt: skip
+    seeds = kmeans_seeds(sample, k, generator)
+    labels, masses, sums = assign_to_seeds(points, weights, seeds)
     used = masses > 0
     # -1: a zero-weight point whose cluster carries no mass (it was dropped)
     remap = np.where(used, np.cumsum(used) - 1, -1)
     return Coarsening(sums[used] / masses[used, None], masses[used], remap[labels])
+
+
+def kmeans_seeds(sample: np.ndarray, k: int, generator: np.random.Generator) -> np.ndarray:
+    """``k`` k-means centres of ``sample`` (:func:`_lloyd`), or the sample itself when it
+    has at most ``k`` points."""
+    return sample if k >= sample.shape[0] else _lloyd(sample, k, generator)
+
+
+def assign_to_seeds(
+    points: np.ndarray, weights: np.ndarray, seeds: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(labels, masses, sums)``: the nearest seed of every point (a k-d tree), the weight
+    of each seed's cluster, and the weighted sum of its points (shape ``(k, d)``): the
+    pieces a chunk of a cloud adds up (:mod:`sketchot.distributed.multiscale`)."""
+    _, labels = cKDTree(seeds).query(points, workers=get_num_threads())
+    k = seeds.shape[0]
+    masses = np.bincount(labels, weights=weights, minlength=k)
+    sums = np.stack(
+        [np.bincount(labels, weights=weights * points[:, j], minlength=k)
+         for j in range(points.shape[1])],
+        axis=1,
+    ).reshape(k, points.shape[1])  # fmt: skip
+    return labels, masses, sums
 
 
 def _lloyd(sample: np.ndarray, k: int, generator: np.random.Generator) -> np.ndarray:
@@ -219,17 +235,7 @@ def coarse_to_fine_start(
         coarse_x.centers, coarse_y.centers, reg, geometry.cost, geometry.cost.p,
         context=geometry.context,
     )  # fmt: skip
-    coarse_problem = replace(
-        problem, a=coarse_x.masses, b=coarse_y.masses, reg=reg, log_u0=None, log_v0=None, notes=()
-    )
-    # the coarse kernel is small (k x k): the exact kind's record, stored
-    exact = backends_of_kind(EXACT_KIND, cost=geometry.cost)[0]
-    kernel = build_kernel(coarse_geometry, exact.name)
-    state = iterate(
-        kernel, coarse_problem, tol=COARSE_TOL, max_iter=COARSE_MAX_ITER, norm="l1",
-        strategy=choose_strategy(kernel, "auto"), anderson=anderson,
-        schedule=annealing_kernels(kernel),
-    )  # fmt: skip
+    state = solve_coarse(problem, coarse_geometry, coarse_x.masses, coarse_y.masses, anderson)
     pen_a, pen_b = problem.penalties
     # soft-min of the fine points against the coarse measure, then the penalty's update
     # (u = a (K_coarse v)^-rho for a KL penalty)
@@ -239,12 +245,37 @@ def coarse_to_fine_start(
     log_ktu = gibbs_log_matvec(geometry.Yc, coarse_x.centers, reg, state.log_u, cost=geometry.cost)
     log_u0 = pen_a.log_scaling(log_a, log_kv, reg)
     log_v0 = pen_b.log_scaling(log_b, log_ktu, reg)
-    error = state.history[-1][1] if state.history else math.nan
-    info = {
-        "clusters": (coarse_x.centers.shape[0], coarse_y.centers.shape[0]),
+    return CoarseStart(log_u0, log_v0, coarse_info(coarse_geometry, state, start))
+
+
+def solve_coarse(
+    problem: Problem,
+    coarse_geometry: GibbsGeometry,
+    masses_x: np.ndarray,
+    masses_y: np.ndarray,
+    anderson: int = 0,
+) -> Any:
+    """The coarse problem (the clusters' masses, ``problem``'s ``reg`` and penalties) solved
+    on the exact kernel of the centres with an epsilon schedule: the iteration's state."""
+    coarse_problem = replace(
+        problem, a=masses_x, b=masses_y, reg=problem.reg, log_u0=None, log_v0=None, notes=()
+    )
+    # the coarse kernel is small (k x k): the exact kind's record, stored
+    exact = backends_of_kind(EXACT_KIND, cost=coarse_geometry.cost)[0]
+    kernel = build_kernel(coarse_geometry, exact.name)
+    return iterate(
+        kernel, coarse_problem, tol=COARSE_TOL, max_iter=COARSE_MAX_ITER, norm="l1",
+        strategy=choose_strategy(kernel, "auto"), anderson=anderson,
+        schedule=annealing_kernels(kernel),
+    )  # fmt: skip
+
+
+def coarse_info(coarse_geometry: GibbsGeometry, state: Any, start: float) -> dict[str, Any]:
+    """The stage's ``info`` of :class:`CoarseStart` (``start``: its ``perf_counter``)."""
+    return {
+        "clusters": coarse_geometry.shape,
         "coarse_iter": state.n_iter,
         "coarse_status": state.status,
-        "coarse_error": error,
+        "coarse_error": state.history[-1][1] if state.history else math.nan,
         "seconds": time.perf_counter() - start,
     }
-    return CoarseStart(log_u0, log_v0, info)

@@ -419,7 +419,7 @@ def solve(
                 resumed = time.perf_counter()
                 more = run(None, tol, warm, state.n_iter)
                 elapsed += time.perf_counter() - resumed
-                state = _joined(state, more)
+                state = join_runs(state, more)
                 target, check = tol, None
         live.close(state.status)
     if check is None:
@@ -493,7 +493,7 @@ def _summary_and_check(kernel, problem, state, options, rng, column_moments=True
     )
 
 
-def _joined(first: Any, more: Any) -> Any:
+def join_runs(first: Any, more: Any) -> Any:
     """The iterate of a run resumed from ``first``'s potentials (``more``), with the
     iterations and checks of both."""
     more.n_iter += first.n_iter

@@ -184,6 +184,28 @@ def test_make_kernel_on_dask(client, problem):
         np.testing.assert_allclose(kernel.matvec(v).compute(), expected.matvec(v), rtol=RTOL)
 
 
+def test_exact_kernel_products_on_dask_keep_the_shapes_of_numpy(client, problem):
+    """``K V`` and ``K^T U`` of the exact kernel on Dask, for vectors and for (m, k) and
+    (n, k) blocks: the shapes and numbers of the in-memory kernel (2-D ``K^T U`` came back
+    flattened to (m k,) before)."""
+    _, _, X, Y = problem
+    expected = sketchot.make_kernel(X, Y, 0.5, "exact")
+    kernel = sketchot.make_kernel(
+        da.from_array(X, chunks=(200, 3)), da.from_array(Y, chunks=(99, 3)), 0.5, "exact"
+    )
+    rng = np.random.default_rng(2)
+    V, U = rng.random((Y.shape[0], 3)), rng.random((X.shape[0], 3))
+    for mine, theirs in (
+        (kernel.matmat(V), expected.matmat(V)),
+        (kernel.rmatmat(U), expected.rmatmat(U)),
+        (kernel.matvec(V[:, 0]), expected.matvec(V[:, 0])),
+        (kernel.rmatvec(U[:, 0]), expected.rmatvec(U[:, 0])),
+    ):
+        mine = mine.compute()
+        assert mine.shape == theirs.shape
+        np.testing.assert_allclose(mine, theirs, rtol=RTOL)
+
+
 def test_killed_worker_does_not_lose_the_run(client):
     """A worker process dies mid-solve; Dask recomputes its chunks from the graph."""
     rng = np.random.default_rng(99)
