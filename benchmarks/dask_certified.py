@@ -137,7 +137,8 @@ def _sent_bytes(dask_worker: Any) -> int:
 
 
 def solve_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {"accuracy": args.accuracy, "rng": args.seed, "errors": "warn"}
+    log_domain = {"auto": "auto", "true": True, "false": False}[args.log_domain]
+    return {"accuracy": args.accuracy, "rng": args.seed, "errors": "warn", "log_domain": log_domain}
 
 
 def summary(result: Any, seconds: float) -> dict[str, Any]:
@@ -264,6 +265,12 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float32")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--chunk", type=int, default=250_000)
+    parser.add_argument(
+        "--log-domain",
+        choices=("auto", "true", "false"),
+        default="auto",
+        help="sinkhorn's log_domain, in memory and on Dask",
+    )
     parser.add_argument("--memory-baseline", action="store_true")
     parser.add_argument("--memory-max-n", type=float, default=1e6)
     parser.add_argument("--seed", type=int, default=0)

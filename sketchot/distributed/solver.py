@@ -51,10 +51,6 @@ from .geometry import SPLIT_EVERY, check_reg_and_clouds
 from .kernels import DaskExactKernel, DaskStableExactKernel, log_plan_summary, per_chunk
 from .multiscale import coarse_start_dask
 
-# The exact kernel's plain iteration stays within float64 range while max cost / reg is below
-# this (e^+-500); beyond, log_domain='auto' runs the log-stable path (:func:`solve_log_stable`).
-LOG_DOMAIN_THRESHOLD = 500.0
-
 
 def sinkhorn_dask(
     a: Any,
@@ -85,10 +81,8 @@ def sinkhorn_dask(
         by :func:`sketchot.sinkhorn`, makes the choice). ``safeguard`` must be ``'raise'`` or
         ``'none'`` for a problem with non-positive approximate denominators (the repairs of
         ``'exact'`` and ``'clip'`` need the passes' values: such a solve raises and says so).
-        The exact backend at ``max cost / reg >`` :data:`LOG_DOMAIN_THRESHOLD`, from a warm
-        or coarse-to-fine start, or with ``log_domain=True`` or ``epsilon_scaling=True``
-        runs the in-memory log-stable solve (absorption, epsilon schedule, Anderson mixing)
-        on the workers
+        The exact backend runs the in-memory log-stable solve (absorption, epsilon schedule,
+        Anderson mixing) on the workers unless ``log_domain=False``
         (:func:`solve_log_stable`).
 
     Returns
@@ -285,19 +279,8 @@ def solve_dask(
     """The Dask solve of a validated problem on a Dask operator: the engine's iteration,
     persisted results, scalar summary, sampled true-kernel check."""
     exact = isinstance(kernel, DaskExactKernel)
-    geometry = kernel.geometry
-    if exact and (
-        options.log_domain is True
-        or options.epsilon_scaling is True
-        or (
-            options.log_domain == "auto"
-            # a warm start's scalings e^(f / reg) may leave float64 at any spread
-            and (
-                geometry.max_cost() / geometry.reg > LOG_DOMAIN_THRESHOLD
-                or problem.log_u0 is not None
-            )
-        )
-    ):
+    # the in-memory exact kernel's default, the stabilised path: far fewer iterations (Anderson)
+    if exact and (options.log_domain in ("auto", True) or options.epsilon_scaling is True):
         return solve_log_stable(problem, kernel, options, rng=rng, reason=reason, attempts=attempts)
     if options.log_domain is True:
         raise NotImplementedError(
