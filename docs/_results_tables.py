@@ -57,6 +57,9 @@ INCLUDED = (
     "accuracy_2e4_auto",
     "accuracy_2e4_certify",
     "sparse_cost",
+    "dask_certified",
+    "dask_certified_plain",
+    "dask_certified_reg0.001",
 )
 
 
