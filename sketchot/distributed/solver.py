@@ -313,37 +313,14 @@ def solve_dask(
         guard=guard, progress=printer,
     )  # fmt: skip
     elapsed = time.perf_counter() - start
-    summary = _summary(kernel, problem, state.log_u, state.log_v)
-    result = DaskSinkhornResult(
-        kernel=kernel,
-        problem=problem,
-        potentials=summary["potentials"],
-        n_iter=state.n_iter,
-        stop=state.status,
-        tol=tol,
-        marginals=summary["marginals"],
-        value_linear=summary["cost"],
-        mass=summary["mass"],
-        log_domain=False,
-        safeguard={"policy": options.safeguard, **guard.counts, "faults": guard.faults},
-        timings={
-            "build": kernel.info.build_time,
-            "iterations": elapsed,
-            "per_iteration": elapsed / max(state.n_iter, 1),
-        },
-        error_history=state.history,
-        options=options.as_dict(),
-        reason=reason,
-        attempts=list(attempts),
-        notes=list(problem.notes),
-        iteration_info={"strategy": state.strategy, "norm": norm, **state.info},
-        scalars=summary["scalars"],
-    )
+    result = _dask_result(
+        problem, kernel, options, state, guard, tol, elapsed, log_domain=False,
+        build_time=kernel.info.build_time, notes=problem.notes,
+        info={"strategy": state.strategy, "norm": norm, **state.info},
+    )  # fmt: skip
+    result.reason, result.attempts = reason, list(attempts)
     if options.accuracy is not None:
-        samples = options.true_kernel_samples
-        result.true_kernel = result.check_true_kernel(
-            SAMPLED_CHECK_SIZE if samples == "auto" else samples, rng
-        )
+        result.true_kernel = result.check_true_kernel(_samples(options), rng)
     return finish_solve(result, options, guard, printer)
 
 
@@ -433,6 +410,18 @@ def _samples(options: SolverOptions) -> int:
 
 def _stable_result(problem, kernel, options, state, guard, target, elapsed, notes):
     """The :class:`DaskSinkhornResult` of a log-stable run (persisted, scalars computed)."""
+    return _dask_result(
+        problem, kernel, options, state, guard, target, elapsed, log_domain=True,
+        build_time=kernel.parent.info.build_time, notes=notes,
+        info={"strategy": state.strategy, **state.info},
+    )  # fmt: skip
+
+
+def _dask_result(
+    problem, kernel, options, state, guard, tol, elapsed, *, log_domain, build_time, notes, info
+) -> DaskSinkhornResult:
+    """The :class:`DaskSinkhornResult` of a finished iteration: potentials and marginals
+    persisted, every scalar computed at once (:func:`_summary`)."""
     summary = _summary(kernel, problem, state.log_u, state.log_v)
     return DaskSinkhornResult(
         kernel=kernel,
@@ -440,21 +429,21 @@ def _stable_result(problem, kernel, options, state, guard, target, elapsed, note
         potentials=summary["potentials"],
         n_iter=state.n_iter,
         stop=state.status,
-        tol=target,
+        tol=tol,
         marginals=summary["marginals"],
         value_linear=summary["cost"],
         mass=summary["mass"],
-        log_domain=True,
+        log_domain=log_domain,
         safeguard={"policy": options.safeguard, **guard.counts, "faults": guard.faults},
         timings={
-            "build": kernel.parent.info.build_time,
+            "build": build_time,
             "iterations": elapsed,
             "per_iteration": elapsed / max(state.n_iter, 1),
         },
         error_history=state.history,
         options=options.as_dict(),
         notes=list(notes),
-        iteration_info={"strategy": state.strategy, **state.info},
+        iteration_info=info,
         scalars=summary["scalars"],
     )
 
