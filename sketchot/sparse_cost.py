@@ -198,14 +198,10 @@ class SparseCostMatrixGeometry(CostMatrixGeometry):
     def _dense_rows(self, C: Any, rows: Any, fill: float, values: np.ndarray) -> np.ndarray:
         """Dense rows ``rows`` of the pattern of ``C`` with ``values`` (one per stored entry
         of ``C``) on the stored entries and ``fill`` elsewhere."""
-        index = np.arange(C.shape[0])[rows]
-        index = np.atleast_1d(index)
+        index = np.atleast_1d(np.arange(C.shape[0])[rows])
         out = np.full((index.size, C.shape[1]), fill)
-        starts, stops = C.indptr[index], C.indptr[index + 1]
-        counts = stops - starts
-        if counts.sum():
-            entries = np.concatenate([np.arange(s, e) for s, e in zip(starts, stops, strict=True)])
-            out[np.repeat(np.arange(index.size), counts), C.indices[entries]] = values[entries]
+        entries, indptr = _entries_of_rows(C.indptr, index)
+        out[np.repeat(np.arange(index.size), np.diff(indptr)), C.indices[entries]] = values[entries]
         return out
 
     def log_block(self, rows: Any, dtype: np.dtype = np.float64) -> np.ndarray:
@@ -253,8 +249,21 @@ class SparseCostMatrixGeometry(CostMatrixGeometry):
     def matmat(self, index: Any, V: np.ndarray, *, transpose: bool = False) -> np.ndarray:
         """``K[index, :] @ V`` (or ``K[:, index].T @ V``) over the stored entries,
         ``O(nnz of the rows)`` per column of ``V``."""
-        K = self.kernel_matrix(transpose)
-        return np.asarray(K[np.arange(K.shape[0])[index]] @ V, dtype=np.float64)
+        C = self._matrix(transpose)
+        rows = np.arange(C.shape[0])[index]
+        flat = np.atleast_1d(rows)
+        if flat.size == C.shape[0] and np.array_equal(flat, np.arange(C.shape[0])):
+            return np.asarray(self.kernel_matrix(transpose) @ V, dtype=np.float64)
+        import scipy.sparse
+
+        # only the stored entries of the rows asked for: a sampled check costs O(their nnz)
+        entries, indptr = _entries_of_rows(C.indptr, flat)
+        values = np.exp((C.data[entries] - self.offset) * (-1.0 / self.reg))
+        K = scipy.sparse.csr_array(
+            (values, C.indices[entries], indptr), shape=(flat.size, C.shape[1])
+        )
+        out = np.asarray(K @ V, dtype=np.float64)
+        return out.reshape(rows.shape + out.shape[1:])
 
     def log_matvec(
         self, index: Any, log_v: np.ndarray, *, transpose: bool = False, over: Any = None
@@ -269,10 +278,17 @@ class SparseCostMatrixGeometry(CostMatrixGeometry):
             full = np.full(width, -np.inf)
             full[np.arange(width)[over]] = log_v
             log_v = full
-        terms = self._neg_cost_entries(transpose)
-        terms += log_v[C.indices]
-        out = _segment_logsumexp(terms, C.indptr)
-        return out[np.arange(C.shape[0])[index]]
+        rows = np.arange(C.shape[0])[index]
+        flat = np.atleast_1d(rows)
+        if flat.size == C.shape[0] and np.array_equal(flat, np.arange(C.shape[0])):
+            terms = self._neg_cost_entries(transpose)
+            terms += log_v[C.indices]
+            return _segment_logsumexp(terms, C.indptr)[rows]
+        # only the stored entries of the rows asked for: a sampled check costs O(their nnz)
+        entries, indptr = _entries_of_rows(C.indptr, flat)
+        terms = (C.data[entries] - self.offset) * (-1.0 / self.reg)
+        terms += log_v[C.indices[entries]]
+        return _segment_logsumexp(terms, indptr).reshape(rows.shape)
 
     def softmax_average(
         self,
@@ -354,6 +370,17 @@ def _values_at(W: Any, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     if is_sparse(W):
         return np.asarray(W.tocsr()[rows, cols]).ravel().astype(np.float64)
     return np.asarray(W, dtype=np.float64)[rows, cols]
+
+
+def _entries_of_rows(indptr: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(entries, sub_indptr)``: the storage positions of the stored entries of ``rows`` (in
+    the order of ``rows``) and the CSR ``indptr`` of the sub-matrix they make; ``O(their
+    nnz)``, no Python loop over rows."""
+    starts, counts = indptr[rows], indptr[rows + 1] - indptr[rows]
+    sub_indptr = np.zeros(rows.size + 1, dtype=np.intp)
+    np.cumsum(counts, out=sub_indptr[1:])
+    entries = np.arange(sub_indptr[-1]) + np.repeat(starts - sub_indptr[:-1], counts)
+    return entries, sub_indptr
 
 
 def _segment_max(values: np.ndarray, indptr: np.ndarray) -> np.ndarray:

@@ -265,3 +265,32 @@ def test_log_products_are_the_dense_logsumexp(seed, density, log_reg):
     np.testing.assert_allclose(
         geometry.log_matvec(slice(None), log_u, transpose=True), expected, rtol=1e-12
     )
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize(
+    "index", [np.array([3, 0, 3, 17]), slice(2, 9), 5, np.array([], dtype=np.intp)]
+)
+def test_products_of_some_rows_read_only_their_entries(index, transpose):
+    # a sampled check's rows (any index form, repeats and empty rows included) equal the
+    # full products at those rows, computed from their stored entries alone: the full
+    # pass's O(nnz) exponentials are refused
+    a, b, sparse, dense = case(9, n=40, m=30, density=0.1)
+    sparse = sparse.tolil()
+    sparse[3, :] = 0.0  # a row (or column) without pairs reads -inf and 0
+    geometry = SparseCostMatrixGeometry(scipy.sparse.csr_array(sparse.tocsr()), 0.05)
+    width = 40 if transpose else 30
+    rng = np.random.default_rng(1)
+    log_v, V = rng.normal(size=width), rng.normal(size=(width, 2))
+    with np.errstate(divide="ignore"):
+        full_log = geometry.log_matvec(slice(None), log_v, transpose=transpose)
+    full = geometry.matmat(slice(None), V, transpose=transpose)
+    geometry._neg_cost_entries = _refuse("the full pass")
+    geometry.kernel_matrix = _refuse("the full kernel")
+    with np.errstate(divide="ignore"):
+        np.testing.assert_array_equal(
+            geometry.log_matvec(index, log_v, transpose=transpose), full_log[index]
+        )
+    np.testing.assert_allclose(
+        geometry.matmat(index, V, transpose=transpose), full[index], rtol=1e-14
+    )
