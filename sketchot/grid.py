@@ -631,26 +631,37 @@ class _BandedAxis:
     def _lows(self, mu: np.ndarray, live: np.ndarray) -> np.ndarray:
         """``(rows, j_out)`` lower bounds of every output of each block: the smallest entry
         ``mu_b + kappa_(c-b) - spread_(c-b)`` of a few pairs (near the kernel's peak, the
-        nearest live blocks, the leader of :meth:`_leaders`); ``-inf`` for a dead row."""
+        nearest live blocks, the leader of :meth:`_leaders`); ``-inf`` for a dead row. All
+        rows at once, in whole-array steps."""
         j_in, j_out = self.j_in, self.j_out
         kappa, spread = self.kappa, self.spread
         peak = int(np.argmax(kappa)) - (j_in - 1)
-        c = np.arange(j_out)
         low = np.full((mu.shape[0], j_out), -np.inf)
-        for r in np.flatnonzero(live.any(axis=1)):
-            m, ok_r = mu[r], live[r]
-            live_at = np.flatnonzero(ok_r)
-            at = np.searchsorted(live_at, np.clip(c - peak, 0, j_in - 1))
-            candidates = [c - peak + k for k in (-2, -1, 0, 1, 2)]
-            candidates += [live_at[np.clip(at, 0, live_at.size - 1)],
-                           live_at[np.clip(at - 1, 0, live_at.size - 1)]]  # fmt: skip
-            candidates.append(self._leaders(m, ok_r))
-            for b in candidates:
-                ok = (b >= 0) & (b < j_in)
-                bb = np.where(ok, b, 0)
-                o = c - bb + j_in - 1
-                value = np.where(ok & ok_r[bb], m[bb] + kappa[o] - spread[o], -np.inf)
-                np.maximum(low[r], value, out=low[r])
+        rows = np.flatnonzero(live.any(axis=1))
+        if not rows.size:
+            return low
+        m, ok_r = mu[rows], live[rows]
+        c = np.arange(j_out)
+        # the nearest live blocks at or after, and before, the block under the peak
+        target = np.clip(c - peak, 0, j_in - 1)
+        index = np.arange(j_in)
+        after = np.minimum.accumulate(np.where(ok_r, index, j_in)[:, ::-1], axis=1)[:, ::-1]
+        before = np.maximum.accumulate(np.where(ok_r, index, -1), axis=1)
+        before = np.concatenate([np.full((rows.size, 1), -1), before[:, :-1]], axis=1)
+        candidates = [np.broadcast_to(c - peak + k, (rows.size, j_out)) for k in range(-2, 3)]
+        candidates += [after[:, target], before[:, target], self._leaders(m, ok_r)]
+        masked = np.where(ok_r, m, -np.inf)
+        out = low[rows]
+        for b in candidates:
+            ok = (b >= 0) & (b < j_in)
+            bb = np.where(ok, b, 0)
+            o = c - bb + j_in - 1
+            value = np.take_along_axis(masked, bb, axis=1)
+            value += kappa[o]
+            value -= spread[o]
+            value[~ok] = -np.inf
+            np.maximum(out, value, out=out)
+        low[rows] = out
         return low
 
     def _tops(self, blocks: np.ndarray, src: np.ndarray, beta: np.ndarray) -> np.ndarray:
@@ -760,35 +771,45 @@ class _BandedAxis:
             out[group[starts[c0:c1]]] = sums
 
     def _leaders(self, mu: np.ndarray, live: np.ndarray) -> np.ndarray:
-        """For every output block ``c``, the input block ``b`` maximising ``mu_b - (t_c -
-        s_b)^2 / reg`` between block starts (the lower envelope of parabolas of
-        Felzenszwalb and Huttenlocher, ``O(J)``): a near-leading pair, whose entries bound
-        the output below."""
+        """``(rows, j_out)``: for every row and output block ``c``, the input block ``b``
+        maximising ``mu_b - (t_c - s_b)^2 / reg`` between block starts over the row's live
+        blocks: a near-leading pair, whose entries bound the output below.
+
+        ``mu_b - alpha (p - b)^2`` has a cross term ``2 alpha p b`` increasing in both ``p``
+        and ``b``, so the first maximiser never decreases with ``p`` (Topkis): each level of
+        a divide and conquer solves the middle output of every open range of outputs over
+        the inputs its solved neighbours leave possible, all rows and ranges in one
+        whole-array step: ``O(rows x (j_in + j_out) log j_out)``."""
+        R, j_in = mu.shape
         alpha = self.length**2 / self.reg
-        # maximise mu_b - alpha (p - b)^2 at p = c + (t_0 - s_0) / (w h): minimise f_b + (p - b)^2
-        bs = np.flatnonzero(live)
-        f = -mu[bs] / alpha
-        v = np.empty(bs.size, dtype=np.intp)  # envelope's parabolas (indices into bs)
-        z = np.empty(bs.size + 1)  # their boundaries
-        k = 0
-        v[0], z[0], z[1] = 0, -np.inf, np.inf
-        for q in range(1, bs.size):
-            while True:
-                r = v[k]
-                cross = ((f[q] + bs[q] ** 2) - (f[r] + bs[r] ** 2)) / (2.0 * (bs[q] - bs[r]))
-                if cross <= z[k] and k > 0:
-                    k -= 1
-                    continue
-                break
-            if cross <= z[k]:  # k == 0: q replaces the first parabola
-                v[0] = q
-                z[1] = np.inf
-                continue
-            k += 1
-            v[k], z[k], z[k + 1] = q, cross, np.inf
         points = np.arange(self.j_out) + (self.t0 - self.s0) / self.length
-        which = np.searchsorted(z[1 : k + 1], points, side="left")
-        return bs[v[which]]
+        leader = np.zeros((R, self.j_out), dtype=np.intp)
+        flat = np.where(live, mu, -np.inf).ravel()
+        # open ranges: row, outputs [c_lo, c_hi), inputs [b_lo, b_hi]
+        row = np.arange(R)
+        c_lo, c_hi = np.zeros(R, dtype=np.intp), np.full(R, self.j_out)
+        b_lo, b_hi = np.zeros(R, dtype=np.intp), np.full(R, j_in - 1)
+        while row.size:
+            mid = (c_lo + c_hi) // 2
+            counts = b_hi - b_lo + 1
+            starts = np.zeros(row.size, dtype=np.intp)
+            np.cumsum(counts[:-1], out=starts[1:])
+            owner = np.repeat(np.arange(row.size), counts)
+            shift = b_lo - starts
+            b = np.arange(counts.sum()) + shift[owner]
+            gap = (points[mid] + starts - b_lo)[owner] - np.arange(b.size)
+            value = flat[(row * j_in + shift)[owner] + np.arange(b.size)] - alpha * gap * gap
+            best = np.maximum.reduceat(value, starts)
+            first = np.flatnonzero(value == best[owner])
+            first = first[np.r_[True, owner[first][1:] != owner[first][:-1]]]
+            chosen = b_lo.copy()  # kept by a range without live blocks (not a leader)
+            chosen[owner[first]] = b[first]
+            leader[row, mid] = chosen
+            left, right = mid > c_lo, mid + 1 < c_hi
+            row = np.r_[row[left], row[right]]
+            c_lo, c_hi = np.r_[c_lo[left], mid[right] + 1], np.r_[mid[left], c_hi[right]]
+            b_lo, b_hi = np.r_[b_lo[left], chosen[right]], np.r_[chosen[left], b_hi[right]]
+        return leader
 
 
 def _gauss_factors(v: np.ndarray, u: np.ndarray, reg: float):

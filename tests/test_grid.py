@@ -352,6 +352,48 @@ def test_banded_pairs_left_out_are_below_their_bound(
     check_left_out_pairs(s, t, reg, x)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(20, 4000),
+    log10_reg=st.floats(-8, -3),
+    spread=st.floats(0, 1e3),
+    tilt=st.floats(-1.0, 1.0),
+    dead=st.floats(0, 0.95),
+    seed=st.integers(0, 2**16),
+)
+def test_banded_leaders_maximise_over_the_live_blocks(n, log10_reg, spread, tilt, dead, seed):
+    """Invariant (``_BandedAxis._leaders``, a divide and conquer that relies on the
+    maximiser never decreasing along the outputs): every row's leader of every output block
+    is a live block whose ``mu_b - (t_c - s_b)^2 / reg`` is the brute-force maximum over the
+    row's live blocks (to rounding of the largest term); the lower bounds of ``_lows`` are
+    -inf exactly on the rows without a live block."""
+    from sketchot.grid import _BandedAxis
+
+    rng = np.random.default_rng(seed)
+    h = 1.0 / 199
+    s, t = h * np.arange(n), 0.01 + h * np.arange(n // 2) * 2
+    B = _BandedAxis.build(s, t, 10.0**log10_reg)
+    if B is None:
+        return
+    blocks = np.arange(B.j_in)
+    mu = rng.normal(size=(4, B.j_in)) * spread + tilt * (blocks * B.length) ** 2 / B.reg
+    live = rng.random(mu.shape) >= dead
+    live[:, rng.integers(B.j_in)] = True
+    live[3] = False  # a dead row
+    leader = B._leaders(mu[:3], live[:3])
+    alpha = B.length**2 / B.reg
+    points = np.arange(B.j_out) + (B.t0 - B.s0) / B.length
+    objective = np.where(
+        live[:3, None, :], mu[:3, None, :] - alpha * (points[:, None] - blocks) ** 2, -np.inf
+    )  # (rows, j_out, j_in)
+    chosen = np.take_along_axis(objective, leader[:, :, None], axis=2)[:, :, 0]
+    best = objective.max(axis=2)
+    assert np.take_along_axis(live[:3], leader, axis=1).all()
+    np.testing.assert_allclose(chosen, best, rtol=1e-12, atol=1e-9 * np.abs(best).max())
+    low = B._lows(mu, live)
+    assert np.isfinite(low[:3]).all() and np.isneginf(low[3]).all()
+
+
 @pytest.mark.parametrize("reg", [1e-7, 1e-5, 1e-4, 1e-3, 5e-2])
 @pytest.mark.parametrize("shape", ["same", "coarse_out", "coarse_in"])
 @pytest.mark.parametrize("potential", ["transport", "noise", "zero_stretches"])
