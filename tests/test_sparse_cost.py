@@ -275,7 +275,7 @@ def test_products_of_some_rows_read_only_their_entries(index, transpose):
     # a sampled check's rows (any index form, repeats and empty rows included) equal the
     # full products at those rows, computed from their stored entries alone: the full
     # pass's O(nnz) exponentials are refused
-    a, b, sparse, dense = case(9, n=40, m=30, density=0.1)
+    _, _, sparse, _ = case(9, n=40, m=30, density=0.1)
     sparse = sparse.tolil()
     sparse[3, :] = 0.0  # a row (or column) without pairs reads -inf and 0
     geometry = SparseCostMatrixGeometry(scipy.sparse.csr_array(sparse.tocsr()), 0.05)
