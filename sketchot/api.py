@@ -160,25 +160,34 @@ def on_dask(*values: Any) -> bool:
 def sinkhorn_divergence_dask(X: Any, Y: Any, a: Any, b: Any, *args: Any, **kwargs: Any) -> Any:
     """:func:`sketchot.sinkhorn_divergence` of Dask arrays
     (:func:`sketchot.distributed.jobs.sinkhorn_divergence_dask`, the policy passed in)."""
-    _refuse_on_dask(kwargs.pop("metric", "sqeuclidean"))
+    _refuse_on_dask(kwargs.pop("metric", "sqeuclidean"), "sinkhorn_divergence")
     return _distributed().sinkhorn_divergence_dask(X, Y, a, b, *args, policy=policy, **kwargs)
 
 
 def barycenter_dask(clouds: Any, *args: Any, **kwargs: Any) -> Any:
     """:func:`sketchot.barycenter` of Dask clouds
     (:func:`sketchot.distributed.jobs.barycenter_dask`, the policy passed in)."""
-    _refuse_on_dask(kwargs.pop("metric", "sqeuclidean"))
+    _refuse_on_dask(kwargs.pop("metric", "sqeuclidean"), "barycenter")
     return _distributed().barycenter_dask(clouds, *args, policy=policy, **kwargs)
 
 
-def _refuse_on_dask(metric: Any) -> None:
-    """Dask solves and kernels use the squared-Euclidean cost (warm starts and coarse-to-fine
-    starts are taken: :mod:`sketchot.distributed.multiscale`)."""
+def map_image_dask(result: Any, image: Any, *, mapper: Any, **options: Any) -> Any:
+    """:func:`sketchot.map_image` of a Dask image
+    (:func:`sketchot.distributed.images.map_image_dask`: ``mapper``, the in-memory mapping,
+    runs on each chunk); returns ``(mapped image, counts)``, lazy."""
+    return _distributed().map_image_dask(result, image, mapper=mapper, **options)
+
+
+def _refuse_on_dask(metric: Any, job: str) -> None:
+    """The divergence and barycentres on Dask use the squared-Euclidean cost (their
+    gradients and support updates are those of ``||x - y||^2``); ``sinkhorn`` and
+    ``make_kernel`` take every metric on Dask."""
     if not (isinstance(metric, str) and metric == "sqeuclidean"):
         name = metric if isinstance(metric, str) else "a callable"
         raise NotImplementedError(
-            f"metric={name!r} is not implemented on Dask arrays (squared Euclidean only); "
-            "compute the clouds (numpy arrays) to solve with another metric"
+            f"metric={name!r} is not implemented for {job} on Dask arrays (squared Euclidean "
+            "only; sketchot.sinkhorn and make_kernel take every metric there); compute the "
+            "clouds (numpy arrays) for another metric"
         )
 
 
@@ -305,15 +314,15 @@ def sinkhorn(
         Fourier kernels; a backend that does not declare the metric
         (``sketchot.get_backend(name).metrics``) is refused; ``'exact'`` and ``'nystrom'``
         take any (Nystrom needs a positive semi-definite kernel; the true-kernel check
-        judges it), and ``'auto'`` chooses among the backends that take it. Not with Dask
-        arrays.
+        judges it), and ``'auto'`` chooses among the backends that take it; on Dask arrays
+        too (evaluated chunk by chunk on the workers).
     p : float, default=2
         The order of ``metric='minkowski'`` (``>= 1``), as in ``ot.dist``.
     warmstart : None or pair of array-like, default=None
         Initial log-scalings ``(log u, log v)``, shapes ``(n,)`` and ``(m,)`` (POT's
         ``warmstart``; a previous result's ``potentials``), e.g. for a sequence of nearby
         problems. A warm start is never annealed (``epsilon_scaling='auto'`` applies to cold
-        starts). Not with Dask arrays.
+        starts). On Dask arrays, Dask or NumPy vectors.
     rank : int or 'auto', optional
         The size of a low-rank backend's factors (it sets the record's rank parameter:
         ``n_features``, ``n_landmarks``, ...; :func:`sketchot.make_kernel`); not with
@@ -394,10 +403,9 @@ def sinkhorn(
             warmstart=warmstart, rng=rng, policy=policy, **build, **backend_params,
         )  # fmt: skip
     if any_dask(a, b, X, Y):
-        _refuse_on_dask(metric)
         return _distributed().sinkhorn_dask(
             a, b, X, Y, reg, backend, reg_m=reg_m, rng=rng, policy=policy, warmstart=warmstart,
-            **options.as_dict(), **build, **backend_params,
+            metric=metric, p=p, **options.as_dict(), **build, **backend_params,
         )  # fmt: skip
     return solver.sinkhorn(
         a, b, X, Y, reg, backend, options=options, reg_m=reg_m,
@@ -998,7 +1006,7 @@ def sinkhorn_kernel(
             warmstart=warmstart, rng=rng,
         )  # fmt: skip
     if _on_dask(kernel, a, b):
-        _refuse_on_dask("sqeuclidean" if metric is None else metric)
+        _refuse_on_dask("sqeuclidean" if metric is None else metric, "sinkhorn_kernel")
         return _distributed().sinkhorn_kernel_dask(
             a, b, kernel, reg_m=reg_m, rng=rng, warmstart=warmstart, **options.as_dict()
         )
@@ -1048,7 +1056,7 @@ def make_kernel(
     metric : str or callable, default='sqeuclidean'
         The cost ``c`` (:func:`sinkhorn`'s ``metric``); the kernel's geometry carries it. A
         backend whose record does not declare it is refused (``'exact'`` and ``'nystrom'``
-        take any). Not with Dask arrays.
+        take any); Dask clouds too.
     p : float, default=2
         The order of ``metric='minkowski'``.
     rank : int or 'auto', optional
@@ -1091,10 +1099,9 @@ def make_kernel(
     ((400, 300), (400,))
     """
     if any_dask(X, Y):
-        _refuse_on_dask(metric)
         return _distributed().make_kernel_dask(
             X, Y, reg, backend, rng=rng, dtype=dtype, rank=rank, accuracy=accuracy, policy=policy,
-            **backend_params,
+            metric=metric, p=p, **backend_params,
         )  # fmt: skip
     return kernels.make_kernel(
         X, Y, reg, backend, rng=rng, dtype=dtype, rank=rank, metric=metric, p=p,

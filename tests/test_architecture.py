@@ -27,8 +27,8 @@ LAYERS = {
     "gibbs": 1, "cost_matrix": 1, "sparse_cost": 1, "grid": 1, "fused": 1, "sketch": 1,
     "distributed.geometry": 1, "kernels": 2, "distributed.kernels": 2,
     "distributed.builders": 2, "solver": 3, "distributed.solver": 3, "distributed": 3,
-    "policy": 4, "da": 5, "color": 5, "api": 6, "matrix": 6,
-    "barycenter": 7, "batch": 7, "convolutional": 7, "loss": 7, "nn": 8,
+    "policy": 4, "da": 5, "api": 6, "matrix": 6,
+    "barycenter": 7, "batch": 7, "color": 7, "convolutional": 7, "loss": 7, "nn": 8,
 }  # fmt: skip
 BACKEND_MODULES = {"exact", "rff", "nystrom", "polyts", "local"}
 SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent != PACKAGE)
@@ -284,8 +284,9 @@ JOBS = ("api", "matrix", "barycenter", "batch", "convolutional", "loss", "nn", "
 #: The packages a job reaches through their namespace only.
 ENTRY_PACKAGES = ("solver", "policy", "kernels")
 #: The job-to-job imports there are: the divergence is built on the public solves, the
-#: PyTorch face on the divergence. Any other job importing a job is sideways.
-JOB_ON_JOB = {("loss", "api"), ("nn", "loss")}
+#: PyTorch face on the divergence, and colour transfer sends a Dask image through the public
+#: entries' Dask dispatch. Any other job importing a job is sideways.
+JOB_ON_JOB = {("loss", "api"), ("nn", "loss"), ("color", "api")}
 
 
 def job_of(name: str) -> str | None:

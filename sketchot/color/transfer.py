@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import policy
+from .. import api, policy
 from .._validation import check_bool, check_float, check_int, check_rng, describe
 from ..kernels import get_backend
 from ..solver import (
@@ -131,8 +131,11 @@ def map_image(
     ----------
     result : SinkhornResult
         A solve between source colours ``X`` and target colours ``Y`` (3 columns).
-    image : path, array or PIL image
-        Anything :func:`load_image` accepts. An alpha channel is copied to the output as it
+    image : path, array, PIL image or dask.array
+        Anything :func:`load_image` accepts, or a Dask array of shape ``(H, W, 3)`` or
+        ``(H, W, 4)`` chunked by rows and columns: an image too large for one machine's
+        memory, mapped chunk by chunk on the workers and never gathered
+        (:mod:`sketchot.distributed.images`). An alpha channel is copied to the output as it
         is (RGBA in, RGBA out); the colours of every pixel are mapped, fully transparent ones
         included (they stay invisible).
     inverse : bool, default=False
@@ -143,7 +146,8 @@ def map_image(
         Distinct colours per call (memory ``O(chunk_size x rank)`` inside the operator);
         default :data:`MAP_CHUNK` (low-rank backends) or :data:`MAP_CHUNK_EXACT` (exact).
     progress : callable, optional
-        Called with a short text line after each chunk.
+        Called with a short text line after each chunk (in memory; a Dask image reports
+        through Dask's own diagnostics).
     name : str
         Argument name for error messages.
     dtype : numpy.float64 or numpy.uint8, default=numpy.float64
@@ -156,11 +160,17 @@ def map_image(
     Returns
     -------
     MappedImage
+        For a Dask image: ``image`` is a lazy Dask array with the input's row and column
+        chunks, and ``n_colors`` (distinct colours within each chunk, summed),
+        ``n_fallbacks`` and ``n_clipped`` are lazy 0-d Dask arrays made by the same tasks:
+        compute them together (``dask.compute(mapped.image, mapped.n_clipped)``) or the
+        chunks are mapped again; ``seconds`` is the time to build the graph.
 
     Raises
     ------
     MemoryError
-        The mapped image would not fit in the available memory (checked before allocating).
+        The mapped image would not fit in the available memory (checked before allocating;
+        in memory).
 
     Notes
     -----
@@ -188,6 +198,16 @@ def map_image(
     out_dtype = np.dtype(dtype)
     if out_dtype not in (np.dtype(np.float64), np.dtype(np.uint8)):
         raise ValueError(f"dtype must be numpy.float64 or numpy.uint8; got {describe(dtype)}")
+    if api.on_dask(image):
+        start = time.perf_counter()
+        options = {"inverse": inverse, "chunk_size": chunk_size, "dtype": out_dtype}
+        mapped_image, counts = api.map_image_dask(
+            result, image, mapper=map_image, name=name, pixel_chunk=pixel_chunk, **options
+        )
+        return MappedImage(
+            image=mapped_image, n_pixels=image.shape[0] * image.shape[1], n_colors=counts[0],
+            n_fallbacks=counts[1], n_clipped=counts[2], seconds=time.perf_counter() - start,
+        )  # fmt: skip
     picture = load_image(image, name=name, dtype=None)
     start = time.perf_counter()
     pixels = image_pixels(picture)

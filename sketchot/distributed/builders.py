@@ -25,7 +25,7 @@ from .._validation import check_dtype, check_float, check_rng
 from ..gibbs import gibbs_matmat
 from ..kernels import KernelOperator, available_backends, get_backend, require_policy
 from ..kernels.judge import KERNEL_CHECK_ROWS, Attempt, kernel_judge
-from ..kernels.registry import resolve_parameters
+from ..kernels.registry import check_metric, resolve_parameters
 from .geometry import DaskGibbsGeometry, check_reg_and_clouds
 from .kernels import DaskExactKernel, DaskLowRankKernel, _tree_sum, per_chunk
 
@@ -40,12 +40,14 @@ def _exact(geometry: DaskGibbsGeometry, *, dtype: Any, **params: Any) -> KernelO
 DASK_BUILDERS = {"exact": _exact}
 
 
-def dask_backends() -> tuple[str, ...]:
-    """The registered backends that run on Dask arrays."""
+def dask_backends(cost: Any = None) -> tuple[str, ...]:
+    """The registered backends that run on Dask arrays (``cost``: only those whose kernel
+    represents it, as in memory)."""
     return tuple(
         name
         for name in available_backends()
-        if name in DASK_BUILDERS or get_backend(name).factor_maps is not None
+        if (name in DASK_BUILDERS or get_backend(name).factor_maps is not None)
+        and (cost is None or get_backend(name).supports(cost))
     )
 
 
@@ -63,6 +65,7 @@ def build_dask_backend(
     with ``info.build_time`` set."""
     dtype = check_dtype(dtype)
     record, params = resolve_parameters(backend, params, rank=rank, accuracy=accuracy)
+    check_metric(record, geometry.cost)
     params = {**record.defaults, **params}
     start = time.perf_counter()
     if backend in DASK_BUILDERS:
@@ -122,7 +125,8 @@ def choose_dask_kernel(
     choice = require_policy(policy, "backend='auto'").choose(
         geometry, kernel_judge(accuracy, generator, dask_kernel_error), accuracy=accuracy,
         rng=generator, dtype=check_dtype(dtype), build=build_dask_backend,
-        measure=dask_kernel_error, store=False, among=dask_backends(), verbose=verbose,
+        measure=dask_kernel_error, store=False, among=dask_backends(geometry.cost),
+        verbose=verbose,
     )  # fmt: skip
     return choice.kernel, choice.reason, list(choice.attempts)
 
@@ -137,11 +141,13 @@ def make_kernel_dask(
     dtype: Any = np.float64,
     rank: int | str | None = None,
     policy: Any = None,
+    metric: Any = "sqeuclidean",
+    p: Any = 2.0,
     **params: Any,
 ) -> KernelOperator:
-    """:func:`sketchot.make_kernel` on Dask clouds (same parameters; it dispatches here, and
-    passes the policy that ``'auto'`` needs)."""
-    geometry = check_reg_and_clouds(X, Y, reg)
+    """:func:`sketchot.make_kernel` on Dask clouds (same parameters, every metric; it
+    dispatches here, and passes the policy that ``'auto'`` needs)."""
+    geometry = check_reg_and_clouds(X, Y, reg, metric, p)
     accuracy = check_float(params.pop("accuracy", DEFAULT_ACCURACY), "accuracy", positive=True)
     if backend == "auto":
         if params or rank is not None:
@@ -160,10 +166,10 @@ def make_kernel_dask(
     )  # fmt: skip
 
 
-def _true_products_chunk(other: np.ndarray, V: np.ndarray, own: np.ndarray, reg: float):
+def _true_products_chunk(other: np.ndarray, V: np.ndarray, own: np.ndarray, reg: float, cost):
     """``K(own, other_chunk) V_chunk`` flattened to (1, 2 k): a chunk's part of the true
     products of the ``k`` sampled rows ``own``."""
-    return gibbs_matmat(own, other, reg, V).reshape(1, -1)
+    return gibbs_matmat(own, other, reg, V, cost).reshape(1, -1)
 
 
 def dask_kernel_error(
@@ -185,8 +191,9 @@ def dask_kernel_error(
         )
         probes = da.stack([da.ones_like(draws), draws + 0.1], axis=1).rechunk({1: -1})
         own = g.rows("y" if transpose else "x", index)
+        cost = g.cost.transposed() if transpose else g.cost
         truth = _tree_sum(
-            per_chunk(_true_products_chunk, [cloud, probes], (own, g.reg), 2 * index.size,
+            per_chunk(_true_products_chunk, [cloud, probes], (own, g.reg, cost), 2 * index.size,
                       partial=True)
         )  # fmt: skip
         approx = kernel.rmatmat(probes) if transpose else kernel.matmat(probes)

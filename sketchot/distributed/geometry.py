@@ -17,7 +17,7 @@ import dask.array as da
 import numpy as np
 
 from .._validation import check_matrix, describe
-from ..gibbs import SQEUCLIDEAN, sq_norms
+from ..gibbs import Cost, make_cost, sq_norms
 
 #: Rows per side the polynomial sketch is fitted on. Up to this size the fit uses every row
 #: (then the fitted state is the in-memory one); beyond, a uniform sample drawn with ``rng``.
@@ -77,6 +77,11 @@ class DaskGibbsGeometry:
         Source points, chunked by rows (a NumPy array is wrapped with ``Y``'s row chunks).
     Y : dask.array or ndarray, shape (m, d)
     reg : float
+    metric : str or callable, default='sqeuclidean'
+        The ground cost, as :class:`~sketchot.gibbs.GibbsGeometry` takes it (a named metric
+        on the centred clouds; a callable on the clouds as given, uncentred).
+    p : float, default=2
+        The order of ``metric='minkowski'``.
 
     Notes
     -----
@@ -85,10 +90,7 @@ class DaskGibbsGeometry:
     Worker memory ``O((n + m) (d + 1))`` floats for the persisted centred clouds and norms.
     """
 
-    #: The cost: squared Euclidean only (other metrics are refused on Dask arrays).
-    cost = SQEUCLIDEAN
-
-    def __init__(self, X: Any, Y: Any, reg: float) -> None:
+    def __init__(self, X: Any, Y: Any, reg: float, metric: Any = "sqeuclidean", p: Any = 2.0):
         X_chunks = X.chunks[0] if hasattr(X, "chunks") else None
         Y_chunks = Y.chunks[0] if hasattr(Y, "chunks") else None
         X = as_dask_cloud(X, "X", Y_chunks)
@@ -98,6 +100,7 @@ class DaskGibbsGeometry:
                 f"Y must have the same number of columns as X ({X.shape[1]}); got {Y.shape[1]}"
             )
         self.reg = float(reg)
+        self.cost: Cost = make_cost(metric, p)
         n, m = X.shape[0], Y.shape[0]
         sums_x, sums_y, finite_x, finite_y = dask.compute(
             X.sum(axis=0, split_every=SPLIT_EVERY),
@@ -110,6 +113,8 @@ class DaskGibbsGeometry:
                 raise ValueError(f"{name} must contain only finite values; got NaN or inf")
         # Same formula as GibbsGeometry (only the summation order of the sums differs).
         self.center = (sums_x + sums_y) / (n + m)
+        if not self.cost.translation_invariant:  # a callable sees the points as given
+            self.center = np.zeros_like(self.center)
         self.X, self.Y = X, Y
         self.Xc, self.Yc = persist_now(X - self.center, Y - self.center)
         self.x_sq, self.y_sq = persist_now(
@@ -117,6 +122,7 @@ class DaskGibbsGeometry:
             self.Yc.map_blocks(sq_norms, drop_axis=1, dtype=np.float64),
         )
         self._max_sq = None
+        self._max_cost: float | None = None
 
     def computes_on_device(self, cost: Any = None) -> bool:
         """Never: Dask chunks are NumPy arrays (the in-memory geometry's rule, for callers
@@ -141,9 +147,27 @@ class DaskGibbsGeometry:
         return self._max_sq
 
     def max_cost(self) -> float:
-        """Upper bound on ``max_ij ||x_i - y_j||^2`` (as :meth:`GibbsGeometry.max_cost`)."""
-        x_max, y_max = self.max_sq_norms()
-        return float((np.sqrt(x_max) + np.sqrt(y_max)) ** 2)
+        """Upper bound on ``max_ij c(x_i, y_j)``, as :meth:`GibbsGeometry.max_cost`: from the
+        centred norms by the triangle inequality for a named metric (``O((n + m) d)`` on the
+        workers), the exact maximum for a callable (``O(n m d)`` on the workers, once)."""
+        if self.cost.sqeuclidean:
+            x_max, y_max = self.max_sq_norms()
+            return float((np.sqrt(x_max) + np.sqrt(y_max)) ** 2)
+        if self._max_cost is None:
+            if self.cost.translation_invariant:
+                norms = [
+                    c.map_blocks(self.cost.norms, drop_axis=1, dtype=np.float64).max()
+                    for c in (self.Xc, self.Yc)
+                ]
+                self._max_cost = float(sum(dask.compute(*norms)))
+            else:
+                Y = self.Yc.rechunk({0: -1}).to_delayed().ravel()[0]
+                tops = [
+                    dask.delayed(_largest_cost, pure=True)(x, Y, self.cost)
+                    for x in self.Xc.to_delayed().ravel()
+                ]
+                self._max_cost = float(max(dask.compute(*tops), default=0.0))
+        return self._max_cost
 
     # ----------------------------------------------------- samples for fitting
     def rows(self, side: str, index: np.ndarray) -> np.ndarray:
@@ -200,7 +224,19 @@ class DaskGibbsGeometry:
         )
 
 
-def check_reg_and_clouds(X: Any, Y: Any, reg: Any) -> DaskGibbsGeometry:
+def _largest_cost(X: np.ndarray, Y: np.ndarray, cost: Cost) -> float:
+    """``max_ij c(x_i, y_j)`` over one chunk of rows, block by block."""
+    from ..gibbs import block_rows, row_slices
+
+    top = 0.0
+    for rows in row_slices(X.shape[0], block_rows(Y.shape[0])):
+        top = max(top, float(cost.block(X[rows], Y).max(initial=0.0)))
+    return top
+
+
+def check_reg_and_clouds(
+    X: Any, Y: Any, reg: Any, metric: Any = "sqeuclidean", p: Any = 2.0
+) -> DaskGibbsGeometry:
     """Validated Dask geometry, with the in-memory path's error for a missing ``Y``."""
     from .._validation import check_float
 
@@ -208,4 +244,4 @@ def check_reg_and_clouds(X: Any, Y: Any, reg: Any) -> DaskGibbsGeometry:
         raise TypeError(
             f"sketchot.sinkhorn(a, b, X, Y, reg) takes two point clouds; got Y={describe(Y)}"
         )
-    return DaskGibbsGeometry(X, Y, check_float(reg, "reg", positive=True))
+    return DaskGibbsGeometry(X, Y, check_float(reg, "reg", positive=True), metric, p)

@@ -285,13 +285,13 @@ def _full_potentials(result: DaskSinkhornResult, rho: float | None) -> tuple[da.
     geometry = result.kernel.geometry
     exponent = 1.0 if rho is None else rho / (rho + result.reg)
     filled = []
-    for potential, weights, side, other, log_other in (
-        (f, result.a, "x", geometry.Yc, result.potentials[1]),
-        (g, result.b, "y", geometry.Xc, result.potentials[0]),
+    for potential, weights, side, other, log_other, cost in (
+        (f, result.a, "x", geometry.Yc, result.potentials[1], geometry.cost),
+        (g, result.b, "y", geometry.Xc, result.potentials[0], geometry.cost.transposed()),
     ):
         missing = da.flatnonzero(weights == 0).compute()
         if missing.size:
-            lse = _log_matvec(geometry.rows(side, missing), other, log_other, result.reg)
+            lse = _log_matvec(geometry.rows(side, missing), other, log_other, result.reg, cost)
             potential = _scatter(potential, missing, -result.reg * exponent * lse)
         filled.append(potential)
     return filled[0], filled[1]

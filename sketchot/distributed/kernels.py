@@ -662,11 +662,11 @@ class DaskLowRankKernel(LowRankKernel):
 
 
 # ---------------------------------------------------------------------------- exact
-def _exact_block(Xc, x_sq, Yc, y_sq, reg, dtype):
+def _exact_block(Xc, x_sq, Yc, y_sq, reg, dtype, cost):
     """The function giving the rows ``K[rows]`` of a chunk (computed, never stored)."""
 
     def block_of(rows: slice) -> np.ndarray:
-        block = neg_cost_over_reg(Xc[rows], Yc, reg, x_sq[rows], y_sq, dtype)
+        block = neg_cost_over_reg(Xc[rows], Yc, reg, x_sq[rows], y_sq, dtype, cost=cost)
         return np.exp(block, out=block)
 
     return block_of
@@ -676,12 +676,12 @@ def _exact_slices(n_rows: int, m: int, dtype: Any) -> list[slice]:
     return list(row_slices(n_rows, block_rows(m, np.dtype(dtype).itemsize)))
 
 
-def _exact_pass_chunk(Xc, x_sq, numerator, Yc, y_sq, w, reg, dtype, exponent) -> np.ndarray:
+def _exact_pass_chunk(Xc, x_sq, numerator, Yc, y_sq, w, reg, dtype, exponent, cost):
     """``[K_chunk^T ratios, n_bad]`` (1, m + 1), streamed in row blocks of the chunk."""
     m = Yc.shape[0]
     result = blocked_fused_pass(
         _exact_slices(Xc.shape[0], m, dtype),
-        _exact_block(Xc, x_sq, Yc, y_sq, reg, dtype),
+        _exact_block(Xc, x_sq, Yc, y_sq, reg, dtype, cost),
         Xc.shape[0],
         m,
         w,
@@ -692,9 +692,9 @@ def _exact_pass_chunk(Xc, x_sq, numerator, Yc, y_sq, w, reg, dtype, exponent) ->
     return np.append(result.projection, result.n_bad)[None, :]
 
 
-def _exact_matmat_chunk(Xc, x_sq, Yc, y_sq, V, reg, dtype) -> np.ndarray:
+def _exact_matmat_chunk(Xc, x_sq, Yc, y_sq, V, reg, dtype, cost) -> np.ndarray:
     """``K_chunk V`` (V of shape (m, k)) streamed in row blocks."""
-    block_of = _exact_block(Xc, x_sq, Yc, y_sq, reg, dtype)
+    block_of = _exact_block(Xc, x_sq, Yc, y_sq, reg, dtype, cost)
     out = np.empty((Xc.shape[0], V.shape[1]))
     V = V.astype(dtype, copy=False)
     for rows in _exact_slices(Xc.shape[0], Yc.shape[0], dtype):
@@ -702,9 +702,9 @@ def _exact_matmat_chunk(Xc, x_sq, Yc, y_sq, V, reg, dtype) -> np.ndarray:
     return out
 
 
-def _exact_rmatmat_chunk(Xc, x_sq, U, Yc, y_sq, reg, dtype) -> np.ndarray:
+def _exact_rmatmat_chunk(Xc, x_sq, U, Yc, y_sq, reg, dtype, cost) -> np.ndarray:
     """``K_chunk^T U_chunk`` flattened to (1, m k), streamed in row blocks."""
-    block_of = _exact_block(Xc, x_sq, Yc, y_sq, reg, dtype)
+    block_of = _exact_block(Xc, x_sq, Yc, y_sq, reg, dtype, cost)
     out = np.zeros((Yc.shape[0], U.shape[1]))
     U = U.astype(dtype, copy=False)
     for rows in _exact_slices(Xc.shape[0], Yc.shape[0], dtype):
@@ -787,7 +787,7 @@ class DaskExactKernel(KernelOperator):
         return per_chunk(
             _exact_matmat_chunk,
             [g.Xc, g.x_sq],
-            (*self._shared(), V.rechunk({0: -1, 1: -1}), g.reg, self.dtype),
+            (*self._shared(), V.rechunk({0: -1, 1: -1}), g.reg, self.dtype, g.cost),
             V.shape[1],
         )
 
@@ -808,7 +808,7 @@ class DaskExactKernel(KernelOperator):
         partials = per_chunk(
             _exact_rmatmat_chunk,
             [g.Xc, g.x_sq, U2],
-            (*self._shared(), g.reg, self.dtype),
+            (*self._shared(), g.reg, self.dtype, g.cost),
             self.shape[1] * k,
             partial=True,
         )
@@ -818,7 +818,7 @@ class DaskExactKernel(KernelOperator):
     def _rows(self, index: np.ndarray) -> np.ndarray:
         g = self.geometry
         Yc, y_sq = dask.compute(self._Yc, self._y_sq)
-        block = neg_cost_over_reg(g.rows("x", index), Yc, g.reg, y_sq=y_sq)
+        block = neg_cost_over_reg(g.rows("x", index), Yc, g.reg, y_sq=y_sq, cost=g.cost)
         return np.exp(block, out=block)
 
     def fused_pass(
@@ -849,7 +849,7 @@ class DaskExactKernel(KernelOperator):
         partials = per_chunk(
             _exact_pass_chunk,
             [g.Xc, g.x_sq, numerator],
-            (*self._shared(), w, g.reg, self.dtype, exponent),
+            (*self._shared(), w, g.reg, self.dtype, exponent, g.cost),
             m + 1,
             partial=True,
         )
@@ -883,13 +883,14 @@ class DaskExactKernel(KernelOperator):
                 _align(log_weights, (self.shape[1],), "log_weights"),
                 _as_dask(values).rechunk({0: -1, 1: -1}),
                 g.reg,
+                g.cost,
             ),
             values.shape[1],
         )
 
 
-def _softmax_chunk(Xc, Yc, log_w, values, reg) -> np.ndarray:
-    return gibbs_softmax_average(Xc, Yc, reg, log_w, values)
+def _softmax_chunk(Xc, Yc, log_w, values, reg, cost) -> np.ndarray:
+    return gibbs_softmax_average(Xc, Yc, reg, log_w, values, cost=cost)
 
 
 def _as_dask(value: Any) -> da.Array:
@@ -908,7 +909,7 @@ def _delayed_whole(array: Any) -> Any:
     return dask.delayed(np.ascontiguousarray(array, dtype=np.float64), pure=True)
 
 
-def _absorbed_block(Xc, x_sq, alpha, Yc, y_sq, beta, reg, dtype):
+def _absorbed_block(Xc, x_sq, alpha, Yc, y_sq, beta, reg, dtype, cost):
     """The rows of ``exp(max(alpha_i + beta_j - ||x_i - y_j||^2 / reg, floor))`` of a chunk,
     by :class:`~sketchot.kernels.exact.AbsorbedExactKernel`'s rules: the product form of the
     exponents (``d + 2`` inner terms) when the offsets are finite, elementwise otherwise."""
@@ -916,7 +917,7 @@ def _absorbed_block(Xc, x_sq, alpha, Yc, y_sq, beta, reg, dtype):
 
     floor = LOG_FLOOR[np.dtype(dtype)]
     factors = None
-    if np.isfinite(alpha).all() and np.isfinite(beta).all():
+    if cost.sqeuclidean and np.isfinite(alpha).all() and np.isfinite(beta).all():
         left = np.column_stack([Xc * (2.0 / reg), alpha - x_sq / reg, np.ones(len(alpha))])
         right = np.column_stack([Yc, np.ones(len(beta)), beta - y_sq / reg]).T
         factors = (left, np.ascontiguousarray(right))
@@ -926,7 +927,7 @@ def _absorbed_block(Xc, x_sq, alpha, Yc, y_sq, beta, reg, dtype):
             block = factors[0][rows] @ factors[1]
         else:
             with np.errstate(invalid="ignore"):
-                block = neg_cost_over_reg(Xc[rows], Yc, reg, x_sq[rows], y_sq)
+                block = neg_cost_over_reg(Xc[rows], Yc, reg, x_sq[rows], y_sq, cost=cost)
                 block += alpha[rows, None]
                 block += beta[None, :]
         np.maximum(block, floor, out=block)
@@ -936,11 +937,13 @@ def _absorbed_block(Xc, x_sq, alpha, Yc, y_sq, beta, reg, dtype):
     return block_of
 
 
-def _absorbed_pass_chunk(Xc, x_sq, alpha, numerator, Yc, y_sq, beta, w, reg, dtype, exponent):
+def _absorbed_pass_chunk(
+    Xc, x_sq, alpha, numerator, Yc, y_sq, beta, w, reg, dtype, exponent, cost
+):  # fmt: skip
     """One chunk of an absorbed rows pass: ``([products, ratios, bad] (rows, 3),
     [K~_chunk^T ratios, n_bad] (1, m + 1))``, streamed in row blocks of the chunk."""
     m = Yc.shape[0]
-    block_of = _absorbed_block(Xc, x_sq, alpha, Yc, y_sq, beta, reg, dtype)
+    block_of = _absorbed_block(Xc, x_sq, alpha, Yc, y_sq, beta, reg, dtype, cost)
     result = blocked_fused_pass(
         list(row_slices(Xc.shape[0], block_rows(m, 8))), block_of, Xc.shape[0], m, w,
         numerator, np.dtype(dtype), RatioStep(exponent),
@@ -978,34 +981,34 @@ class ScalingVector(da.Array):
         return self._cached("min", args, kwargs)
 
 
-def _absorbed_project_chunk(Xc, x_sq, alpha, values, Yc, y_sq, beta, reg, dtype):
+def _absorbed_project_chunk(Xc, x_sq, alpha, values, Yc, y_sq, beta, reg, dtype, cost):
     """``K~_chunk^T values_chunk`` (1, m), streamed in row blocks."""
     m = Yc.shape[0]
-    block_of = _absorbed_block(Xc, x_sq, alpha, Yc, y_sq, beta, reg, dtype)
+    block_of = _absorbed_block(Xc, x_sq, alpha, Yc, y_sq, beta, reg, dtype, cost)
     out = np.zeros(m)
     for rows in row_slices(Xc.shape[0], block_rows(m, 8)):
         out += values[rows].astype(dtype) @ block_of(rows)
     return out[None, :]
 
 
-def _log_pass_chunk(Xc, numerator, Yc, log_w, reg, exponent):
+def _log_pass_chunk(Xc, numerator, Yc, log_w, reg, exponent, cost):
     """One chunk of a log-domain rows pass: ``[log K w, log ratios, bad]`` (rows, 3)."""
     from ..gibbs import gibbs_log_matvec
     from ..kernels.base import log_ratios_and_bad
 
-    products = gibbs_log_matvec(Xc, Yc, reg, log_w)
+    products = gibbs_log_matvec(Xc, Yc, reg, log_w, cost)
     ratios, bad = log_ratios_and_bad(numerator, products, RatioStep(exponent))
     return np.column_stack([products, ratios, bad.astype(np.float64)])
 
 
-def _log_project_chunk(Xc, log_u, Yc, reg):
-    """``log sum_{i in chunk} exp(log_u_i - ||x_i - y_j||^2 / reg)`` for every ``j``: (1, m)."""
+def _log_project_chunk(Xc, log_u, Yc, reg, cost):
+    """``log sum_{i in chunk} exp(log_u_i - c(x_i, y_j) / reg)`` for every ``j``: (1, m)."""
     from ..gibbs import gibbs_log_matvec
 
-    return gibbs_log_matvec(Yc, Xc, reg, log_u)[None, :]
+    return gibbs_log_matvec(Yc, Xc, reg, log_u, cost.transposed())[None, :]
 
 
-def _log_plan_chunk(Xc, x_sq, log_u, Yc, y_sq, log_v, reg):
+def _log_plan_chunk(Xc, x_sq, log_u, Yc, y_sq, log_v, reg, cost):
     """One chunk of the log-stable plan summary: ``row marginal`` (rows,) and
     ``[column marginal partial, <P_chunk, C_chunk>]`` (1, m + 1), with
     ``P_ij = exp(log_u_i + log_v_j - ||x_i - y_j||^2 / reg)`` streamed in row blocks (its
@@ -1016,8 +1019,8 @@ def _log_plan_chunk(Xc, x_sq, log_u, Yc, y_sq, log_v, reg):
     finite_v = np.isfinite(log_v)
     lv = np.where(finite_v, log_v, 0.0)
     for rows in row_slices(Xc.shape[0], block_rows(m, 8)):
-        logits = neg_cost_over_reg(Xc[rows], Yc, reg, x_sq[rows], y_sq)
-        cost = np.maximum(-reg * logits, 0.0)
+        logits = neg_cost_over_reg(Xc[rows], Yc, reg, x_sq[rows], y_sq, cost=cost)
+        costs = np.maximum(-reg * logits, 0.0)
         lu = log_u[rows]
         finite_u = np.isfinite(lu)
         logits += np.where(finite_u, lu, 0.0)[:, None]
@@ -1027,7 +1030,7 @@ def _log_plan_chunk(Xc, x_sq, log_u, Yc, y_sq, log_v, reg):
         plan = np.exp(logits, out=logits)
         rows_out[rows] = plan.sum(axis=1)
         cols[:m] += plan.sum(axis=0)
-        cols[m] += float(np.sum(plan * cost))
+        cols[m] += float(np.sum(plan * costs))
     return rows_out, cols[None, :]
 
 
@@ -1119,7 +1122,7 @@ class DaskStableExactKernel(KernelOperator):
     def _rows(self, index: np.ndarray) -> np.ndarray:
         g = self.geometry
         Yc, y_sq = dask.compute(*self.parent._shared())
-        block = neg_cost_over_reg(g.rows("x", index), Yc, g.reg, y_sq=y_sq)
+        block = neg_cost_over_reg(g.rows("x", index), Yc, g.reg, y_sq=y_sq, cost=g.cost)
         return np.exp(block, out=block)
 
     def log_rmatvec(self, log_u: Any) -> np.ndarray:
@@ -1129,7 +1132,7 @@ class DaskStableExactKernel(KernelOperator):
         (lu,) = self._row_blocks(_align(log_u, g.Xc.chunks[0], "log_u"))
         Yc, _ = self._whole_y()
         task = dask.delayed(_log_project_chunk, pure=True)
-        parts = dask.compute(*[task(x, u, Yc, g.reg) for x, u in zip(Xc, lu, strict=True)])
+        parts = dask.compute(*[task(x, u, Yc, g.reg, g.cost) for x, u in zip(Xc, lu, strict=True)])
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.logaddexp.reduce(np.concatenate(parts, axis=0), axis=0)
 
@@ -1157,7 +1160,9 @@ class DaskStableExactKernel(KernelOperator):
         Yc, _ = self._whole_y()
         log_w = _delayed_whole(np.asarray(w, dtype=np.float64))
         task = dask.delayed(_log_pass_chunk, pure=True)
-        parts = [task(x, c, Yc, log_w, g.reg, exponent) for x, c in zip(Xc, num, strict=True)]
+        parts = [
+            task(x, c, Yc, log_w, g.reg, exponent, g.cost) for x, c in zip(Xc, num, strict=True)
+        ]
         (vectors,) = persist_now(_rows_of(parts, g.Xc.chunks[0], 3))
         ratios = vectors[:, 1]
         return ProjectedOnRead(vectors[:, 0], ratios, vectors[:, 2] > 0, self.log_rmatvec)
@@ -1241,7 +1246,7 @@ class DaskAbsorbedExactKernel(KernelOperator):
         weights = _delayed_whole(np.asarray(w, dtype=np.float64))
         task = dask.delayed(_absorbed_pass_chunk, pure=True, nout=2)
         outs = [
-            task(x, xs, al, c, Yc, y_sq, beta, weights, g.reg, self.dtype, exponent)
+            task(x, xs, al, c, Yc, y_sq, beta, weights, g.reg, self.dtype, exponent, g.cost)
             for x, xs, al, c in zip(*self._chunks(numerator), strict=True)
         ]
         vectors = _rows_of([o[0] for o in outs], g.Xc.chunks[0], 3)
@@ -1276,7 +1281,7 @@ class DaskAbsorbedExactKernel(KernelOperator):
         task = dask.delayed(_absorbed_project_chunk, pure=True)
         parts = [
             da.from_delayed(
-                task(x, xs, al, v, Yc, y_sq, beta, g.reg, self.dtype),
+                task(x, xs, al, v, Yc, y_sq, beta, g.reg, self.dtype, g.cost),
                 shape=(1, self.shape[1]),
                 dtype=np.float64,
             )
@@ -1311,7 +1316,7 @@ def log_plan_summary(
     blocks = [
         v.to_delayed().ravel() for v in (g.Xc, g.x_sq, _align(log_u, g.Xc.chunks[0], "log_u"))
     ]
-    outs = [task(x, xs, u, Yc, y_sq, lv, g.reg) for x, xs, u in zip(*blocks, strict=True)]
+    outs = [task(x, xs, u, Yc, y_sq, lv, g.reg, g.cost) for x, xs, u in zip(*blocks, strict=True)]
     rows = _rows_of([o[0] for o in outs], g.Xc.chunks[0], None)
     partials = da.concatenate(
         [da.from_delayed(o[1], shape=(1, m + 1), dtype=np.float64) for o in outs], axis=0

@@ -57,7 +57,7 @@ def coarse_start_dask(
     problem : Problem
         The Dask problem (weights as Dask arrays chunked like the clouds' rows).
     geometry : DaskGibbsGeometry
-        The clouds on the cluster (squared Euclidean cost).
+        The clouds on the cluster and their cost.
     options : SolverOptions
         ``coarse_to_fine`` (``True``, ``False`` or ``'auto'``), ``verbose``.
     rng : None, int or Generator
@@ -66,7 +66,15 @@ def coarse_start_dask(
     wanted = options.coarse_to_fine
     if wanted is False or problem.log_u0 is not None:
         return problem, None
-    if wanted == "auto" and not coarse_pays(geometry.shape, geometry.max_cost() / geometry.reg):
+    named = geometry.cost.translation_invariant
+    if wanted is True and not named:  # the in-memory rule (solver.sinkhorn.coarse_start)
+        raise ValueError(
+            "coarse_to_fine=True needs a named metric (the clusters' costs and the "
+            f"extrapolation use c(x, y) = c(y, x)); got {geometry.cost}"
+        )
+    if wanted == "auto" and not (
+        named and coarse_pays(geometry.shape, geometry.max_cost() / geometry.reg)
+    ):
         return problem, None
     start = time.perf_counter()
     generator = check_rng(rng).spawn(1)[0]  # the kernel's own draws stay those of rng
@@ -74,13 +82,14 @@ def coarse_start_dask(
     reg = problem.reg
     centers_x, masses_x = coarsen_dask(geometry.Xc, problem.a, clusters, generator)
     centers_y, masses_y = coarsen_dask(geometry.Yc, problem.b, clusters, generator)
-    coarse_geometry = GibbsGeometry(centers_x, centers_y, reg)
+    cost = geometry.cost
+    coarse_geometry = GibbsGeometry(centers_x, centers_y, reg, cost, cost.p)
     state = solve_coarse(
         problem, coarse_geometry, masses_x, masses_y, anderson=DEFAULT_ANDERSON_MEMORY
     )
     pen_a, pen_b = problem.penalties
-    log_u0 = _extrapolate(geometry.Xc, problem.a, centers_y, state.log_v, reg, pen_a)
-    log_v0 = _extrapolate(geometry.Yc, problem.b, centers_x, state.log_u, reg, pen_b)
+    log_u0 = _extrapolate(geometry.Xc, problem.a, centers_y, state.log_v, reg, pen_a, cost)
+    log_v0 = _extrapolate(geometry.Yc, problem.b, centers_x, state.log_u, reg, pen_b, cost)
     log_u0, log_v0 = dask.persist(log_u0, log_v0)
     pairs = ((log_u0, problem.a), (log_v0, problem.b))
     bad = dask.compute(*[((~da.isfinite(s)) & (w > 0)).sum() for s, w in pairs])
@@ -147,18 +156,20 @@ def _cluster_sums(points: np.ndarray, weights: np.ndarray, seeds: np.ndarray) ->
 
 def _extrapolate(
     points: da.Array, weights: da.Array, centers: np.ndarray, log_w: np.ndarray, reg: float,
-    penalty: Any,
+    penalty: Any, cost: Any,
 ) -> da.Array:  # fmt: skip
     """Each chunk's start ``log u`` (module notes, step 3): the soft-min of its points
     against the coarse measure of the other side, then the penalty's update."""
     points = points.rechunk({1: -1})
     return da.map_blocks(
         _extrapolate_chunk, points, weights.rechunk((points.chunks[0],))[:, None], centers,
-        log_w, reg, penalty, drop_axis=1, dtype=np.float64,
+        log_w, reg, penalty, cost, drop_axis=1, dtype=np.float64,
     )  # fmt: skip
 
 
-def _extrapolate_chunk(points, weights, centers, log_w, reg, penalty) -> np.ndarray:
+def _extrapolate_chunk(points, weights, centers, log_w, reg, penalty, cost) -> np.ndarray:
     with np.errstate(divide="ignore"):
         log_weights = np.log(weights[:, 0])
-    return penalty.log_scaling(log_weights, gibbs_log_matvec(points, centers, reg, log_w), reg)
+    return penalty.log_scaling(
+        log_weights, gibbs_log_matvec(points, centers, reg, log_w, cost), reg
+    )

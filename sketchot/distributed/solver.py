@@ -64,6 +64,8 @@ def sinkhorn_dask(
     rng: Any = None,
     policy: Any = None,
     warmstart: Any = None,
+    metric: Any = "sqeuclidean",
+    p: Any = 2.0,
     **kwargs: Any,
 ) -> DaskSinkhornResult:
     """:func:`sketchot.sinkhorn` on Dask arrays (it dispatches here for any Dask input).
@@ -74,9 +76,11 @@ def sinkhorn_dask(
         Weights (rechunked to the rows of ``X`` and ``Y``).
     X, Y : dask.array, shape (n, d) and (m, d)
         Clouds chunked by rows (a NumPy cloud is wrapped with the other's row chunks).
-    reg, backend, reg_m, rng, **kwargs
-        As :func:`sketchot.sinkhorn`. ``backend='auto'`` builds Nystrom at a doubling rank
-        checked against the true kernel on the cluster, else the exact kernel
+    reg, backend, reg_m, rng, metric, p, **kwargs
+        As :func:`sketchot.sinkhorn` (every metric; a backend that does not declare it is
+        refused by name, and ``'auto'`` chooses among those that do). ``backend='auto'``
+        builds Nystrom at a doubling rank checked against the true kernel on the cluster, else
+        the exact kernel
         (:func:`~.builders.choose_dask_kernel`; ``policy``, :mod:`sketchot.policy` passed in
         by :func:`sketchot.sinkhorn`, makes the choice). ``safeguard`` must be ``'raise'`` or
         ``'none'`` for a problem with non-positive approximate denominators (the repairs of
@@ -102,7 +106,7 @@ def sinkhorn_dask(
     """
     options, backend_params = SolverOptions.split(kwargs)
     check_backend_params("sinkhorn", backend, backend_params)
-    geometry = check_reg_and_clouds(X, Y, reg)
+    geometry = check_reg_and_clouds(X, Y, reg, metric, p)
     problem = warm_problem(dask_problem(a, b, geometry, reg_m), warmstart)
     problem, coarse = coarse_start_dask(problem, geometry, options, rng)
     accuracy = options.accuracy if options.accuracy is not None else DEFAULT_ACCURACY
@@ -403,6 +407,28 @@ def solve_log_stable(
     return finish_solve(result, options, guard, printer)
 
 
+def _low_rank_cost_chunk(Xc, left, u, Yc, right, v, cost) -> np.ndarray:
+    """``sum_{i in chunk} u_i sum_j (A_i . B_j) v_j c(x_i, y_j)`` over row blocks: (1, 1)."""
+    from ..gibbs import block_rows, row_slices
+
+    total = 0.0
+    for rows in row_slices(Xc.shape[0], block_rows(Yc.shape[0])):
+        block = (left[rows] @ right.T).astype(np.float64)
+        block *= cost.block(Xc[rows], Yc)
+        total += float(u[rows] @ (block @ v))
+    return np.array([[total]])
+
+
+def _low_rank_plan_cost(kernel, u: da.Array, v: da.Array) -> Any:
+    """``<diag(u) A B^T diag(v), C>`` of a low-rank Dask kernel for any metric (a lazy
+    scalar): each row chunk of ``X`` receives the whole of ``B``, ``Y`` and ``v``."""
+    g = kernel.geometry
+    whole = [x.rechunk({0: -1, 1: -1} if x.ndim == 2 else -1) for x in (g.Yc, kernel.right, v)]
+    left = kernel.left.rechunk({1: -1})
+    parts = per_chunk(_low_rank_cost_chunk, [g.Xc, left, u], (*whole, g.cost), 1, partial=True)
+    return parts.sum()
+
+
 def _samples(options: SolverOptions) -> int:
     samples = options.true_kernel_samples
     return SAMPLED_CHECK_SIZE if samples == "auto" else samples
@@ -452,8 +478,11 @@ def _summary(kernel, problem, log_u, log_v) -> dict[str, Any]:
     """Persisted potentials and marginals, and every scalar in one ``dask.compute``.
 
     ``<P, M> = <row, ||x||^2> + <col, ||y||^2> - 2 sum_i u_i x_i . (K (v * Y))_i`` in centred
-    coordinates, from one ``matmat`` with ``d + 1`` columns and one ``rmatvec``; the objective
-    and the dual as :class:`~sketchot.SinkhornResult` defines them.
+    coordinates, from one ``matmat`` with ``d + 1`` columns and one ``rmatvec``; for another
+    metric the exact kernel's plan is streamed in the log domain with its cost
+    (:func:`~.kernels.log_plan_summary`) and a low-rank plan's cost summed per row chunk
+    against the metric's cost blocks (:func:`_low_rank_plan_cost`, ``O(n m (r + d))`` as in
+    memory); the objective and the dual as :class:`~sketchot.SinkhornResult` defines them.
     """
     g = kernel.geometry
     a, b = problem.a, problem.b
@@ -462,9 +491,15 @@ def _summary(kernel, problem, log_u, log_v) -> dict[str, Any]:
     # Persisted step by step: later graphs then only reference finished keys (never two
     # different task specs for one key on the scheduler).
     log_u, log_v = dask.persist(log_u, log_v)
-    if isinstance(kernel, DaskStableExactKernel):
+    exact = isinstance(kernel, DaskExactKernel) and not g.cost.sqeuclidean
+    if isinstance(kernel, DaskStableExactKernel) or exact:
         # streamed in the log domain: e^log_u and e^log_v may each leave float64 at small reg
         row, col, cost = log_plan_summary(kernel, log_u, log_v.compute())
+    elif not g.cost.sqeuclidean:
+        u, v = dask.persist(da.exp(log_u), da.exp(log_v))
+        products, Ktu = dask.persist(kernel.matvec(v), kernel.rmatvec(u))
+        row, col = dask.persist(u * products, v * Ktu.rechunk((g.Yc.chunks[0],)))
+        cost = _low_rank_plan_cost(kernel, u, v)
     else:
         u, v = dask.persist(da.exp(log_u), da.exp(log_v))
         stacked = da.concatenate([v[:, None], v[:, None] * g.Yc], axis=1)
@@ -600,11 +635,11 @@ class DaskSinkhornResult(SinkhornResult):
 
 
 # -------------------------------------------------------------- exact values on samples
-def _lse_chunk(points: np.ndarray, other: np.ndarray, log_w: np.ndarray, reg: float):
+def _lse_chunk(points: np.ndarray, other: np.ndarray, log_w: np.ndarray, reg: float, cost):
     """Per chunk of the other side: ``[max_j logit_ij, sum_j exp(logit_ij - max)]``."""
     from ..gibbs import neg_cost_over_reg
 
-    logits = neg_cost_over_reg(points, other, reg)
+    logits = neg_cost_over_reg(points, other, reg, cost=cost)
     logits += log_w[None, :]
     top = logits.max(axis=1)
     finite = np.isfinite(top)
@@ -613,13 +648,17 @@ def _lse_chunk(points: np.ndarray, other: np.ndarray, log_w: np.ndarray, reg: fl
     return np.stack([top, total], axis=1).reshape(1, -1)
 
 
-def _log_matvec(points: np.ndarray, other: da.Array, log_w: da.Array, reg: float) -> np.ndarray:
-    """``log sum_j exp(log_w_j - ||p - o_j||^2 / reg)`` for a few centred points ``p``,
-    reduced over the chunks of ``other`` (per-chunk maxima and sums combined on the client)."""
+def _log_matvec(points: np.ndarray, other: da.Array, log_w: da.Array, reg: float, cost):
+    """``log sum_j exp(log_w_j - c(p, o_j) / reg)`` for a few centred points ``p``, reduced
+    over the chunks of ``other`` (per-chunk maxima and sums combined on the client)."""
     k = points.shape[0]
     parts = (
         per_chunk(
-            lambda o, lw: _lse_chunk(points, o, lw, reg), [other, log_w], (), 2 * k, partial=True
+            lambda o, lw: _lse_chunk(points, o, lw, reg, cost),
+            [other, log_w],
+            (),
+            2 * k,
+            partial=True,
         )
         .compute()
         .reshape(-1, k, 2)
@@ -639,8 +678,8 @@ def _true_kernel_check(result: DaskSinkhornResult, rows: np.ndarray, cols: np.nd
         result.a[rows], log_u[rows], result.b[cols], log_v[cols]
     )
     with np.errstate(over="ignore", invalid="ignore"):
-        log_kv = _log_matvec(g.rows("x", rows), g.Yc, log_v, g.reg)
-        log_ktu = _log_matvec(g.rows("y", cols), g.Xc, log_u, g.reg)
+        log_kv = _log_matvec(g.rows("x", rows), g.Yc, log_v, g.reg, g.cost)
+        log_ktu = _log_matvec(g.rows("y", cols), g.Xc, log_u, g.reg, g.cost.transposed())
         row_mass = np.exp(u_rows + log_kv)
         col_mass = np.exp(v_cols + log_ktu)
     pen_a, pen_b = result.problem.penalties

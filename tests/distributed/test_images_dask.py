@@ -1,0 +1,77 @@
+"""Colour transfer of an image held as a Dask array (:func:`sketchot.map_image` chunk by
+chunk on the workers, :mod:`sketchot.distributed.images`) against the in-memory mapping of
+the same image, on a real LocalCluster (``client`` of ``conftest.py``)."""
+
+import numpy as np
+import pytest
+
+da = pytest.importorskip("dask.array")
+pytest.importorskip("dask.distributed")
+pytest.importorskip("PIL")
+
+import dask  # noqa: E402
+
+import sketchot  # noqa: E402
+from sketchot.color import transfer_colors  # noqa: E402
+
+
+def photo_like(seed, shape):
+    """uint8 RGB image with repeated colours (a palette of 300 colours plus noise)."""
+    rng = np.random.default_rng(seed)
+    palette = rng.integers(0, 256, size=(300, 3))
+    picked = palette[rng.integers(0, 300, size=shape)]
+    return np.clip(picked + rng.integers(-3, 4, size=(*shape, 3)), 0, 255).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    source, target = photo_like(0, (61, 47)), photo_like(1, (40, 30))
+    return source, transfer_colors(source, target, backend="nystrom", n_samples=300, rng=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.uint8])
+@pytest.mark.parametrize("chunks", [(20, 15), (61, 47)])
+def test_a_dask_image_maps_as_in_memory(client, fitted, dtype, chunks):
+    """Every chunk through the in-memory mapping on the workers: the same image as the
+    in-memory call (a pixel's map depends on its colour only; the colours of a chunk go
+    through the map in other batches: rounding, measured 0 here), the same clipped pixels;
+    colours are counted per chunk (at least the image's distinct colours)."""
+    source, run = fitted
+    expected = sketchot.map_image(run.result, source, dtype=dtype)
+    image = da.from_array(source, chunks=(*chunks, 3))
+    mapped = sketchot.map_image(run.result, image, dtype=dtype)
+    assert isinstance(mapped.image, da.Array) and mapped.image.chunks[:2] == image.chunks[:2]
+    assert mapped.n_pixels == expected.n_pixels
+    out, n_colors, n_clipped, n_fallbacks = dask.compute(
+        mapped.image, mapped.n_colors, mapped.n_clipped, mapped.n_fallbacks
+    )
+    assert out.dtype == np.dtype(dtype) and out.shape == source.shape
+    if np.dtype(dtype) == np.uint8:  # a rounding-level difference may move one 8-bit step
+        assert np.abs(out.astype(int) - expected.image.astype(int)).max() <= 1
+    else:
+        np.testing.assert_allclose(out, expected.image, rtol=0, atol=1e-12)
+    assert n_clipped == expected.n_clipped
+    assert n_colors >= expected.n_colors and n_fallbacks >= expected.n_fallbacks
+
+
+def test_rgba_float_chunks_and_the_inverse_map(client, fitted):
+    """An alpha channel is copied as it is; the inverse map runs the same way."""
+    source, run = fitted
+    alpha = np.linspace(0, 1, source[..., 0].size).reshape(*source.shape[:2], 1)
+    rgba = np.concatenate([source / 255.0, alpha], axis=2)
+    expected = sketchot.map_image(run.result, rgba, inverse=True)
+    mapped = sketchot.map_image(run.result, da.from_array(rgba, chunks=(25, 20, 2)), inverse=True)
+    out = mapped.image.compute()
+    np.testing.assert_allclose(out, expected.image, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(out[..., 3], rgba[..., 3])
+
+
+def test_bad_input_is_refused_on_the_client_by_name(client, fitted):
+    source, run = fitted
+    image = da.from_array(source, chunks=(20, 15, 3))
+    with pytest.raises(ValueError, match=r"image must be a Dask array of shape \(height, width"):
+        sketchot.map_image(run.result, image[..., :2])
+    with pytest.raises(ValueError, match=r"dtype must be numpy\.float64 or numpy\.uint8"):
+        sketchot.map_image(run.result, image, dtype=np.int32)
+    with pytest.raises(TypeError, match="result must be a sketchot SinkhornResult"):
+        sketchot.map_image("not a result", image)
