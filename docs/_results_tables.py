@@ -60,6 +60,7 @@ INCLUDED = (
     "dask_certified",
     "dask_certified_plain",
     "dask_certified_reg0.001",
+    "dask_images",
 )
 
 

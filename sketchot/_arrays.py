@@ -92,6 +92,12 @@ class ArrayContext:
     device_kernels: bool = False
     float64: bool = True
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the namespace by its module's name (a module does not pickle): results that hold
+        # a context travel to Dask workers and process pools
+        fields = (self.device, self.dtype, self.device_kernels, self.float64)
+        return (_context_of, (self.library, self.xp.__name__, *fields))
+
     @property
     def is_numpy(self) -> bool:
         """Whether the caller passed NumPy arrays (nothing to convert)."""
@@ -212,6 +218,13 @@ class DeviceArrays:
 
 
 NUMPY = ArrayContext("numpy", np, "cpu", np.dtype(np.float64))
+
+
+def _context_of(library: str, namespace: str, *fields: Any) -> ArrayContext:
+    """An unpickled :class:`ArrayContext`: its namespace imported again by name."""
+    import importlib
+
+    return ArrayContext(library, importlib.import_module(namespace), *fields)
 
 
 def array_context(**arrays: Any) -> ArrayContext:

@@ -5,10 +5,12 @@ The fitted result (a solve between sampled colours, in memory) is sent once to e
 each chunk of pixels (rows x columns of the image, all channels) goes through the in-memory
 mapping (:func:`sketchot.map_image`, passed in by :mod:`sketchot.api`: this layer does not
 import the colour layer), which maps each distinct colour of the chunk once. A pixel's mapped
-colour depends on its colour only, so the mapped image does not depend on the chunking. The
-output is a lazy Dask array of the image's chunks (store it with ``dask.array.to_zarr`` or
-compute it); no chunk is gathered on the client. Memory per task: the chunk, its output and
-the in-memory mapping's tables.
+colour depends on its colour only, up to how colours are batched (rounding; within the
+certified product error for the block-local kernel, whose expansion of new points depends on
+the batch), so the chunking changes the image by no more than that. The output is a lazy
+Dask array of the image's chunks (store it with ``dask.array.to_zarr`` or compute it); no
+chunk is gathered on the client. Memory per task: the chunk, its output and the in-memory
+mapping's tables.
 """
 
 from __future__ import annotations

@@ -23,18 +23,29 @@ def photo_like(seed, shape):
     return np.clip(picked + rng.integers(-3, 4, size=(*shape, 3)), 0, 255).astype(np.uint8)
 
 
-@pytest.fixture(scope="module")
-def fitted():
+# polyts_local: the default ('auto') choice on photographs, whose kernel holds a lock and a
+# cache that must not travel (they did, and the workers could not unpickle the result)
+@pytest.fixture(scope="module", params=["nystrom", "polyts_local"])
+def fitted(request):
     source, target = photo_like(0, (61, 47)), photo_like(1, (40, 30))
-    return source, transfer_colors(source, target, backend="nystrom", n_samples=300, rng=0)
+    return source, transfer_colors(source, target, backend=request.param, n_samples=300, rng=0)
+
+
+def map_tolerance(run):
+    """A colour's map is a ratio of two kernel products of colours in [0, 1]: it moves by at
+    most about twice their relative error (the kernel's certified ``product_rtol``; 0 for an
+    operator whose products do not depend on the batch: ``None`` or 0) when the batch
+    changes, plus rounding."""
+    return 4.0 * (run.result.kernel.info.product_rtol or 0.0) + 1e-12
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.uint8])
 @pytest.mark.parametrize("chunks", [(20, 15), (61, 47)])
 def test_a_dask_image_maps_as_in_memory(client, fitted, dtype, chunks):
     """Every chunk through the in-memory mapping on the workers: the same image as the
-    in-memory call (a pixel's map depends on its colour only; the colours of a chunk go
-    through the map in other batches: rounding, measured 0 here), the same clipped pixels;
+    in-memory call (a pixel's map depends on its colour only, up to how the colours are
+    batched: rounding for Nystrom, within the certified product error for the block-local
+    kernel, whose expansion of new points depends on the batch), the same clipped pixels;
     colours are counted per chunk (at least the image's distinct colours)."""
     source, run = fitted
     expected = sketchot.map_image(run.result, source, dtype=dtype)
@@ -49,8 +60,9 @@ def test_a_dask_image_maps_as_in_memory(client, fitted, dtype, chunks):
     if np.dtype(dtype) == np.uint8:  # a rounding-level difference may move one 8-bit step
         assert np.abs(out.astype(int) - expected.image.astype(int)).max() <= 1
     else:
-        np.testing.assert_allclose(out, expected.image, rtol=0, atol=1e-12)
-    assert n_clipped == expected.n_clipped
+        np.testing.assert_allclose(out, expected.image, rtol=0, atol=map_tolerance(run))
+    if run.result.backend == "nystrom":  # (the block-local map may cross [0, 1] elsewhere)
+        assert n_clipped == expected.n_clipped
     assert n_colors >= expected.n_colors and n_fallbacks >= expected.n_fallbacks
 
 
@@ -62,7 +74,7 @@ def test_rgba_float_chunks_and_the_inverse_map(client, fitted):
     expected = sketchot.map_image(run.result, rgba, inverse=True)
     mapped = sketchot.map_image(run.result, da.from_array(rgba, chunks=(25, 20, 2)), inverse=True)
     out = mapped.image.compute()
-    np.testing.assert_allclose(out, expected.image, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(out, expected.image, rtol=0, atol=map_tolerance(run))
     np.testing.assert_array_equal(out[..., 3], rgba[..., 3])
 
 

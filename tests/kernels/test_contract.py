@@ -70,6 +70,19 @@ def test_matvec_and_rmatvec_match_the_dense_matrix(kernel):
     assert kernel.matvec(v) @ u == pytest.approx(v @ kernel.rmatvec(u), rel=1e-10)
 
 
+def test_a_kernel_travels_to_another_process(kernel):
+    """Dask sends a result and its kernel to the workers with cloudpickle (a colour map of
+    a Dask image): the copy applies the same products, bit for bit (no lock, cache or
+    array namespace module in the way)."""
+    cloudpickle = pytest.importorskip("cloudpickle")
+    if getattr(getattr(kernel.geometry, "context", None), "library", None) == "jax":
+        pytest.skip("a JAX Device object does not pickle (JAX's limit): JAX kernels stay put")
+    copy = cloudpickle.loads(cloudpickle.dumps(kernel))
+    v = np.random.default_rng(0).random(kernel.shape[1])
+    np.testing.assert_array_equal(copy.matvec(v), kernel.matvec(v))
+    np.testing.assert_array_equal(copy.matvec(v), kernel.matvec(v))  # a second call: caches
+
+
 @pytest.mark.parametrize("backend", available_backends())
 def test_a_kernel_on_identical_clouds_is_symmetric(colours, backend):
     """The symmetric iteration (OT(a, a) of a divergence) multiplies by K only: every backend

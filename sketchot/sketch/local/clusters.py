@@ -159,6 +159,16 @@ class _Side:
     # copies of the per-point arrays on the device products run on (:class:`_DeviceArrays`)
     device: Any = field(default=None, repr=False)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # pickled (a result sent to Dask workers, a process pool): the cache of padded
+        # features stays behind, and a new lock guards the new one
+        state = dict(self.__dict__)
+        state.update(padded={}, padded_bytes=0, padded_lock=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, padded_lock=threading.Lock())
+
     @classmethod
     def build(cls, centred, labels, centers, plan, reg, store, exact_below) -> _Side:
         # Clusters numbered by size class (sizes within a factor 5/4; the exactly handled small
