@@ -18,7 +18,8 @@ Differences from memory, and why:
   tolerance, not to rounding;
 * identical inputs are not detected by value (that would be a pass over both clouds): ``X is
   Y`` (and ``a is b``) returns 0 without a solve, as in memory;
-* the squared Euclidean cost only (the Dask kernels' cost).
+* the squared Euclidean cost only (the gradients and the support update are its own; the
+  Dask solves take every metric).
 """
 
 from __future__ import annotations

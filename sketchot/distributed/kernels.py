@@ -769,7 +769,8 @@ class DaskExactKernel(KernelOperator):
     -----
     ``O(n m d)`` work per pass over the workers; per task ``O(chunk d + m d + 16 MB)``
     memory. Meant for moderate ``m`` (the whole target cloud and an ``m``-vector go to every
-    task); the log-domain iteration is not available on Dask.
+    task). The cost is the geometry's (any metric); the log-stable solve runs on
+    :class:`DaskStableExactKernel`, which shares these clouds.
     """
 
     def __init__(self, geometry: DaskGibbsGeometry, *, dtype: Any = np.float64) -> None:
