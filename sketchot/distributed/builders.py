@@ -26,7 +26,7 @@ from ..gibbs import gibbs_matmat
 from ..kernels import KernelOperator, available_backends, get_backend, require_policy
 from ..kernels.judge import KERNEL_CHECK_ROWS, Attempt, kernel_judge
 from ..kernels.registry import check_metric, resolve_parameters
-from .geometry import DaskGibbsGeometry, check_reg_and_clouds
+from .geometry import DaskGibbsGeometry, check_reg_and_clouds, persist_now
 from .kernels import DaskExactKernel, DaskLowRankKernel, _tree_sum, per_chunk
 
 
@@ -190,6 +190,9 @@ def dask_kernel_error(
             other, chunks=(cloud.chunks[0],)
         )
         probes = da.stack([da.ones_like(draws), draws + 0.1], axis=1).rechunk({1: -1})
+        # persisted first: the two graphs below then name finished keys, never two different
+        # task specs for one key (which the scheduler warns can deadlock)
+        (probes,) = persist_now(probes)
         own = g.rows("y" if transpose else "x", index)
         cost = g.cost.transposed() if transpose else g.cost
         truth = _tree_sum(

@@ -141,6 +141,18 @@ def test_auto_and_low_rank_backends_take_the_metrics_they_declare(client):
     assert result.value_linear == pytest.approx(expected.value_linear, rel=VALUE_RTOL)
 
 
+def test_auto_never_sends_one_key_with_two_task_specs(client, caplog):
+    """The sampled kernel check of ``'auto'`` on a cluster built its probes in two graphs
+    that named one key with two task specs, which the scheduler logs as a possible deadlock
+    ("Detected different `run_spec`"); the probes are persisted first now."""
+    X, Y = clouds(7, 150, 120)
+    Xd, Yd = dask_clouds(X, Y)
+    with caplog.at_level("WARNING", logger="distributed.scheduler"):
+        sketchot.sinkhorn2(None, None, Xd, Yd, 0.5, rng=0)
+        sketchot.sinkhorn2(None, None, Xd, Yd, 0.05, metric="cityblock", rng=0)
+    assert not [r for r in caplog.records if "run_spec" in r.getMessage()]
+
+
 def test_the_jobs_that_need_the_squared_distance_refuse_other_metrics_by_name(client):
     """The divergence's gradients and the barycentre's support update are those of
     ``||x - y||^2``: another metric is refused, naming the job and what does take it."""
