@@ -178,6 +178,12 @@ def map_image_dask(result: Any, image: Any, *, mapper: Any, **options: Any) -> A
     return _distributed().map_image_dask(result, image, mapper=mapper, **options)
 
 
+def sample_pixels_dask(image: Any, n_samples: int, generator: Any, **options: Any) -> Any:
+    """:func:`sketchot.sample_pixels` of a Dask image
+    (:func:`sketchot.distributed.images.sample_pixels_dask`): ``(pixels, n_pixels)``."""
+    return _distributed().sample_pixels_dask(image, n_samples, generator, **options)
+
+
 def _refuse_on_dask(metric: Any, job: str) -> None:
     """The divergence and barycentres on Dask use the squared-Euclidean cost (their
     gradients and support updates are those of ``||x - y||^2``); ``sinkhorn`` and

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from .. import api
 from .._validation import check_int, check_rng, describe, refuse_masked, user_stacklevel
 from .outputs import atomic_write_with
 
@@ -356,7 +357,9 @@ def sample_pixels(
     ----------
     image : array-like, shape (H, W, 3) or (H, W, 4), or anything :func:`load_image` accepts
         Fully transparent pixels (alpha 0) are left out: their colour is not part of the
-        picture. Partly transparent pixels count as much as opaque ones.
+        picture. Partly transparent pixels count as much as opaque ones. A Dask array is
+        sampled on the workers (the same draw as the same image in memory; only the
+        sample comes to the client; ``weighted=False`` only).
     n_samples : int
         Number of colours to draw (>= 1).
     rng : None, int, Generator, ...
@@ -383,13 +386,25 @@ def sample_pixels(
     ``O(H W)`` time for the uniform draw without replacement (a partial permutation), plus
     ``O(H W log(H W))`` for ``weighted=True`` (distinct colours by sorting).
     """
-    image = load_image(image, name=name, dtype=None)  # stored values: only the sample is float
     n_samples = check_int(n_samples, "n_samples", minimum=1)
     if not isinstance(replace, (bool, np.bool_)):
         raise TypeError(f"replace must be True or False; got {describe(replace)}")
     if not isinstance(weighted, (bool, np.bool_)):
         raise TypeError(f"weighted must be True or False; got {describe(weighted)}")
     generator = check_rng(rng)
+    if api.on_dask(image):
+        if weighted:
+            raise NotImplementedError(
+                f"weighted=True is not available for a Dask {name}: it counts every distinct "
+                "colour of the whole image; sample pixels uniformly (weighted=False)"
+            )
+        stored, n_pixels = api.sample_pixels_dask(
+            image, n_samples, generator, replace=bool(replace), name=name
+        )
+        # the sample's values checked as an image's (dtype, range)
+        sample = load_image(stored[None], name=name, dtype=None)[0]
+        return PixelSample(as_float(sample), np.full(n_samples, 1.0 / n_samples), n_pixels)
+    image = load_image(image, name=name, dtype=None)  # stored values: only the sample is float
     pixels = visible_pixels(image)
     n_pixels = pixels.shape[0]
     if n_pixels == 0:

@@ -351,7 +351,9 @@ def transfer_colors(
     ----------
     source, target : str, os.PathLike or array-like
         Image files (anything Pillow reads) or arrays of shape ``(H, W, 3)`` or ``(H, W, 4)``
-        (uint8, uint16, or float in ``[0, 1]``); see :func:`~sketchot.color.load_image`.
+        (uint8, uint16, or float in ``[0, 1]``); see :func:`~sketchot.color.load_image`. A
+        Dask array is sampled and mapped on the workers (:func:`sample_pixels`,
+        :func:`map_image`): the recoloured image comes back as a lazy Dask array.
         Fully transparent pixels (alpha 0) are not sampled; an alpha channel is kept
         unchanged in the recoloured image.
     reg : float, default=0.1
@@ -405,8 +407,12 @@ def transfer_colors(
 
     tick = time.perf_counter()
     stored = None if compact else np.float64
-    source_image = load_image(source, name="source", dtype=stored, max_pixels=max_pixels)
-    target_image = load_image(target, name="target", dtype=stored, max_pixels=max_pixels)
+    # a Dask image stays on the cluster: sampled and mapped there (sample_pixels, map_image)
+    source_image, target_image = (
+        image if api.on_dask(image)
+        else load_image(image, name=name, dtype=stored, max_pixels=max_pixels)
+        for image, name in ((source, "source"), (target, "target"))
+    )  # fmt: skip
     timings["load"] = time.perf_counter() - tick
 
     tick = time.perf_counter()

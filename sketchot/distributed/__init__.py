@@ -25,7 +25,7 @@ entries on the edge of the bad-denominator test (signed kernels at small ``reg``
 
 from .builders import choose_dask_kernel, dask_backends, make_kernel_dask
 from .geometry import FIT_ROWS, DaskGibbsGeometry
-from .images import map_image_dask
+from .images import map_image_dask, sample_pixels_dask
 from .jobs import (
     DaskBarycenterResult,
     DaskDivergenceResult,
@@ -51,6 +51,7 @@ __all__ = [
     "dask_backends",
     "make_kernel_dask",
     "map_image_dask",
+    "sample_pixels_dask",
     "sinkhorn_dask",
     "sinkhorn_divergence_dask",
     "sinkhorn_kernel_dask",

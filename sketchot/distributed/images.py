@@ -64,3 +64,79 @@ def _map_block(mapper, result, block, name, options) -> tuple[np.ndarray, np.nda
     """One chunk through the in-memory mapping: its image and its three counts."""
     mapped = mapper(result, np.asarray(block), name=name, **options)
     return mapped.image, np.array([mapped.n_colors, mapped.n_fallbacks, mapped.n_clipped])
+
+
+def sample_pixels_dask(
+    image: da.Array, n_samples: int, generator: np.random.Generator, *, replace: bool,
+    name: str = "image",
+) -> tuple[np.ndarray, int]:  # fmt: skip
+    """``(pixels, n_pixels)``: ``n_samples`` pixels of a Dask image drawn uniformly (the
+    in-memory draw: ``generator.choice`` over the visible pixels in row-major order, so the
+    same image as a NumPy array gives the same sample) and gathered to the client as stored
+    (``(n_samples, 3)``, the image's dtype), and the count of visible pixels.
+
+    Visible: alpha > 0 when the image has 4 channels. Their per-row counts are summed on the
+    workers (``H`` integers come back); a drawn rank becomes its row by a search in their
+    running sum and its column on the worker that holds the row's alpha. ``O(H W)`` work on
+    the workers, ``O(H + n_samples)`` to the client."""
+    if image.ndim != 3 or image.shape[2] not in (3, 4):
+        raise ValueError(
+            f"{name} must be a Dask array of shape (height, width, 3) or (height, width, 4); "
+            f"got shape {image.shape}"
+        )
+    height, width = image.shape[:2]
+    if image.shape[2] == 3:
+        n_pixels = height * width
+        rank = _draw(generator, n_pixels, n_samples, replace, name, "pixels")
+        rows, cols = np.divmod(rank, width)
+    else:
+        visible = image[..., 3].rechunk({1: -1}) > 0
+        per_row = visible.sum(axis=1).compute().astype(np.int64)
+        ends = np.cumsum(per_row)
+        n_pixels = int(ends[-1]) if ends.size else 0
+        if n_pixels == 0:
+            raise ValueError(
+                f"every pixel of {name} is fully transparent (alpha 0): it has no colours to sample"
+            )
+        rank = _draw(generator, n_pixels, n_samples, replace, name, "non-transparent pixels")
+        rows = np.searchsorted(ends, rank, side="right")
+        within = rank - (ends[rows] - per_row[rows])
+        cols = _visible_columns(visible, rows, within)
+    pixels = image.vindex[rows, cols].compute()
+    return np.asarray(pixels)[:, :3], n_pixels
+
+
+def _draw(generator, n_pixels: int, n_samples: int, replace: bool, name: str, which: str):
+    if not replace and n_samples > n_pixels:
+        raise ValueError(
+            f"n_samples ({n_samples}) is larger than the number of {which} of {name} "
+            f"({n_pixels}) and sampling is without replacement; lower n_samples or sample "
+            "with replacement (replace=True, --replace)"
+        )
+    return generator.choice(n_pixels, size=n_samples, replace=bool(replace))
+
+
+def _visible_columns(visible: da.Array, rows: np.ndarray, within: np.ndarray) -> np.ndarray:
+    """The column of the ``within``-th visible pixel of each of ``rows``, found on the
+    workers that hold those rows' alpha (one task per row chunk with drawn rows)."""
+    cols = np.empty(rows.size, dtype=np.int64)
+    starts = np.cumsum((0,) + visible.chunks[0])
+    blocks = visible.to_delayed()[:, 0]
+    task = dask.delayed(_columns_in_block, pure=True)
+    chunk_of = np.searchsorted(starts, rows, side="right") - 1
+    wanted, parts = [], []
+    for chunk in np.unique(chunk_of):
+        mine = np.flatnonzero(chunk_of == chunk)
+        wanted.append(mine)
+        parts.append(task(blocks[chunk], rows[mine] - starts[chunk], within[mine]))
+    for mine, found in zip(wanted, dask.compute(*parts), strict=True):
+        cols[mine] = found
+    return cols
+
+
+def _columns_in_block(visible: np.ndarray, rows: np.ndarray, within: np.ndarray) -> np.ndarray:
+    out = np.empty(rows.size, dtype=np.int64)
+    for row in np.unique(rows):
+        here = rows == row
+        out[here] = np.flatnonzero(visible[row])[within[here]]
+    return out

@@ -87,3 +87,40 @@ def test_bad_input_is_refused_on_the_client_by_name(client, fitted):
         sketchot.map_image(run.result, image, dtype=np.int32)
     with pytest.raises(TypeError, match="result must be a sketchot SinkhornResult"):
         sketchot.map_image("not a result", image)
+
+
+@pytest.mark.parametrize("alpha", [False, True])
+def test_a_dask_image_is_sampled_as_in_memory(client, alpha):
+    """The same pixels as the in-memory draw with the same generator (row-major ranks over
+    the visible pixels; alpha 0 left out), whatever the chunks; only the sample comes back."""
+    image = photo_like(3, (53, 41))
+    if alpha:
+        opacity = np.where(np.random.default_rng(4).random((53, 41, 1)) < 0.3, 0, 255)
+        image = np.concatenate([image, opacity.astype(np.uint8)], axis=2)
+    expected = sketchot.sample_pixels(image, 400, rng=5)
+    for chunks in ((10, 7), (53, 41)):
+        got = sketchot.sample_pixels(da.from_array(image, chunks=(*chunks, -1)), 400, rng=5)
+        np.testing.assert_array_equal(got.colors, expected.colors)
+        np.testing.assert_array_equal(got.weights, expected.weights)
+        assert got.n_pixels == expected.n_pixels
+    dask_image = da.from_array(image, chunks=(10, 7, -1))
+    with pytest.raises(NotImplementedError, match="weighted=True is not available for a Dask"):
+        sketchot.sample_pixels(dask_image, 10, weighted=True)
+    with pytest.raises(ValueError, match=r"n_samples \(5000\) is larger than the number"):
+        sketchot.sample_pixels(dask_image, 5000, rng=0)
+
+
+def test_transfer_colors_of_dask_images_is_the_in_memory_transfer(client):
+    """Sampled on the workers, solved in memory, mapped on the workers: the in-memory
+    transfer's sample, solve and image (compact: uint8), the recoloured image lazy."""
+    source, target = photo_like(0, (61, 47)), photo_like(1, (40, 30))
+    options = {"backend": "nystrom", "n_samples": 300, "rng": 0, "compact": True}
+    expected = transfer_colors(source, target, **options)
+    run = transfer_colors(
+        da.from_array(source, chunks=(20, 15, 3)), da.from_array(target, chunks=(25, 30, 3)),
+        **options,
+    )  # fmt: skip
+    np.testing.assert_array_equal(run.source_sample.colors, expected.source_sample.colors)
+    assert run.result.value == expected.result.value
+    assert isinstance(run.image, da.Array)
+    assert np.abs(run.image.compute().astype(int) - expected.image.astype(int)).max() <= 1
