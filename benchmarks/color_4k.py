@@ -82,6 +82,18 @@ def markdown(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def photographs(width: int, height: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(source resized, source, target)``: the default pair, the source resized to
+    ``width x height`` with Pillow's Lanczos filter (new, interpolated colours)."""
+    with Image.open(REPO / "images" / "default_source.png") as image:
+        original = image.convert("RGB")
+        large = np.asarray(original.resize((width, height), Image.Resampling.LANCZOS))
+        original = np.asarray(original)
+    with Image.open(REPO / "images" / "default_target.png") as image:
+        target = np.asarray(image.convert("RGB"))
+    return large, original, target
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--width", type=int, default=3840)
@@ -91,12 +103,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=RESULTS / "color_4k.json")
     parser.add_argument("--md", type=Path, default=RESULTS / "color_4k.md")
     args = parser.parse_args()
-    with Image.open(REPO / "images" / "default_source.png") as image:
-        original = image.convert("RGB")
-        large = np.asarray(original.resize((args.width, args.height), Image.Resampling.LANCZOS))
-        original = np.asarray(original)
-    with Image.open(REPO / "images" / "default_target.png") as image:
-        target = np.asarray(image.convert("RGB"))
+    large, original, target = photographs(args.width, args.height)
     load = [os.getloadavg()[0]]
     runs = []
     for source in (original, large):

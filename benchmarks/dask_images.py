@@ -28,12 +28,11 @@ from pathlib import Path
 
 import numpy as np
 from _results import md_table, write_json, write_text
-from PIL import Image
+from color_4k import photographs
 
 import sketchot
 from sketchot.color import transfer_colors
 
-REPO = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -53,9 +52,7 @@ def main() -> None:
     import dask.array as da
     import distributed
 
-    original = Image.open(REPO / "images" / "default_source.png").convert("RGB")
-    source = np.asarray(original.resize((args.width, args.height), Image.Resampling.LANCZOS))
-    target = np.asarray(Image.open(REPO / "images" / "default_target.png").convert("RGB"))
+    source, _, target = photographs(args.width, args.height)
     start = time.perf_counter()
     run = transfer_colors(source[::8, ::8], target, reg=args.reg, rng=args.seed, compact=True)
     fit_seconds = time.perf_counter() - start
