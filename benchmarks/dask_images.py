@@ -12,6 +12,10 @@ ways in the same run:
   ``sketchot.map_image`` of it and the image and counts computed in one ``dask.compute``
   (the cluster's start is not timed; the result is sent to the workers within the timing).
 
+Then the whole transfer both ways (``transfer_colors`` with its defaults, ``compact=True``):
+the NumPy image in memory, and the Dask image (pixels sampled on the workers, the same draw;
+the solve in memory; every pixel mapped on the workers, computed).
+
 Both images are compared pixel by pixel (uint8: at most one 8-bit step apart where a colour's
 map lands on a rounding edge). The ratio of the two times is the price of chunking on these
 two cores (the Dask path's point is memory: no process holds the whole image).
@@ -72,7 +76,16 @@ def main() -> None:
         mapped = sketchot.map_image(run.result, image, dtype=np.uint8)
         out, n_colors, n_clipped = dask.compute(mapped.image, mapped.n_colors, mapped.n_clipped)
         dask_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        whole = transfer_colors(source, target, reg=args.reg, rng=args.seed, compact=True)
+        whole_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        on_dask = transfer_colors(image, target, reg=args.reg, rng=args.seed, compact=True)
+        dask_image = on_dask.image.compute()
+        whole_dask_seconds = time.perf_counter() - start
     cluster.close()
+    whole_steps = np.abs(dask_image.astype(np.int16) - whole.image.astype(np.int16))
+    print(f"transfer: {whole_seconds:.1f} s in memory, {whole_dask_seconds:.1f} s on Dask")
     print(f"on Dask: {dask_seconds:.1f} s, {int(n_colors)} colours mapped over chunks", flush=True)
     steps = np.abs(out.astype(np.int16) - memory.image.astype(np.int16))
     data = {
@@ -100,6 +113,12 @@ def main() -> None:
         "clipped_dask": int(n_clipped),
         "max_step": int(steps.max()),
         "pixels_differing": int(np.count_nonzero(steps.any(axis=2))),
+        "transfer_memory_seconds": whole_seconds,
+        "transfer_dask_seconds": whole_dask_seconds,
+        "transfer_same_sample": bool(
+            np.array_equal(whole.source_sample.colors, on_dask.source_sample.colors)
+        ),
+        "transfer_max_step": int(whole_steps.max()),
     }
     write_json(args.json, data)
     rows = [
@@ -107,6 +126,11 @@ def main() -> None:
         [f"Dask, {data['chunks']} tiles of {args.chunk} px, {args.workers} workers",
          f"{dask_seconds:.1f}", f"{data['dask_over_memory']:.2f}", f"{int(n_colors)}",
          f"max step {data['max_step']}, {data['pixels_differing']} pixels differ"],
+        ["transfer_colors, NumPy image (sample, solve, map)", f"{whole_seconds:.1f}", "1.00",
+         "", ""],
+        ["transfer_colors, Dask image (sample and map on the workers)",
+         f"{whole_dask_seconds:.1f}", f"{whole_dask_seconds / whole_seconds:.2f}", "",
+         f"same sample: {data['transfer_same_sample']}, max step {data['transfer_max_step']}"],
     ]  # fmt: skip
     header = ["mapping", "seconds", "ratio", "colours mapped", "against memory"]
     text = [
