@@ -124,3 +124,44 @@ def test_transfer_colors_of_dask_images_is_the_in_memory_transfer(client):
     assert run.result.value == expected.result.value
     assert isinstance(run.image, da.Array)
     assert np.abs(run.image.compute().astype(int) - expected.image.astype(int)).max() <= 1
+
+
+def test_a_worker_killed_while_mapping_loses_nothing(client):
+    """A worker process dies while the chunks are mapped (after some of its tasks held
+    results, the fitted result among them); Dask maps the lost chunks again from the graph
+    and the image is the one of a run without the fault."""
+    import os
+    import signal
+    import threading
+    import time
+
+    source, target = photo_like(5, (400, 300)), photo_like(6, (40, 30))
+    run = transfer_colors(source, target, backend="nystrom", n_samples=300, rng=0)
+    expected = sketchot.map_image(run.result, source).image
+    image = da.from_array(source, chunks=(20, 25, 3))
+    box = {}
+
+    def compute():
+        try:
+            box["image"] = sketchot.map_image(run.result, image).image.compute()
+        except BaseException as error:  # reported by the assertion below
+            box["error"] = error
+
+    pids = client.run(os.getpid)
+    thread = threading.Thread(target=compute)
+    thread.start()
+    # kill a worker once it holds mapped chunks (of 240; Dask names them 'from-...', the
+    # input's chunks 'array-...'; the run takes seconds)
+    deadline, victim = time.monotonic() + 30, None
+    while victim is None and time.monotonic() < deadline:
+        holding = [w for w, keys in client.has_what().items()
+                   if any("'from" in str(key) for key in keys)]  # fmt: skip
+        victim = holding[0] if holding else None
+        time.sleep(0.005)
+    assert victim is not None
+    held = len(client.has_what()[victim])
+    os.kill(pids[victim], signal.SIGKILL)  # its nanny starts a new worker process
+    thread.join(timeout=300)
+    assert not thread.is_alive() and "error" not in box, box.get("error")
+    assert held > 0
+    np.testing.assert_allclose(box["image"], expected, rtol=0, atol=1e-12)
