@@ -178,10 +178,10 @@ def map_image_dask(result: Any, image: Any, *, mapper: Any, **options: Any) -> A
     return _distributed().map_image_dask(result, image, mapper=mapper, **options)
 
 
-def sample_pixels_dask(image: Any, n_samples: int, generator: Any, **options: Any) -> Any:
-    """:func:`sketchot.sample_pixels` of a Dask image
-    (:func:`sketchot.distributed.images.sample_pixels_dask`): ``(pixels, n_pixels)``."""
-    return _distributed().sample_pixels_dask(image, n_samples, generator, **options)
+def visible_pixels_dask(image: Any, name: str = "image") -> Any:
+    """The visible pixels of a Dask image for :func:`sketchot.sample_pixels`, gathered on
+    demand (:class:`sketchot.distributed.VisiblePixels`)."""
+    return _distributed().visible_pixels_dask(image, name)
 
 
 def _refuse_on_dask(metric: Any, job: str) -> None:

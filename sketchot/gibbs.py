@@ -192,6 +192,15 @@ def sq_norms(points: np.ndarray) -> np.ndarray:
     return np.einsum("ij,ij->i", points, points)
 
 
+def largest_cost(X: np.ndarray, Y: np.ndarray, cost: Cost) -> float:
+    """``max_ij c(x_i, y_j)`` (0 for no pair), block by block: ``O(n m d)`` time,
+    ``O(block x m)`` memory."""
+    top = 0.0
+    for rows in row_slices(X.shape[0], block_rows(Y.shape[0])):
+        top = max(top, float(cost.block(X[rows], Y).max(initial=0.0)))
+    return top
+
+
 def neg_cost_over_reg(
     X: np.ndarray,
     Y: np.ndarray,
@@ -493,10 +502,7 @@ class GibbsGeometry:
         if self.cost.translation_invariant:
             return float(self.cost.norms(self.Xc).max() + self.cost.norms(self.Yc).max())
         if self._max_cost is None:
-            top = 0.0
-            for rows in row_slices(self.shape[0], block_rows(self.shape[1])):
-                top = max(top, float(self.cost.block(self.Xc[rows], self.Yc).max()))
-            self._max_cost = top
+            self._max_cost = largest_cost(self.Xc, self.Yc, self.cost)
         return self._max_cost
 
     def matmat(self, index: Any, V: np.ndarray, *, transpose: bool = False) -> np.ndarray:

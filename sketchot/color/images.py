@@ -392,20 +392,17 @@ def sample_pixels(
     if not isinstance(weighted, (bool, np.bool_)):
         raise TypeError(f"weighted must be True or False; got {describe(weighted)}")
     generator = check_rng(rng)
-    if api.on_dask(image):
+    on_dask = api.on_dask(image)
+    if on_dask:  # counted on the workers; the drawn rows gathered (the in-memory draw)
         if weighted:
             raise NotImplementedError(
                 f"weighted=True is not available for a Dask {name}: it counts every distinct "
                 "colour of the whole image; sample pixels uniformly (weighted=False)"
             )
-        stored, n_pixels = api.sample_pixels_dask(
-            image, n_samples, generator, replace=bool(replace), name=name
-        )
-        # the sample's values checked as an image's (dtype, range)
-        sample = load_image(stored[None], name=name, dtype=None)[0]
-        return PixelSample(as_float(sample), np.full(n_samples, 1.0 / n_samples), n_pixels)
-    image = load_image(image, name=name, dtype=None)  # stored values: only the sample is float
-    pixels = visible_pixels(image)
+        pixels = api.visible_pixels_dask(image, name=name)
+    else:
+        image = load_image(image, name=name, dtype=None)  # stored values: the sample is float
+        pixels = visible_pixels(image)
     n_pixels = pixels.shape[0]
     if n_pixels == 0:
         raise ValueError(
@@ -437,7 +434,10 @@ def sample_pixels(
             "with replacement (replace=True, --replace)"
         )
     index = generator.choice(n_pixels, size=n_samples, replace=bool(replace))
-    colors = as_float(pixels[index])
+    stored = pixels[index]
+    if on_dask:  # the sample's values checked as an image's are (dtype, range)
+        stored = load_image(stored[None], name=name, dtype=None)[0]
+    colors = as_float(stored)
     return PixelSample(colors, np.full(n_samples, 1.0 / n_samples), n_pixels)
 
 

@@ -25,7 +25,7 @@ entries on the edge of the bad-denominator test (signed kernels at small ``reg``
 
 from .builders import choose_dask_kernel, dask_backends, make_kernel_dask
 from .geometry import FIT_ROWS, DaskGibbsGeometry
-from .images import map_image_dask, sample_pixels_dask
+from .images import VisiblePixels, map_image_dask, visible_pixels_dask
 from .jobs import (
     DaskBarycenterResult,
     DaskDivergenceResult,
@@ -46,14 +46,15 @@ __all__ = [
     "DaskLowRankKernel",
     "DaskSinkhornResult",
     "LazyRatios",
+    "VisiblePixels",
     "barycenter_dask",
     "choose_dask_kernel",
     "dask_backends",
     "make_kernel_dask",
     "map_image_dask",
-    "sample_pixels_dask",
     "sinkhorn_dask",
     "sinkhorn_divergence_dask",
     "sinkhorn_kernel_dask",
     "solve_dask",
+    "visible_pixels_dask",
 ]

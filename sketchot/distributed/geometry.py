@@ -17,7 +17,7 @@ import dask.array as da
 import numpy as np
 
 from .._validation import check_matrix, describe
-from ..gibbs import Cost, make_cost, sq_norms
+from ..gibbs import Cost, largest_cost, make_cost, sq_norms
 
 #: Rows per side the polynomial sketch is fitted on. Up to this size the fit uses every row
 #: (then the fitted state is the in-memory one); beyond, a uniform sample drawn with ``rng``.
@@ -163,7 +163,7 @@ class DaskGibbsGeometry:
             else:
                 Y = self.Yc.rechunk({0: -1}).to_delayed().ravel()[0]
                 tops = [
-                    dask.delayed(_largest_cost, pure=True)(x, Y, self.cost)
+                    dask.delayed(largest_cost, pure=True)(x, Y, self.cost)
                     for x in self.Xc.to_delayed().ravel()
                 ]
                 self._max_cost = float(max(dask.compute(*tops), default=0.0))
@@ -222,16 +222,6 @@ class DaskGibbsGeometry:
             f"<DaskGibbsGeometry {n}x{m} reg={self.reg:g} chunks={len(self.Xc.chunks[0])}+"
             f"{len(self.Yc.chunks[0])}>"
         )
-
-
-def _largest_cost(X: np.ndarray, Y: np.ndarray, cost: Cost) -> float:
-    """``max_ij c(x_i, y_j)`` over one chunk of rows, block by block."""
-    from ..gibbs import block_rows, row_slices
-
-    top = 0.0
-    for rows in row_slices(X.shape[0], block_rows(Y.shape[0])):
-        top = max(top, float(cost.block(X[rows], Y).max(initial=0.0)))
-    return top
 
 
 def check_reg_and_clouds(

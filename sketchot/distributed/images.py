@@ -66,54 +66,49 @@ def _map_block(mapper, result, block, name, options) -> tuple[np.ndarray, np.nda
     return mapped.image, np.array([mapped.n_colors, mapped.n_fallbacks, mapped.n_clipped])
 
 
-def sample_pixels_dask(
-    image: da.Array, n_samples: int, generator: np.random.Generator, *, replace: bool,
-    name: str = "image",
-) -> tuple[np.ndarray, int]:  # fmt: skip
-    """``(pixels, n_pixels)``: ``n_samples`` pixels of a Dask image drawn uniformly (the
-    in-memory draw: ``generator.choice`` over the visible pixels in row-major order, so the
-    same image as a NumPy array gives the same sample) and gathered to the client as stored
-    (``(n_samples, 3)``, the image's dtype), and the count of visible pixels.
+class VisiblePixels:
+    """The visible pixels of a Dask image (alpha > 0 when it has 4 channels) in row-major
+    order, as the ``(n_pixels, 3)`` array that :func:`sketchot.sample_pixels` draws from in
+    memory, gathered on demand: ``pixels[index]`` brings the indexed rows (stored values) to
+    the client, so a draw over it is the in-memory draw.
 
-    Visible: alpha > 0 when the image has 4 channels. Their per-row counts are summed on the
-    workers (``H`` integers come back); a drawn rank becomes its row by a search in their
-    running sum and its column on the worker that holds the row's alpha. ``O(H W)`` work on
-    the workers, ``O(H + n_samples)`` to the client."""
-    if image.ndim != 3 or image.shape[2] not in (3, 4):
-        raise ValueError(
-            f"{name} must be a Dask array of shape (height, width, 3) or (height, width, 4); "
-            f"got shape {image.shape}"
-        )
-    height, width = image.shape[:2]
-    if image.shape[2] == 3:
-        n_pixels = height * width
-        rank = _draw(generator, n_pixels, n_samples, replace, name, "pixels")
-        rows, cols = np.divmod(rank, width)
-    else:
-        visible = image[..., 3].rechunk({1: -1}) > 0
-        per_row = visible.sum(axis=1).compute().astype(np.int64)
-        ends = np.cumsum(per_row)
-        n_pixels = int(ends[-1]) if ends.size else 0
-        if n_pixels == 0:
+    The per-row counts of visible pixels are summed on the workers when it is made (``H``
+    integers come back); a rank becomes its row by a search in their running sum and its
+    column on the worker that holds the row's alpha. ``O(H W)`` work on the workers,
+    ``O(H + len(index))`` to the client."""
+
+    def __init__(self, image: da.Array, name: str = "image") -> None:
+        if image.ndim != 3 or image.shape[2] not in (3, 4):
             raise ValueError(
-                f"every pixel of {name} is fully transparent (alpha 0): it has no colours to sample"
+                f"{name} must be a Dask array of shape (height, width, 3) or (height, width, "
+                f"4); got shape {image.shape}"
             )
-        rank = _draw(generator, n_pixels, n_samples, replace, name, "non-transparent pixels")
-        rows = np.searchsorted(ends, rank, side="right")
-        within = rank - (ends[rows] - per_row[rows])
-        cols = _visible_columns(visible, rows, within)
-    pixels = image.vindex[rows, cols].compute()
-    return np.asarray(pixels)[:, :3], n_pixels
+        self.image, self.dtype = image, image.dtype
+        self.visible = None
+        if image.shape[2] == 4:
+            self.visible = image[..., 3].rechunk({1: -1}) > 0
+            self.per_row = self.visible.sum(axis=1).compute().astype(np.int64)
+            self.ends = np.cumsum(self.per_row)
+            n_pixels = int(self.ends[-1]) if self.ends.size else 0
+        else:
+            n_pixels = image.shape[0] * image.shape[1]
+        self.shape = (n_pixels, 3)
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        rank = np.asarray(index, dtype=np.int64)
+        if self.visible is None:
+            rows, cols = np.divmod(rank, self.image.shape[1])
+        else:
+            rows = np.searchsorted(self.ends, rank, side="right")
+            cols = _visible_columns(
+                self.visible, rows, rank - (self.ends[rows] - self.per_row[rows])
+            )
+        return np.asarray(self.image.vindex[rows, cols].compute())[:, :3]
 
 
-def _draw(generator, n_pixels: int, n_samples: int, replace: bool, name: str, which: str):
-    if not replace and n_samples > n_pixels:
-        raise ValueError(
-            f"n_samples ({n_samples}) is larger than the number of {which} of {name} "
-            f"({n_pixels}) and sampling is without replacement; lower n_samples or sample "
-            "with replacement (replace=True, --replace)"
-        )
-    return generator.choice(n_pixels, size=n_samples, replace=bool(replace))
+def visible_pixels_dask(image: da.Array, name: str = "image") -> VisiblePixels:
+    """The visible pixels of a Dask image, gathered on demand (:class:`VisiblePixels`)."""
+    return VisiblePixels(image, name)
 
 
 def _visible_columns(visible: da.Array, rows: np.ndarray, within: np.ndarray) -> np.ndarray:

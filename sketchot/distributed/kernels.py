@@ -911,9 +911,10 @@ def _delayed_whole(array: Any) -> Any:
 
 
 def _absorbed_block(Xc, x_sq, alpha, Yc, y_sq, beta, reg, dtype, cost):
-    """The rows of ``exp(max(alpha_i + beta_j - ||x_i - y_j||^2 / reg, floor))`` of a chunk,
+    """The rows of ``exp(max(alpha_i + beta_j - c(x_i, y_j) / reg, floor))`` of a chunk,
     by :class:`~sketchot.kernels.exact.AbsorbedExactKernel`'s rules: the product form of the
-    exponents (``d + 2`` inner terms) when the offsets are finite, elementwise otherwise."""
+    exponents (``d + 2`` inner terms) for the squared distance with finite offsets,
+    elementwise otherwise."""
     from ..kernels.exact import LOG_FLOOR
 
     floor = LOG_FLOOR[np.dtype(dtype)]

@@ -37,7 +37,7 @@ from ..solver.multiscale import (
     assign_to_seeds,
     cluster_count,
     coarse_info,
-    coarse_pays,
+    coarse_wanted,
     kmeans_seeds,
     solve_coarse,
 )
@@ -49,7 +49,7 @@ def coarse_start_dask(
     problem: Problem, geometry: Any, options: SolverOptions, rng: Any
 ) -> tuple[Problem, dict[str, Any] | None]:
     """``problem`` warm-started from a coarse solve when ``options.coarse_to_fine`` asks for
-    it (``'auto'``: the in-memory rule, :func:`~sketchot.solver.multiscale.coarse_pays`), and
+    it (``'auto'``: the in-memory rule, :func:`~sketchot.solver.multiscale.coarse_wanted`), and
     the stage's ``info`` (``None``: cold). A caller's warm start wins.
 
     Parameters
@@ -63,19 +63,8 @@ def coarse_start_dask(
     rng : None, int or Generator
         As in memory: a child stream of it draws the samples and seeds.
     """
-    wanted = options.coarse_to_fine
-    if wanted is False or problem.log_u0 is not None:
-        return problem, None
-    named = geometry.cost.translation_invariant
-    if wanted is True and not named:  # the in-memory rule (solver.sinkhorn.coarse_start)
-        raise ValueError(
-            "coarse_to_fine=True needs a named metric (the clusters' costs and the "
-            f"extrapolation use c(x, y) = c(y, x)); got {geometry.cost}"
-        )
-    if wanted == "auto" and not (
-        named and coarse_pays(geometry.shape, geometry.max_cost() / geometry.reg)
-    ):
-        return problem, None
+    if not coarse_wanted(options.coarse_to_fine, problem.log_u0 is not None, geometry):
+        return problem, None  # the in-memory rule
     start = time.perf_counter()
     generator = check_rng(rng).spawn(1)[0]  # the kernel's own draws stay those of rng
     clusters = cluster_count(geometry.shape)

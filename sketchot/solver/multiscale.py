@@ -88,6 +88,24 @@ def coarse_pays(shape: tuple[int, int], spread: float) -> bool:
     return shape[0] * shape[1] >= COARSE_MIN_ENTRIES and spread >= COARSE_MIN_SPREAD
 
 
+def coarse_wanted(coarse_to_fine: Any, warm: bool, geometry: Any) -> bool:
+    """Whether a solve starts from a coarse solve (in memory and on Dask): never when
+    ``coarse_to_fine`` is False or the caller gave a warm start; with True always, for a
+    named (symmetric) metric, else ``ValueError``; with ``'auto'`` when a named metric's
+    problem is large and spread enough (:func:`coarse_pays`)."""
+    if coarse_to_fine is False or warm:
+        return False
+    named = geometry.cost.translation_invariant
+    if coarse_to_fine is True and not named:
+        raise ValueError(
+            "coarse_to_fine=True needs a named metric (the clusters' costs and the "
+            f"extrapolation use c(x, y) = c(y, x)); got {geometry.cost}"
+        )
+    if coarse_to_fine == "auto":
+        return named and coarse_pays(geometry.shape, geometry.max_cost() / geometry.reg)
+    return True
+
+
 def cluster_count(shape: tuple[int, int]) -> int:
     """Clusters per cloud for clouds of ``shape = (n, m)`` points."""
     return max(1, min(MAX_CLUSTERS, min(shape) // POINTS_PER_CLUSTER))

@@ -40,7 +40,7 @@ from .advice import advise
 from .engine import STALL_CHECKS, annealing_kernels, choose_strategy, is_symmetric, iterate
 from .errors import AccuracyWarning, InvalidResultError, InvalidResultWarning
 from .grid_start import grid_coarse_start
-from .multiscale import cluster_count, coarse_pays, coarse_to_fine_start
+from .multiscale import cluster_count, coarse_to_fine_start, coarse_wanted
 from .options import DEFAULT_ANDERSON_MEMORY, SolverOptions
 from .plans import (
     check_from_masses,
@@ -123,17 +123,7 @@ def coarse_start(
 
     A caller's warm start wins; the start needs a named (symmetric) metric."""
     wanted = options.coarse_to_fine
-    if wanted is False or problem.log_u0 is not None:
-        return problem, None
-    named = geometry.cost.translation_invariant
-    if wanted is True and not named:
-        raise ValueError(
-            "coarse_to_fine=True needs a named metric (the clusters' costs and the "
-            f"extrapolation use c(x, y) = c(y, x)); got {geometry.cost}"
-        )
-    if wanted == "auto" and not (
-        named and coarse_pays(geometry.shape, geometry.max_cost() / geometry.reg)
-    ):
+    if not coarse_wanted(wanted, problem.log_u0 is not None, geometry):
         return problem, None
     # grids: the clusters' start costs O(N x clusters) exact log products, more than the
     # axis-by-axis solve it would shorten; a pyramid of halved grids instead (grid_start)
