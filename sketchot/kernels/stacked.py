@@ -48,11 +48,14 @@ from .exact import LOG_FLOOR
 GROUP_ENTRIES = 1 << 18
 
 
-def stacked_log_kernel(X: np.ndarray, Y: np.ndarray, reg: float) -> np.ndarray:
+def stacked_log_kernel(
+    X: np.ndarray, Y: np.ndarray, reg: float, out: np.ndarray | None = None
+) -> np.ndarray:
     """``-||x_ki - y_kj||^2 / reg`` of every pair, shape ``(B, n, m)``, from clouds centred
     pair by pair (no cancellation far from the origin), clamped at 0 distance: one batched
     product of augmented coordinates, ``[2 x / reg, -|x|^2 / reg, 1] . [y, 1, -|y|^2 / reg]``
-    (one pass over the output instead of one per term)."""
+    (one pass over the output instead of one per term). ``out``: float64 memory of that
+    shape to write into (a caller that builds many stacks reuses one)."""
     B, n, d = X.shape
     center = (X.sum(axis=1, keepdims=True) + Y.sum(axis=1, keepdims=True)) / (
         X.shape[1] + Y.shape[1]
@@ -66,7 +69,7 @@ def stacked_log_kernel(X: np.ndarray, Y: np.ndarray, reg: float) -> np.ndarray:
     right[:, :d, :] = Yc.transpose(0, 2, 1)
     right[:, d, :] = 1.0
     right[:, d + 1, :] = np.einsum("bmd,bmd->bm", Yc, Yc) * (-1.0 / reg)
-    out = np.matmul(left, right)
+    out = np.matmul(left, right, out=out)
     np.minimum(out, 0.0, out=out)
     return out
 

@@ -302,24 +302,26 @@ def solve_batch(
     out = _Outputs(B, n, m)
     order = by_spread(X, Y, chunk)
     firsts = list(range(0, B, chunk))
-    # memory for the absorbed kernels, one per worker, reused from chunk to chunk
-    buffers: queue.SimpleQueue = queue.SimpleQueue()
+    # a chunk's memory, one per worker, reused from chunk to chunk
+    memories: queue.SimpleQueue = queue.SimpleQueue()
     lock, tally = threading.Lock(), [0, 0]  # pairs solved and converged, for the progress
 
     def solve(part: Part) -> float:
         build = 0.0
         for first in part:
             pairs = order[first : first + chunk]
-            begin = time.perf_counter()
-            log_kernel = stacked_log_kernel(X[pairs], Y[pairs], reg)
-            build += time.perf_counter() - begin
             try:
-                buffer = buffers.get_nowait()
+                memory = memories.get_nowait()
             except queue.Empty:
-                buffer = np.empty(chunk * n * m, dtype=dtype)
+                memory = _ChunkMemory(chunk * n * m, dtype)
+            begin = time.perf_counter()
+            log_kernel = stacked_log_kernel(
+                X[pairs], Y[pairs], reg, out=memory.stack("log_kernel", (pairs.size, n, m))
+            )
+            build += time.perf_counter() - begin
             _solve_chunk(log_kernel, a[pairs], b[pairs], reg, options, tol, norm, round_iter,
-                         out, pairs, buffer, part, dtype)  # fmt: skip
-            buffers.put(buffer)
+                         out, pairs, memory, part, dtype)  # fmt: skip
+            memories.put(memory)
             if options.verbose:
                 with lock:
                     tally[0] += pairs.size
@@ -343,6 +345,30 @@ def solve_batch(
         accuracy=options.accuracy, timings={"build": build, "total": total},
         notes=notes, sizes=sizes,
     )  # fmt: skip
+
+
+class _ChunkMemory:
+    """A worker's memory for a chunk (:data:`BYTES_PER_ENTRY` per entry), reused from chunk to
+    chunk: the chunk's ``-C / reg`` (``'log_kernel'``), one float64 stack derived from it
+    (``'derived'``: a coarse stage's, or the pairs still running), and the absorbed kernels
+    (``absorbed``, in the passes' ``dtype``). Fresh arrays of a chunk's size cost more in
+    page faults than the passes that fill them."""
+
+    def __init__(self, entries: int, dtype: np.dtype) -> None:
+        self._float64 = {"log_kernel": np.empty(entries), "derived": np.empty(entries)}
+        self.absorbed = np.empty(entries, dtype=dtype)
+
+    def stack(self, name: str, shape: tuple[int, int, int]) -> np.ndarray:
+        """The float64 memory ``name`` as an array of ``shape`` (at most the chunk's entries)."""
+        return self._float64[name][: shape[0] * shape[1] * shape[2]].reshape(shape)
+
+
+def _derived(log_kernel: np.ndarray, index: np.ndarray, memory: Any) -> np.ndarray:
+    """``log_kernel[index]`` in ``memory``'s derived stack (a new array without one)."""
+    if memory is None:
+        return log_kernel[index]
+    return np.take(log_kernel, index, axis=0, out=memory.stack("derived", (index.size,
+                   *log_kernel.shape[1:])))  # fmt: skip
 
 
 class _Outputs:
@@ -395,17 +421,18 @@ def by_spread(X: np.ndarray, Y: np.ndarray, chunk: int) -> np.ndarray:
 
 
 def _solve_chunk(
-    log_kernel, a, b, reg, options, tol, norm, round_iter, out, pairs, buffer=None, part=None,
+    log_kernel, a, b, reg, options, tol, norm, round_iter, out, pairs, memory=None, part=None,
     dtype=np.float64,
 ) -> None:  # fmt: skip
     """The coarse stages (:func:`coarse_factors`, :func:`_coarse_start`), then rounds of the
     engine on the stack of the pairs not converged yet (module notes); each pair's results
-    are summarised when it leaves. ``buffer``: memory for the absorbed kernels, reused from
-    chunk to chunk. ``part``: the worker's :class:`~sketchot._parallel.Part`, whose cancel
-    flag is checked at every check of the engine and between rounds (a chunk runs for up to
-    ``max_iter`` iterations: Ctrl-C must not wait for it). ``dtype``: the absorbed kernels'
-    (:func:`pass_dtype`)."""
+    are summarised when it leaves. ``memory``: a :class:`_ChunkMemory` reused from chunk to
+    chunk (``None``: fresh arrays). ``part``: the worker's :class:`~sketchot._parallel.Part`,
+    whose cancel flag is checked at every check of the engine and between rounds (a chunk
+    runs for up to ``max_iter`` iterations: Ctrl-C must not wait for it). ``dtype``: the
+    absorbed kernels' (:func:`pass_dtype`)."""
     watch = None if part is None else _CancelCheck(part)
+    buffer = None if memory is None else memory.absorbed
     count, n, m = log_kernel.shape
     spreads = -log_kernel.min(axis=(1, 2))  # each pair's largest cost over reg
     n_iter, errors = np.zeros(count, dtype=int), np.full(count, np.inf)
@@ -415,13 +442,13 @@ def _solve_chunk(
     log_u, log_v = _start(log_kernel, a, b, spreads)
     if options.log_domain is not False:
         _coarse_start(log_kernel, a, b, spreads, log_u, log_v, n_iter, norm, every,
-                      options.max_iter, anderson, watch, buffer, dtype)  # fmt: skip
+                      options.max_iter, anderson, watch, memory, dtype)  # fmt: skip
     active = np.arange(count)
     while active.size and n_iter[active].max() < options.max_iter:
         if part is not None:
             part.check()
         whole = active.size == count
-        stack = log_kernel if whole else log_kernel[active]
+        stack = log_kernel if whole else _derived(log_kernel, active, memory)
         kernel = StackedExactKernel(
             stack, reg, max_cost=reg * float(spreads[active].max()), buffer=buffer, dtype=dtype
         )
@@ -468,7 +495,7 @@ def coarse_factors(spread: float) -> list[float]:
 
 def _coarse_start(
     log_kernel, a, b, spreads, log_u, log_v, n_iter, norm, every, max_iter, anderson, watch,
-    buffer, dtype,
+    memory, dtype,
 ) -> None:  # fmt: skip
     """Replace the starts ``log_u``, ``log_v`` (:func:`_start`) of the pairs that have coarse
     stages (:func:`coarse_factors` of their own spreads) by the potentials their stages
@@ -488,7 +515,8 @@ def _coarse_start(
                            for plan in plans])  # fmt: skip
         index = np.flatnonzero(factor > 0)
         factor = factor[index]
-        stack = log_kernel[index] / factor[:, None, None]
+        stack = _derived(log_kernel, index, memory)
+        stack /= factor[:, None, None]
         carried = current[index] / factor
         log_u[index] *= carried[:, None]
         log_v[index] *= carried[:, None]
@@ -496,11 +524,11 @@ def _coarse_start(
         if fresh.any():
             new = index[fresh]
             log_u[new], log_v[new] = _start(
-                stack[fresh], a[new], b[new], spreads[new] / factor[fresh]
+                stack if fresh.all() else stack[fresh], a[new], b[new], spreads[new] / factor[fresh]
             )
         kernel = StackedExactKernel(
-            stack, 1.0, max_cost=float((spreads[index] / factor).max()), buffer=buffer,
-            dtype=dtype,
+            stack, 1.0, max_cost=float((spreads[index] / factor).max()),
+            buffer=None if memory is None else memory.absorbed, dtype=dtype,
         )  # fmt: skip
         starts = {"log_u0": log_u[index].ravel(), "log_v0": log_v[index].ravel()}
         problem = make_problem(a[index].ravel(), b[index].ravel(), kernel.shape, 1.0, **starts)

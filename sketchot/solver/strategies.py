@@ -30,7 +30,7 @@ from .stopping import ResidualNorm
 
 #: Absorption thresholds ``tau`` on ``|log u~|``, ``|log v~|`` per storage precision (see
 #: :class:`sketchot.kernels.exact.AbsorbedExactKernel` for why the entry floor is harmless).
-ABSORB_THRESHOLD = {np.dtype(np.float64): 100.0, np.dtype(np.float32): 20.0}
+ABSORB_THRESHOLD = {np.dtype(np.float64): 100.0, np.dtype(np.float32): 30.0}
 
 #: Breakdowns repaired by an exact log-domain iteration before the run gives up.
 MAX_RESETS = 20
