@@ -243,7 +243,9 @@ class AbsorbedExactKernel(ExactKernel):
     of scalings of any range stay finite. An entry clamped at the floor ``t`` adds at most
     ``m t e^tau`` to a row sum of at least ``a_i e^-tau`` while the scalings stay in
     ``[e^-tau, e^tau]``: relative ``m t e^(2 tau) / a_i``, far below rounding for the
-    thresholds the solver uses (``tau = 100`` in float64, 20 in float32).
+    thresholds the solver uses (``tau = 100`` in float64; in float32 20, raised for smaller
+    problems only while this bound stays within float32's epsilon:
+    :func:`sketchot.solver.strategies.absorb_threshold`).
 
     Parameters
     ----------

@@ -156,7 +156,8 @@ def test_absorbed_is_the_plain_iteration_when_nothing_underflows(problem, monkey
     Xc, Yc, a, b = problem
     K = kernel(Xc, Yc, 0.05)
     plain = sketchot.sinkhorn_kernel(a, b, K, log_domain=False, anderson=0)
-    monkeypatch.setitem(engine.ABSORB_THRESHOLD, np.dtype(np.float64), 3.0)  # absorb often
+    for thresholds in (engine.ABSORB_THRESHOLD, strategies.ABSORB_THRESHOLD_MAX):
+        monkeypatch.setitem(thresholds, np.dtype(np.float64), 3.0)  # absorb often
     result = sketchot.sinkhorn_kernel(a, b, K, anderson=0)
     assert result.iteration_info["absorptions"] > 0
     assert result.n_iter == plain.n_iter
@@ -228,7 +229,8 @@ def test_streamed_equals_stored(problem, dtype, monkeypatch):
     Xc, Yc, a, b = problem
     reg = 0.003
     tol = 1e-9 if dtype == np.float64 else 1e-6 * np.linalg.norm(b)
-    monkeypatch.setitem(engine.ABSORB_THRESHOLD, np.dtype(dtype), 5.0)  # absorb often
+    for thresholds in (engine.ABSORB_THRESHOLD, strategies.ABSORB_THRESHOLD_MAX):
+        monkeypatch.setitem(thresholds, np.dtype(dtype), 5.0)  # absorb often
     monkeypatch.setattr(exact, "block_rows", lambda *args, **kwargs: 40)  # 3 blocks
     geometry = GibbsGeometry(Xc, Yc, reg)
     runs = []
