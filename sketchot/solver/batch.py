@@ -444,6 +444,7 @@ def _solve_chunk(
         _coarse_start(log_kernel, a, b, spreads, log_u, log_v, n_iter, norm, every,
                       options.max_iter, anderson, watch, memory, dtype)  # fmt: skip
     active = np.arange(count)
+    mixing = anderson
     while active.size and n_iter[active].max() < options.max_iter:
         if part is not None:
             part.check()
@@ -457,7 +458,7 @@ def _solve_chunk(
         state = iterate(
             kernel, problem, tol=tol, norm=norm, check_every=every,
             max_iter=min(round_iter, options.max_iter - int(n_iter[active].max())),
-            strategy=choose_strategy(kernel, options.log_domain), anderson=anderson,
+            strategy=choose_strategy(kernel, options.log_domain), anderson=mixing,
             progress=watch,
         )  # fmt: skip
         log_u[active] = state.log_u.reshape(-1, n)
@@ -465,7 +466,17 @@ def _solve_chunk(
         n_iter[active] += state.n_iter
         sums = _PlanSums(kernel, log_u[active], log_v[active], reg)
         errors[active] = _errors(sums.col, b[active], norm) / masses[active]
-        last = state.status in ("stalled", "breakdown") or n_iter[active].max() >= options.max_iter
+        # a breakdown with Anderson mixing (its extrapolations left the passes' range, on few
+        # points at small reg): the pairs go on with the plain iteration from their last
+        # finite iterate instead of leaving unconverged; a plain breakdown ends them
+        broke = state.status == "breakdown"
+        last = (
+            state.status == "stalled"
+            or (broke and not mixing)
+            or n_iter[active].max() >= options.max_iter
+        )
+        if broke:
+            mixing = 0
         leaving = np.ones(active.size, dtype=bool) if last else errors[active] <= tol
         if sums.exact is not None:  # float32 passes: the float64 check decides
             checked = sums.exact(leaving, stack)
