@@ -363,12 +363,20 @@ class _ChunkMemory:
         return self._float64[name][: shape[0] * shape[1] * shape[2]].reshape(shape)
 
 
-def _derived(log_kernel: np.ndarray, index: np.ndarray, memory: Any) -> np.ndarray:
-    """``log_kernel[index]`` in ``memory``'s derived stack (a new array without one)."""
+def _derived(
+    log_kernel: np.ndarray, index: np.ndarray, memory: Any, divisor: np.ndarray | None = None
+) -> np.ndarray:
+    """``log_kernel[index] / divisor[:, None, None]`` (``divisor``: one per picked pair,
+    default none) in ``memory``'s derived stack (a new array without one)."""
     if memory is None:
-        return log_kernel[index]
-    return np.take(log_kernel, index, axis=0, out=memory.stack("derived", (index.size,
-                   *log_kernel.shape[1:])))  # fmt: skip
+        picked = log_kernel[index]
+        return picked if divisor is None else np.divide(picked, divisor[:, None, None], out=picked)
+    out = memory.stack("derived", (index.size, *log_kernel.shape[1:]))
+    every = index.size == log_kernel.shape[0] and (index == np.arange(index.size)).all()
+    if divisor is not None and every:  # every pair in order: one pass, no gather
+        return np.divide(log_kernel, divisor[:, None, None], out=out)
+    np.take(log_kernel, index, axis=0, out=out)
+    return out if divisor is None else np.divide(out, divisor[:, None, None], out=out)
 
 
 class _Outputs:
@@ -526,8 +534,7 @@ def _coarse_start(
                            for plan in plans])  # fmt: skip
         index = np.flatnonzero(factor > 0)
         factor = factor[index]
-        stack = _derived(log_kernel, index, memory)
-        stack /= factor[:, None, None]
+        stack = _derived(log_kernel, index, memory, divisor=factor)
         carried = current[index] / factor
         log_u[index] *= carried[:, None]
         log_v[index] *= carried[:, None]
