@@ -441,7 +441,7 @@ def _solve_chunk(
     absorbed kernels' (:func:`pass_dtype`)."""
     watch = None if part is None else _CancelCheck(part)
     buffer = None if memory is None else memory.absorbed
-    count, n, m = log_kernel.shape
+    count = log_kernel.shape[0]
     spreads = -log_kernel.min(axis=(1, 2))  # each pair's largest cost over reg
     n_iter, errors = np.zeros(count, dtype=int), np.full(count, np.inf)
     masses = a.sum(axis=1)
@@ -469,22 +469,21 @@ def _solve_chunk(
             strategy=choose_strategy(kernel, options.log_domain), anderson=mixing,
             progress=watch,
         )  # fmt: skip
-        log_u[active] = state.log_u.reshape(-1, n)
-        log_v[active] = state.log_v.reshape(-1, m)
+        _keep_finite(log_u, log_v, active, state, a, b)
         n_iter[active] += state.n_iter
         sums = _PlanSums(kernel, log_u[active], log_v[active], reg)
         errors[active] = _errors(sums.col, b[active], norm) / masses[active]
         # a breakdown with Anderson mixing (its extrapolations left the passes' range, on few
-        # points at small reg): the pairs go on with the plain iteration from their last
-        # finite iterate instead of leaving unconverged; a plain breakdown ends them
+        # points at small reg): the stack runs its next round plain from the last finite
+        # iterates, then mixes again, instead of every pair leaving unconverged; a breakdown
+        # of a plain round ends the pairs still running
         broke = state.status == "breakdown"
         last = (
             state.status == "stalled"
             or (broke and not mixing)
             or n_iter[active].max() >= options.max_iter
         )
-        if broke:
-            mixing = 0
+        mixing = 0 if broke else anderson
         leaving = np.ones(active.size, dtype=bool) if last else errors[active] <= tol
         if sums.exact is not None:  # float32 passes: the float64 check decides
             checked = sums.exact(leaving, stack)
@@ -496,6 +495,19 @@ def _solve_chunk(
         active = active[~leaving]
     out.n_iter[pairs], out.errors[pairs] = n_iter, errors
     out.converged[pairs] = errors <= tol
+
+
+def _keep_finite(log_u, log_v, active, state, a, b) -> None:
+    """Store a round's potentials of the pairs ``active`` in ``log_u``, ``log_v`` (in place),
+    except where a pair's came back non-finite on a positive weight (a breakdown's last
+    iterate): that pair keeps the potentials it started the round from."""
+    new_u = state.log_u.reshape(active.size, -1)
+    new_v = state.log_v.reshape(active.size, -1)
+    finite = (np.isfinite(new_u) | (a[active] <= 0)).all(axis=1) & (
+        np.isfinite(new_v) | (b[active] <= 0)
+    ).all(axis=1)
+    log_u[active[finite]] = new_u[finite]
+    log_v[active[finite]] = new_v[finite]
 
 
 def coarse_factors(spread: float) -> list[float]:

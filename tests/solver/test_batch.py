@@ -1,3 +1,5 @@
+from types import SimpleNamespace
+
 import numpy as np
 import ot
 import pytest
@@ -112,8 +114,8 @@ def test_zero_weights_and_tiny_reg_stay_finite():
 def test_a_breakdown_with_mixing_goes_on_without_it(log_domain_tol):
     """5 x 10 points at reg 1e-3: Anderson's extrapolations break the absorbed passes down
     within the first round. Before, every pair of the stack then left unconverged (errors
-    0.01-0.35, none converged); the pairs now go on with the plain iteration from their
-    last finite iterate, and those that converge agree with ``sinkhorn``'s."""
+    0.01-0.35, none converged); the stack now runs a plain round from its last finite
+    iterates and mixes again, and the pairs that converge agree with ``sinkhorn``'s."""
     X, Y, a, b = pairs(0, B=4, n=5, m=10)
     res = sketchot.sinkhorn_batch(X, Y, a, b, reg=1e-3, max_iter=3000, **log_domain_tol)
     assert res.converged.sum() >= 3
@@ -424,3 +426,20 @@ def test_a_pair_that_misses_the_float64_check_stays(monkeypatch):
         assert res.errors[k] == pytest.approx(col_error, rel=1e-6, abs=1e-15)
     np.testing.assert_array_equal(res.converged, res.errors <= 1e-9)
     assert not res.converged.all() and (res.n_iter[~res.converged] == 300).all()
+
+
+def test_a_round_that_loses_a_pair_keeps_its_start():
+    """A breakdown's last iterate may be non-finite for some pairs; those keep the
+    potentials they started the round from (a later round starts from finite ones), zero
+    weights' -inf stays allowed, the other pairs take the round's."""
+    a = np.full((3, 2), 0.5)
+    a[2, 0] = 0.0
+    b = np.full((3, 2), 0.5)
+    log_u, log_v = np.zeros((3, 2)), np.ones((3, 2))
+    new_u = np.array([[1.0, 2.0], [np.nan, 3.0], [-np.inf, 4.0]])
+    new_v = np.array([[5.0, 6.0], [7.0, 8.0], [9.0, 10.0]])
+    active = np.array([0, 1, 2])
+    state = SimpleNamespace(log_u=new_u.ravel(), log_v=new_v.ravel())
+    batch_module._keep_finite(log_u, log_v, active, state, a, b)
+    np.testing.assert_array_equal(log_u, [[1.0, 2.0], [0.0, 0.0], [-np.inf, 4.0]])
+    np.testing.assert_array_equal(log_v, [[5.0, 6.0], [1.0, 1.0], [9.0, 10.0]])
