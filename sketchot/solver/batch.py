@@ -58,9 +58,11 @@ The start is POT's, except for the pairs where it would underflow
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +75,7 @@ from .._parallel import Part, get_num_threads, run_parts
 from .._validation import check_float, check_int, describe, refuse_masked, unknown_names
 from ..kernels.stacked import GROUP_ENTRIES, StackedExactKernel, stacked_log_kernel
 from .engine import ABSORB_THRESHOLD, choose_strategy, iterate
+from .matrix import sinkhorn_matrix
 from .options import SolverOptions
 from .problem import MASS_RTOL, make_problem
 
@@ -337,6 +340,7 @@ def solve_batch(
         BYTES_PER_ENTRY * chunk * n * m))  # fmt: skip
     threads = max(1, min(get_num_threads(), fits))
     build = sum(run_parts(solve, firsts, parallel=len(firsts) > 1, group=1, threads=threads))
+    _solve_alone(X, Y, a, b, reg, options, tol, norm, out)
     total = time.perf_counter() - start
     return BatchResult(
         potentials=(out.log_u, out.log_v), marginals=(out.row, out.col),
@@ -389,6 +393,8 @@ class _Outputs:
         self.errors = np.full(B, np.inf)
         self.n_iter = np.zeros(B, dtype=int)
         self.converged = np.zeros(B, dtype=bool)
+        # pairs that left their stack on a breakdown or a stall, above tol: solved alone
+        self.alone = np.zeros(B, dtype=bool)
 
 
 def pass_dtype(tol: float, log_domain: Any) -> np.dtype:
@@ -452,7 +458,6 @@ def _solve_chunk(
         _coarse_start(log_kernel, a, b, spreads, log_u, log_v, n_iter, norm, every,
                       options.max_iter, anderson, watch, memory, dtype)  # fmt: skip
     active = np.arange(count)
-    mixing = anderson
     while active.size and n_iter[active].max() < options.max_iter:
         if part is not None:
             part.check()
@@ -466,24 +471,18 @@ def _solve_chunk(
         state = iterate(
             kernel, problem, tol=tol, norm=norm, check_every=every,
             max_iter=min(round_iter, options.max_iter - int(n_iter[active].max())),
-            strategy=choose_strategy(kernel, options.log_domain), anderson=mixing,
+            strategy=choose_strategy(kernel, options.log_domain), anderson=anderson,
             progress=watch,
         )  # fmt: skip
         _keep_finite(log_u, log_v, active, state, a, b)
         n_iter[active] += state.n_iter
         sums = _PlanSums(kernel, log_u[active], log_v[active], reg)
         errors[active] = _errors(sums.col, b[active], norm) / masses[active]
-        # a breakdown with Anderson mixing (its extrapolations left the passes' range, on few
-        # points at small reg): the stack runs its next round plain from the last finite
-        # iterates, then mixes again, instead of every pair leaving unconverged; a breakdown
-        # of a plain round ends the pairs still running
-        broke = state.status == "breakdown"
-        last = (
-            state.status == "stalled"
-            or (broke and not mixing)
-            or n_iter[active].max() >= options.max_iter
-        )
-        mixing = 0 if broke else anderson
+        # a breakdown (Anderson's extrapolations leave the passes' range on a few points at
+        # small reg) or a stall ends the round for every pair of the stack; those above tol
+        # are then solved alone (_solve_alone) instead of being left unconverged
+        early = state.status in ("stalled", "breakdown")
+        last = early or n_iter[active].max() >= options.max_iter
         leaving = np.ones(active.size, dtype=bool) if last else errors[active] <= tol
         if sums.exact is not None:  # float32 passes: the float64 check decides
             checked = sums.exact(leaving, stack)
@@ -492,9 +491,42 @@ def _solve_chunk(
             if not last:
                 leaving &= errors[active] <= tol
         sums.store(leaving, stack, a[active], b[active], out, pairs[active])
+        if early:
+            stuck = leaving & ~(errors[active] <= tol) & (n_iter[active] < options.max_iter)
+            out.alone[pairs[active[stuck]]] = True
         active = active[~leaving]
     out.n_iter[pairs], out.errors[pairs] = n_iter, errors
     out.converged[pairs] = errors <= tol
+
+
+def _solve_alone(X, Y, a, b, reg, options, tol, norm, out) -> None:
+    """Solve the pairs ``out.alone`` (they left their stack on a breakdown or a stall above
+    ``tol``) one by one with the single-problem solver (its epsilon schedule and resets),
+    from a cold start, with the iterations they have left; a pair takes the lone solve's
+    potentials when their marginal error (measured as the batch measures it, in float64)
+    is smaller than its own. In the calling thread, after the workers: a lone solve may use
+    the thread pool itself."""
+    for k in np.flatnonzero(out.alone):
+        left = options.max_iter - int(out.n_iter[k])
+        if left < 1:
+            continue
+        log_kernel = stacked_log_kernel(X[k : k + 1], Y[k : k + 1], reg)
+        single_options = dataclasses.replace(options, max_iter=left, check_every="auto")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the batch says whether the pair converged
+            single = sinkhorn_matrix(a[k], b[k], -reg * log_kernel[0], reg, options=single_options)
+        out.n_iter[k] += single.n_iter
+        log_u, log_v = (np.asarray(side, dtype=np.float64)[None] for side in single.potentials)
+        if not (np.isfinite(log_u) | (a[k] <= 0)).all() or not (
+            np.isfinite(log_v) | (b[k] <= 0)
+        ).all():
+            continue
+        sums = _PlanSums(StackedExactKernel(log_kernel, reg), log_u, log_v, reg)
+        error = float(_errors(sums.col, b[k : k + 1], norm)[0] / a[k].sum())
+        if error < out.errors[k]:
+            sums.store(np.ones(1, dtype=bool), log_kernel, a[k : k + 1], b[k : k + 1], out,
+                       np.array([k]))  # fmt: skip
+            out.errors[k], out.converged[k] = error, error <= tol
 
 
 def _keep_finite(log_u, log_v, active, state, a, b) -> None:
