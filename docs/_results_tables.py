@@ -38,6 +38,8 @@ INCLUDED = (
     "gpu_h100_first_kernel",
     "gpu_h100_d64",
     "batch",
+    "batch_small",
+    "batch_small_0.10.0",
     "barycenter_quick",
     "barycenter_1e4_pot",
     "barycenter_large",
