@@ -359,7 +359,8 @@ def sample_pixels(
         Fully transparent pixels (alpha 0) are left out: their colour is not part of the
         picture. Partly transparent pixels count as much as opaque ones. A Dask array is
         sampled on the workers (the same draw as the same image in memory; only the
-        sample comes to the client; ``weighted=False`` only).
+        sample, or for ``weighted=True`` the image's distinct colours and their counts,
+        come to the client; ``weighted=True`` for uint8 and uint16 images).
     n_samples : int
         Number of colours to draw (>= 1).
     rng : None, int, Generator, ...
@@ -394,10 +395,12 @@ def sample_pixels(
     generator = check_rng(rng)
     on_dask = api.on_dask(image)
     if on_dask:  # counted on the workers; the drawn rows gathered (the in-memory draw)
-        if weighted:
+        if weighted and np.dtype(image.dtype).kind != "u":
             raise NotImplementedError(
-                f"weighted=True is not available for a Dask {name}: it counts every distinct "
-                "colour of the whole image; sample pixels uniformly (weighted=False)"
+                f"weighted=True is not available for a Dask {name} of {image.dtype} values: "
+                "its distinct colours are counted on the workers for 8- and 16-bit images "
+                "only (floats would need a sort of every pixel); sample pixels uniformly "
+                "(weighted=False), or store the image as uint8 or uint16"
             )
         pixels = api.visible_pixels_dask(image, name=name)
     else:
@@ -416,7 +419,10 @@ def sample_pixels(
                 "replace=True cannot be combined with weighted=True: distinct colours are "
                 "weighted by their pixel counts, so drawing one twice would count it twice"
             )
-        if pixels.dtype.kind == "u":
+        if on_dask:  # each chunk's colours counted on its worker, the counts merged
+            table = ColorIndex(*pixels.distinct_counts(pack_colors), pixels.dtype)
+            colors, counts = table.colors(), table.counts.astype(np.float64)
+        elif pixels.dtype.kind == "u":
             table = ColorIndex.build(pixels, counts=True)
             colors, counts = table.colors(), table.counts.astype(np.float64)
         else:

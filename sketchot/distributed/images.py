@@ -106,6 +106,50 @@ class VisiblePixels:
         return np.asarray(self.image.vindex[rows, cols].compute())[:, :3]
 
 
+    def distinct_counts(self, pack: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, ...]:
+        """``(codes, counts)``: the sorted distinct codes ``pack(rgb)`` of the visible pixels
+        (an integer per colour: ``pack`` is the colour layer's packing, passed in) and the
+        pixels of each, as int64. Each chunk counts its own colours on its worker
+        (``np.unique``); the counts are merged in a tree of at most :data:`MERGE_FAN_IN`
+        parts a task, so the client receives only the image's distinct colours. The same
+        codes and counts as the whole image counted in memory."""
+        if self.dtype.kind != "u":
+            raise TypeError(f"distinct colours are counted for integer images; got {self.dtype}")
+        blocks = self.image.rechunk({2: -1}).to_delayed().ravel()
+        parts = [dask.delayed(_distinct_in_block, pure=True)(block, pack) for block in blocks]
+        merge = dask.delayed(_merge_counts, pure=True)
+        while len(parts) > 1:
+            fan = MERGE_FAN_IN
+            parts = [merge(*parts[i : i + fan]) for i in range(0, len(parts), fan)]
+        codes, counts = parts[0].compute()
+        return codes, counts
+
+
+#: Parts of distinct colours merged by one task (:meth:`VisiblePixels.distinct_counts`).
+MERGE_FAN_IN = 8
+
+
+def _distinct_in_block(block: np.ndarray, pack: Callable[[np.ndarray], np.ndarray]):
+    """The sorted distinct codes of a chunk's visible pixels and their counts."""
+    pixels = np.asarray(block).reshape(-1, block.shape[-1])
+    if pixels.shape[1] == 4:
+        pixels = pixels[pixels[:, 3] > 0]
+    codes, counts = np.unique(pack(pixels[:, :3]), return_counts=True)
+    return codes, counts.astype(np.int64)
+
+
+def _merge_counts(*parts: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct codes of several parts and their summed counts (exact integers)."""
+    codes = np.concatenate([c for c, _ in parts])
+    counts = np.concatenate([n for _, n in parts])
+    if not codes.size:
+        return codes, counts
+    order = np.argsort(codes, kind="stable")
+    codes, counts = codes[order], counts[order]
+    first = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+    return codes[first], np.add.reduceat(counts, first)
+
+
 def visible_pixels_dask(image: da.Array, name: str = "image") -> VisiblePixels:
     """The visible pixels of a Dask image, gathered on demand (:class:`VisiblePixels`)."""
     return VisiblePixels(image, name)

@@ -105,23 +105,73 @@ def test_a_dask_image_is_sampled_as_in_memory(client, alpha):
         np.testing.assert_array_equal(got.weights, expected.weights)
         assert got.n_pixels == expected.n_pixels
     dask_image = da.from_array(image, chunks=(10, 7, -1))
-    with pytest.raises(NotImplementedError, match="weighted=True is not available for a Dask"):
-        sketchot.sample_pixels(dask_image, 10, weighted=True)
     with pytest.raises(ValueError, match=r"n_samples \(5000\) is larger than the number"):
         sketchot.sample_pixels(dask_image, 5000, rng=0)
 
 
-def test_transfer_colors_of_dask_images_is_the_in_memory_transfer(client):
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
+@pytest.mark.parametrize("alpha", [False, True])
+def test_a_weighted_sample_of_a_dask_image_is_the_in_memory_one(client, dtype, alpha):
+    """``weighted=True``: each chunk counts its distinct colours on its worker, the counts
+    are merged in a tree, and the draw over them is the in-memory one (the same colours and
+    weights, bit for bit), whatever the chunks (more than MERGE_FAN_IN of them, so that the
+    tree has two levels); transparent pixels are left out of the counts."""
+    image = photo_like(3, (53, 41)).astype(dtype)
+    if dtype == np.uint16:
+        image = image * np.uint16(257) + np.uint16(1)  # 16-bit codes beyond 8-bit ones
+    if alpha:
+        opacity = np.where(np.random.default_rng(4).random((53, 41, 1)) < 0.3, 0, 7)
+        image = np.concatenate([image, opacity.astype(dtype)], axis=2)
+    image.setflags(write=False)
+    for n_samples in (50, 10**5):  # a draw among the colours; every colour (the histogram)
+        expected = sketchot.sample_pixels(image, n_samples, rng=5, weighted=True)
+        for chunks in ((10, 7), (53, 41)):
+            dask_image = da.from_array(image, chunks=(*chunks, -1))
+            got = sketchot.sample_pixels(dask_image, n_samples, rng=5, weighted=True)
+            np.testing.assert_array_equal(got.colors, expected.colors)
+            np.testing.assert_array_equal(got.weights, expected.weights)
+            assert got.n_pixels == expected.n_pixels
+    assert expected.colors.shape[0] < 53 * 41  # repeated colours: counts above 1 merged
+
+
+def test_a_weighted_sample_of_a_float_dask_image_is_refused_by_name(client):
+    image = da.from_array(photo_like(3, (20, 20)) / 255.0, chunks=(10, 10, -1))
+    with pytest.raises(NotImplementedError, match="weighted=True is not available for a Dask "
+                       "image of float64 values"):  # fmt: skip
+        sketchot.sample_pixels(image, 10, weighted=True)
+    assert sketchot.sample_pixels(image, 10, rng=0).colors.shape == (10, 3)  # uniform: fine
+
+
+def test_merged_counts_are_the_counts_of_the_concatenation():
+    """The tree's merge (any split of the pixels into parts) gives np.unique's codes and
+    counts of all of them, as integers."""
+    from sketchot.distributed.images import _merge_counts
+
+    rng = np.random.default_rng(7)
+    codes = rng.integers(0, 50, size=1000).astype(np.uint64)
+    cuts = np.sort(rng.choice(np.arange(1, 1000), size=6, replace=False))
+    parts = [np.unique(part, return_counts=True) for part in np.split(codes, cuts)]
+    merged_codes, merged_counts = _merge_counts(*parts, (codes[:0], np.zeros(0, np.int64)))
+    expected_codes, expected_counts = np.unique(codes, return_counts=True)
+    np.testing.assert_array_equal(merged_codes, expected_codes)
+    np.testing.assert_array_equal(merged_counts, expected_counts)
+    assert merged_counts.dtype == np.int64
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_transfer_colors_of_dask_images_is_the_in_memory_transfer(client, weighted):
     """Sampled on the workers, solved in memory, mapped on the workers: the in-memory
     transfer's sample, solve and image (compact: uint8), the recoloured image lazy."""
     source, target = photo_like(0, (61, 47)), photo_like(1, (40, 30))
-    options = {"backend": "nystrom", "n_samples": 300, "rng": 0, "compact": True}
+    options = {"backend": "nystrom", "n_samples": 300, "rng": 0, "compact": True,
+               "weighted": weighted}  # fmt: skip
     expected = transfer_colors(source, target, **options)
     run = transfer_colors(
         da.from_array(source, chunks=(20, 15, 3)), da.from_array(target, chunks=(25, 30, 3)),
         **options,
     )  # fmt: skip
     np.testing.assert_array_equal(run.source_sample.colors, expected.source_sample.colors)
+    np.testing.assert_array_equal(run.source_sample.weights, expected.source_sample.weights)
     assert run.result.value == expected.result.value
     assert isinstance(run.image, da.Array)
     assert np.abs(run.image.compute().astype(int) - expected.image.astype(int)).max() <= 1
