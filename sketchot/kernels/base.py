@@ -29,6 +29,7 @@ rows it repaired. An iteration is bound by memory bandwidth, so one pass instead
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,13 @@ from .._defaults import DEFAULT_MAX_DENSE_BYTES
 from .._parallel import Part, add_in_place, reduce_parts
 from .._validation import check_choice, check_matrix, describe
 from ..gibbs import GibbsGeometry
+
+#: Log of the floor of an absorbed kernel's entries: one unit above log(tiny) so that exp
+#: never rounds into denormals (denormal operands make BLAS products many times slower).
+LOG_FLOOR = {
+    np.dtype(dtype): math.ceil(math.log(np.finfo(dtype).tiny)) + 1.0
+    for dtype in (np.float64, np.float32)
+}
 
 #: Capabilities an operator may declare in ``info.capabilities``:
 #: ``'exact'`` (its products are the true kernel), ``'factors'`` (it has ``factors = (A, B)``

@@ -10,7 +10,6 @@ product. As ``K = L R^T`` with ``L = K`` and ``R = I``, a fused pass over the ro
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 from typing import Any
@@ -34,6 +33,7 @@ from ..gibbs import (
 )
 from .base import (
     IDENTITY_STEP,
+    LOG_FLOOR,
     MIN_DENOMINATOR_RATIO,
     SIDES,
     THREADED_PASS_MIN_ENTRIES,
@@ -56,12 +56,6 @@ from .registry import register_backend
 #: public entries force it for tensors that require a gradient).
 EXACT_BACKEND = "exact"
 
-#: Log of the floor of an absorbed kernel's entries: one unit above log(tiny) so that exp
-#: never rounds into denormals (denormal operands make BLAS products many times slower).
-LOG_FLOOR = {
-    np.dtype(dtype): math.ceil(math.log(np.finfo(dtype).tiny)) + 1.0
-    for dtype in (np.float64, np.float32)
-}
 
 
 #: Entries the streamed kernel's pass time is measured on (a few cache-sized blocks).

@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels import KernelOperator, RatioStep
-from ..kernels.base import fast_ratios_and_bad
-from ..kernels.exact import LOG_FLOOR
+from ..kernels.base import LOG_FLOOR, fast_ratios_and_bad
 from .errors import LinearRangeError
 from .penalties import LOG_HUGE, LOG_TINY
 from .problem import Problem

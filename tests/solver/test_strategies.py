@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sketchot.kernels.exact import LOG_FLOOR
+from sketchot.kernels.base import LOG_FLOOR
 from sketchot.kernels.stacked import StackedExactKernel, stacked_log_kernel
 from sketchot.solver.engine import iterate
 from sketchot.solver.problem import make_problem
