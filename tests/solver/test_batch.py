@@ -285,15 +285,22 @@ def test_chunks_of_similar_spreads_return_the_pairs_in_order():
         assert chunked.value[k] == pytest.approx(ref.value[0], rel=1e-10)
 
 
-def test_threads_change_nothing():
+@pytest.mark.parametrize(
+    "setting",
+    [dict(seed=15, n=20, m=25, reg=0.02), dict(seed=0, n=5, m=10, reg=1e-3)],
+    ids=["plain", "with pairs solved alone"],
+)
+def test_threads_change_nothing(setting):
     """Chunks are solved by worker threads; the chunking does not depend on their number,
-    so the results are the same bits with 1 or 2 threads."""
-    X, Y, a, b = pairs(15, B=10)
-    per_chunk = 24 * 20 * 25 * 2  # two pairs a chunk: five chunks
+    so the results are the same bits with 1 or 2 threads, the pairs solved alone after a
+    breakdown (5 x 10 points at reg 1e-3) included."""
+    n, m = setting["n"], setting["m"]
+    X, Y, a, b = pairs(setting["seed"], B=10, n=n, m=m)
+    per_chunk = 24 * n * m * 2  # two pairs a chunk: five chunks
     with sketchot.thread_limit(1):
-        one = sketchot.sinkhorn_batch(X, Y, a, b, reg=0.02, max_bytes=per_chunk)
+        one = sketchot.sinkhorn_batch(X, Y, a, b, reg=setting["reg"], max_bytes=per_chunk)
     with sketchot.thread_limit(2):
-        two = sketchot.sinkhorn_batch(X, Y, a, b, reg=0.02, max_bytes=per_chunk)
+        two = sketchot.sinkhorn_batch(X, Y, a, b, reg=setting["reg"], max_bytes=per_chunk)
     for name in ("value", "value_linear", "errors", "n_iter"):
         np.testing.assert_array_equal(getattr(one, name), getattr(two, name))
     np.testing.assert_array_equal(one.potentials[1], two.potentials[1])
