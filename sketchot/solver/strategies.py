@@ -34,9 +34,10 @@ from .stopping import ResidualNorm
 ABSORB_THRESHOLD = {np.dtype(np.float64): 100.0, np.dtype(np.float32): 20.0}
 
 #: The largest thresholds :func:`absorb_threshold` gives. Columns of an absorbed kernel are
-#: not normalised, so float32 products can grow beyond ``e^(2 tau)``: at 32, batches of 5 x 10
-#: points at reg 1e-3 broke down where 20 and 30 did not (and 30 had no more unconverged
-#: pairs than 20 over 288 small pairs at reg 1e-2 to 1e-3).
+#: not normalised, so float32 products can grow beyond ``e^(2 tau)``: at 32, a batch of 5 x 10
+#: points at reg 1e-3 broke down where 20 and 30 did not, and 30 left no more pairs
+#: unconverged than 20 over 288 small pairs at reg 1e-2 to 1e-3 (both measured before
+#: batches solved such pairs alone).
 ABSORB_THRESHOLD_MAX = {np.dtype(np.float64): 100.0, np.dtype(np.float32): 30.0}
 
 
@@ -44,14 +45,15 @@ def absorb_threshold(dtype: Any, rows: int, cols: int, smallest_weight: float) -
     """The absorption threshold ``tau`` of a kernel stored in ``dtype`` whose blocks have
     ``rows x cols`` entries, for weights of at least ``smallest_weight``.
 
-    An entry clamped at the floor ``t`` (:data:`~sketchot.kernels.exact.LOG_FLOOR`) changes
+    An entry clamped at the floor ``t`` (:data:`~sketchot.kernels.base.LOG_FLOOR`) changes
     a row sum by at most ``m t e^(2 tau) / a_i`` relative
     (:class:`~sketchot.kernels.exact.AbsorbedExactKernel`), a column sum by ``n t e^(2 tau) /
-    b_j``. ``tau`` is the largest that keeps both at most the precision's epsilon, within
-    :data:`ABSORB_THRESHOLD` (below it at sizes beyond a million: never less than before)
-    and :data:`ABSORB_THRESHOLD_MAX`. Fewer absorptions in float32 for small problems: 200
-    x 200 points of uniform weights get ``tau = 29.7`` instead of 20 (batches absorb about
-    a third fewer entries). Depends on the dtype, the shape and the weights alone.
+    b_j``. ``tau`` is the largest that keeps both at most the precision's epsilon, but never
+    below :data:`ABSORB_THRESHOLD` (the bound falls below it beyond about a million points
+    in float32, where the old threshold is kept) and at most :data:`ABSORB_THRESHOLD_MAX`.
+    Fewer absorptions in float32 for small problems: 200 x 200 points of uniform weights get
+    ``tau = 29.7`` instead of 20 (batches absorb about a third fewer entries). Depends on
+    the dtype, the shape and the weights alone.
     """
     dtype = np.dtype(dtype)
     base = ABSORB_THRESHOLD.get(dtype, 20.0)
