@@ -49,7 +49,7 @@ def absorb_threshold(dtype: Any, rows: int, cols: int, smallest_weight: float) -
     a row sum by at most ``m t e^(2 tau) / a_i`` relative
     (:class:`~sketchot.kernels.exact.AbsorbedExactKernel`), a column sum by ``n t e^(2 tau) /
     b_j``. ``tau`` is the largest that keeps both at most the precision's epsilon, but never
-    below :data:`ABSORB_THRESHOLD` (the bound falls below it beyond about a million points
+    below :data:`ABSORB_THRESHOLD` (the bound falls below it beyond about 3 x 10^6 points
     in float32, where the old threshold is kept) and at most :data:`ABSORB_THRESHOLD_MAX`.
     Fewer absorptions in float32 for small problems: 200 x 200 points of uniform weights get
     ``tau = 29.7`` instead of 20 (batches absorb about a third fewer entries). Depends on
