@@ -105,7 +105,6 @@ class VisiblePixels:
             )
         return np.asarray(self.image.vindex[rows, cols].compute())[:, :3]
 
-
     def distinct_counts(self, pack: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, ...]:
         """``(codes, counts)``: the sorted distinct codes ``pack(rgb)`` of the visible pixels
         (an integer per colour: ``pack`` is the colour layer's packing, passed in) and the

@@ -524,9 +524,10 @@ def _solve_alone(X, Y, a, b, reg, options, tol, norm, out) -> None:
             single = sinkhorn_matrix(a[k], b[k], -reg * log_kernel[0], reg, options=single_options)
         out.n_iter[k] += single.n_iter
         log_u, log_v = (np.asarray(side, dtype=np.float64)[None] for side in single.potentials)
-        if not (np.isfinite(log_u) | (a[k] <= 0)).all() or not (
-            np.isfinite(log_v) | (b[k] <= 0)
-        ).all():
+        if (
+            not (np.isfinite(log_u) | (a[k] <= 0)).all()
+            or not (np.isfinite(log_v) | (b[k] <= 0)).all()
+        ):
             continue
         sums = _PlanSums(StackedExactKernel(log_kernel, reg), log_u, log_v, reg)
         error = float(_errors(sums.col, b[k : k + 1], norm)[0] / a[k].sum())
