@@ -59,20 +59,21 @@ def test_threshold_values():
 
 def test_the_strategy_reads_the_blocks_and_weights():
     """A stacked kernel's threshold is that of one pair's block, with the smallest positive
-    weight of either side (zero weights ignored)."""
+    weight of either side (zero weights ignored). Sizes where the bound is below the cap, so
+    that the whole stack's shape, or a zero weight, would give another threshold."""
     rng = np.random.default_rng(0)
-    B, n, m = 4, 30, 50
+    B, n, m = 3, 300, 500
     X, Y = rng.random((B, n, 2)), rng.random((B, m, 2))
     kernel = StackedExactKernel(stacked_log_kernel(X, Y, 0.1), 0.1, dtype=np.float32)
     a = np.full(B * n, 1 / n)
-    b = np.full(B * m, 1 / m)
+    b = rng.random(B * m) + 0.5
     b[::7] = 0.0
-    b[1::7] *= 2.0
-    b /= b.reshape(B, m).sum(axis=1).repeat(m) / 1.0
-    problem = make_problem(a, b, kernel.shape, 0.1)
-    strategy = Absorbed(kernel, problem)
-    smallest = float(b[b > 0].min())
-    assert strategy.tau == absorb_threshold(np.float32, n, m, min(smallest, 1 / n))
+    b /= b.reshape(B, m).sum(axis=1).repeat(m)  # each pair's mass 1
+    strategy = Absorbed(kernel, make_problem(a, b, kernel.shape, 0.1))
+    expected = absorb_threshold(np.float32, n, m, float(b[b > 0].min()))
+    assert ABSORB_THRESHOLD[np.dtype(np.float32)] < expected < 30.0  # neither limit
+    assert strategy.tau == expected
+    assert strategy.tau != absorb_threshold(np.float32, B * n, B * m, float(b[b > 0].min()))
 
 
 def test_a_float32_batch_converges_as_before_with_fewer_absorptions(monkeypatch):
