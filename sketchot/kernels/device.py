@@ -3,9 +3,8 @@
 When a call passes arrays on an accelerator (CUDA tensors, CuPy; arrays in host memory only
 with :data:`sketchot._arrays.HOST_ARRAYS_ON_DEVICE`: CPU tensors run NumPy's operators on
 views of them), every geometry records the :class:`~sketchot._arrays.ArrayContext` of the
-inputs, the exact builder returns its device operator
-(:class:`~sketchot.kernels.exact.DeviceExactKernel`), a
-:class:`~sketchot.kernels.lowrank.LowRankKernel` holds its factors there, and the
+inputs, an :class:`~sketchot.kernels.exact.ExactKernel` holds the clouds and computes its
+blocks there, a :class:`~sketchot.kernels.lowrank.LowRankKernel` holds its factors there, and the
 block-local builder puts its expansion's products there
 (:meth:`~sketchot.sketch.LocalGaussianExpansion.to_device`):
 the clouds are copied once to that device (:class:`~sketchot._arrays.DeviceArrays`; the

@@ -13,7 +13,6 @@ from sketchot._arrays import array_context
 from sketchot.gibbs import GibbsGeometry
 from sketchot.kernels import IDENTITY_STEP, ExactKernel, LowRankKernel, RatioStep
 from sketchot.kernels.base import ratios_and_bad
-from sketchot.kernels.exact import DeviceExactKernel
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.usefixtures("device_operators")  # CPU tensors take them here
@@ -39,7 +38,7 @@ def kernels(request):
         request.getfixturevalue("fused_interpreter")
     reference = ExactKernel(host, max_dense_bytes=max_dense_bytes)
     built = sketchot.kernels.exact.build_exact(device, max_dense_bytes=max_dense_bytes)
-    assert isinstance(built, DeviceExactKernel) and built.is_dense == reference.is_dense
+    assert type(built) is ExactKernel and built.on_device and built.is_dense == reference.is_dense
     assert built.fused == (request.param == "fused")
     built._rows_per_block = 16  # several blocks: the streamed sums cross block edges
     return reference, built
@@ -173,7 +172,7 @@ def test_float32_storage_and_the_euclidean_cost():
     host, device = pair(metric="euclidean")
     reference = ExactKernel(host, dtype=np.float32)
     ours = sketchot.kernels.exact.build_exact(device, dtype=np.float32)
-    assert isinstance(ours, DeviceExactKernel)
+    assert type(ours) is ExactKernel and ours.on_device
     w = np.linspace(0.5, 1.5, 55)
     # both store float32 entries of the same float64 values: products agree to float32 rounding
     np.testing.assert_allclose(ours.matvec(w), reference.matvec(w), rtol=1e-6)
@@ -312,7 +311,7 @@ def test_a_solve_on_device_kernels_equals_the_numpy_solve():
         reference = sketchot.sinkhorn(None, None, X, Y, reg=0.02, **params)
         ours = sketchot.sinkhorn(None, None, torch.as_tensor(X), torch.as_tensor(Y), reg=0.02,
                                  **params)  # fmt: skip
-        assert isinstance(ours.host.kernel, DeviceExactKernel)
+        assert ours.host.kernel.on_device
         assert ours.n_iter == reference.n_iter and ours.backend == reference.backend
         np.testing.assert_allclose(ours.potentials[0].numpy(), reference.potentials[0],
                                    rtol=1e-9, atol=1e-9)  # fmt: skip
@@ -527,3 +526,29 @@ def test_clouds_past_the_programs_offsets_take_the_blocks(fused_interpreter):
     assert fused_interpreter.fused_available(context, cost, (10**6, 10**6, 64))
     assert not fused_interpreter.fused_available(context, cost, (10**8, 10, 64))
     assert not fused_interpreter.fused_available(context, cost, (10, 10**8, 3))
+
+
+@pytest.mark.parametrize("max_dense_bytes", [1 << 30, 0], ids=["stored", "streamed"])
+def test_one_exact_class_whose_derived_kernels_keep_the_placement(max_dense_bytes):
+    """One class per kernel family (issue 43): the placement is the geometry's, and the
+    kernels derived from one (``at_reg``, ``absorbed``) keep it, with the host's entries to
+    rounding; the host kernel declares no ``log_means`` and refuses it by name."""
+    host, device = pair()
+    ours = ExactKernel(device, max_dense_bytes=max_dense_bytes)
+    reference = ExactKernel(host, max_dense_bytes=max_dense_bytes)
+    assert ours.on_device and not reference.on_device
+    alpha, beta = np.linspace(-1.0, 1.0, 70), np.linspace(0.5, -0.5, 55)
+    w = np.linspace(0.1, 1.0, 55)
+    for derived, expected in [
+        (ours.at_reg(0.05), reference.at_reg(0.05)),
+        (ours.absorbed(alpha, beta), reference.absorbed(alpha, beta)),
+    ]:
+        assert type(derived) is type(expected) and derived.on_device
+        assert derived.is_dense == expected.is_dense
+        np.testing.assert_allclose(derived.matvec(w), expected.matvec(w), rtol=RTOL)
+        np.testing.assert_allclose(derived._rows(np.arange(3)), expected._rows(np.arange(3)),
+                                   rtol=RTOL)  # fmt: skip
+    assert "log_means" in ours.info.capabilities
+    assert "log_means" not in reference.info.capabilities
+    with pytest.raises(NotImplementedError, match="'log_means' capability"):
+        reference.log_means("rows", np.zeros(55))
