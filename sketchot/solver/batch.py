@@ -461,7 +461,7 @@ def _solve_chunk(
     anderson = options.anderson_memory(True)
     log_u, log_v = _start(log_kernel, a, b, spreads)
     if options.log_domain is not False:
-        _coarse_start(log_kernel, a, b, spreads, log_u, log_v, n_iter, norm, every,
+        _coarse_start(log_kernel, a, b, spreads, log_u, log_v, n_iter, norm,
                       options.max_iter, anderson, watch, memory, dtype)  # fmt: skip
     active = np.arange(count)
     while active.size and n_iter[active].max() < options.max_iter:
@@ -573,7 +573,7 @@ def coarse_factors(spread: float) -> list[float]:
 
 
 def _coarse_start(
-    log_kernel, a, b, spreads, log_u, log_v, n_iter, norm, every, max_iter, anderson, watch,
+    log_kernel, a, b, spreads, log_u, log_v, n_iter, norm, max_iter, anderson, watch,
     memory, dtype,
 ) -> None:  # fmt: skip
     """Replace the starts ``log_u``, ``log_v`` (:func:`_start`) of the pairs that have coarse
@@ -584,7 +584,9 @@ def _coarse_start(
     its kernel alone), :data:`COARSE_ITER` iterations from the pair's previous stage in cost
     units (``f = reg log u``), or from :func:`_start` at its first. The stages fit half of
     ``max_iter``; each pair's factors depend on its spread alone, and the fixed count (with
-    per-pair mixing) keeps a pair's iterates its own whatever the other pairs."""
+    per-pair mixing) keeps a pair's iterates its own whatever the other pairs. A stage is
+    checked only at its second and last iterations: at ``tol = 0`` a check never stops it,
+    and the engine tests every iterate for a breakdown anyway."""
     plans = [coarse_factors(float(spread)) for spread in spreads]
     stages = min(max(len(plan) for plan in plans), max_iter // (2 * COARSE_ITER))
     current = np.ones(log_kernel.shape[0])  # each pair's factor so far (1: not started)
@@ -611,7 +613,7 @@ def _coarse_start(
         starts = {"log_u0": log_u[index].ravel(), "log_v0": log_v[index].ravel()}
         problem = make_problem(a[index].ravel(), b[index].ravel(), kernel.shape, 1.0, **starts)
         state = iterate(
-            kernel, problem, tol=0.0, norm=norm, check_every=every, max_iter=COARSE_ITER,
+            kernel, problem, tol=0.0, norm=norm, check_every=COARSE_ITER, max_iter=COARSE_ITER,
             strategy="absorb", anderson=anderson, progress=watch,
         )  # fmt: skip
         log_u[index] = state.log_u.reshape(index.size, -1)
