@@ -32,7 +32,7 @@ from .jobs import (
     barycenter_dask,
     sinkhorn_divergence_dask,
 )
-from .kernels import ArrayPass, ChainedPass, DaskExactKernel, DaskLowRankKernel, LazyRatios
+from .kernels import ArrayPass, ChainedPass, DaskExactKernel, DaskFactors, LazyRatios
 from .solver import DaskSinkhornResult, sinkhorn_dask, sinkhorn_kernel_dask, solve_dask
 
 __all__ = [
@@ -42,8 +42,8 @@ __all__ = [
     "DaskBarycenterResult",
     "DaskDivergenceResult",
     "DaskExactKernel",
+    "DaskFactors",
     "DaskGibbsGeometry",
-    "DaskLowRankKernel",
     "DaskSinkhornResult",
     "LazyRatios",
     "VisiblePixels",

@@ -3,7 +3,7 @@
 The exact backend is :class:`~sketchot.distributed.kernels.DaskExactKernel`; every backend
 whose registry record has ``factor_maps`` (the low-rank ones: ``nystrom``, ``rff``, the global
 ``polyts`` variants) is fitted on the client exactly as in memory and its factors built chunk
-by chunk (:meth:`~sketchot.distributed.kernels.DaskLowRankKernel.from_maps`). Parameters are
+by chunk (:func:`~sketchot.distributed.kernels.dask_low_rank_from_maps`). Parameters are
 checked against the same records as in memory (:func:`~sketchot.kernels.registry.
 resolve_parameters`). ``'auto'`` runs the policy's one strategy (:mod:`sketchot.policy`) with these
 builders, a sampled kernel check on the cluster (:func:`dask_kernel_error`) and only the
@@ -27,7 +27,7 @@ from ..kernels import KernelOperator, available_backends, get_backend, require_p
 from ..kernels.judge import KERNEL_CHECK_ROWS, Attempt, kernel_judge
 from ..kernels.registry import check_metric, resolve_parameters
 from .geometry import DaskGibbsGeometry, check_reg_and_clouds, persist_now
-from .kernels import DaskExactKernel, DaskLowRankKernel, _tree_sum, per_chunk
+from .kernels import DaskExactKernel, _tree_sum, dask_low_rank_from_maps, per_chunk
 
 
 def _exact(geometry: DaskGibbsGeometry, *, dtype: Any, **params: Any) -> KernelOperator:
@@ -72,7 +72,7 @@ def build_dask_backend(
         operator = DASK_BUILDERS[backend](geometry, dtype=dtype, **params)
     elif record.factor_maps is not None:
         maps = record.factor_maps(geometry, rng=rng, dtype=dtype, **params)
-        operator = DaskLowRankKernel.from_maps(geometry, maps)
+        operator = dask_low_rank_from_maps(geometry, maps)
     else:
         raise NotImplementedError(
             f"backend {backend!r} does not run on Dask arrays (its record has no factor_maps); "

@@ -1,7 +1,9 @@
 """Kernel operators whose ``n``- and ``m``-sized arrays are Dask arrays on a cluster.
 
-Both classes keep :class:`~sketchot.kernels.KernelOperator`'s contract and declare the
-``'deferred'`` capability: their fused passes are lazy
+The exact operator (:class:`DaskExactKernel`) and the low-rank one (a
+:class:`~sketchot.kernels.LowRankKernel` whose placement is :class:`DaskFactors`) keep
+:class:`~sketchot.kernels.KernelOperator`'s contract and declare the ``'deferred'``
+capability: their fused passes are lazy
 (:class:`~sketchot.kernels.base.DeferredPass`), so the solver's one iteration
 (:func:`sketchot.solver.engine.iterate`) builds the passes between two convergence checks
 without computing them, then computes them in one go.
@@ -44,7 +46,7 @@ from ..kernels.base import (
     ratios_and_bad,
     refuse_log,
 )
-from ..kernels.lowrank import FactorMaps, LowRankKernel
+from ..kernels.lowrank import FactorMaps, FactorPlacement, LowRankKernel
 from .geometry import SPLIT_EVERY, DaskGibbsGeometry, persist_now
 
 #: Most passes chained in one graph before it is computed (50 iterations): a graph holds
@@ -436,7 +438,7 @@ class LazyRatios(LazyVector):
     recomputation (``O(chunk r)``) once ``w`` is known (computed first if needed)."""
 
     def __init__(
-        self, kernel: DaskLowRankKernel, side: str, w: Any, numerator: da.Array, exponent: float
+        self, kernel: LowRankKernel, side: str, w: Any, numerator: da.Array, exponent: float
     ) -> None:
         self.kernel, self.side, self.w = kernel, side, w
         self.numerator, self.exponent = numerator, exponent
@@ -465,7 +467,7 @@ class ChainedPass(DeferredPass):
 
     def __init__(
         self,
-        kernel: DaskLowRankKernel,
+        kernel: LowRankKernel,
         side: str,
         w: Any,
         numerator: da.Array,
@@ -511,21 +513,13 @@ class ChainedPass(DeferredPass):
         return evaluate(*values)
 
 
-class DaskLowRankKernel(LowRankKernel):
-    """``K ~ A B^T`` with ``A`` (n x r) and ``B`` (m x r) persisted Dask arrays
-    (``factors`` gives them; a :class:`~sketchot.kernels.LowRankKernel` whose products,
-    passes and out-of-sample maps run on the cluster).
-
-    Parameters
-    ----------
-    geometry : DaskGibbsGeometry
-    info : KernelInfo
-    left, right : dask.array
-        ``A`` and ``B`` chunked as ``X`` and ``Y`` by rows, persisted, in ``dtype``
-        (:func:`dask_factors`).
-    left_map, right_map, left_projection, right_projection : see LowRankKernel
-        Out-of-sample maps (``apply_new``).
-    dtype : numpy dtype
+class DaskFactors(FactorPlacement):
+    """The placement of a :class:`~sketchot.kernels.LowRankKernel` whose factors ``A``
+    (n x r) and ``B`` (m x r) are persisted Dask arrays: its products, passes and
+    out-of-sample maps run on the cluster, and its passes are lazy (the kernel declares
+    ``'deferred'``). The kernel's ``left`` and ``right`` are chunked as ``X`` and ``Y`` by
+    rows, persisted, in ``dtype`` (:func:`dask_factors`); ``factors`` gives them, never
+    gathered.
 
     Notes
     -----
@@ -534,37 +528,25 @@ class DaskLowRankKernel(LowRankKernel):
     chunk; the client receives ``r + 1`` numbers per pass, once per check block.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.info.capabilities = self.info.capabilities | {"deferred"}
+    deferred = True
 
-    @classmethod
-    def from_maps(cls, geometry: DaskGibbsGeometry, maps: FactorMaps) -> DaskLowRankKernel:
-        """The operator of fitted maps, its factors built chunk by chunk on the workers."""
-        left, right = dask_factors(geometry, maps.left_factor, maps.right_factor, maps.dtype)
-        operator = cls(geometry, maps.info, left, right, **maps.operator_arguments())
-        for name, value in maps.attributes.items():
-            setattr(operator, name, value)
-        return operator
-
-    def _hold(self, factor: da.Array) -> da.Array:
+    def hold(self, factor: da.Array, dtype: Any) -> da.Array:
         """The persisted Dask factor itself (never gathered)."""
         return factor
 
-    @property
-    def rank(self) -> int:
-        """Number of features ``r``."""
-        return self.left.shape[1]
-
-    def factor(self, side: str) -> da.Array:
-        """``A`` (``'rows'``) or ``B`` (``'cols'``)."""
-        return self._factor(side)
+    def to_host(self, held: da.Array, dtype: Any) -> da.Array:
+        """The Dask factor itself: ``left`` and ``right`` stay on the cluster."""
+        return held
 
     # ------------------------------------------------------------- products
-    def _small(self, factor: da.Array, values: Any) -> np.ndarray:
+    def operand(self, values: Any, length: int, name: str) -> Any:
+        """The values as given (NumPy or Dask): :meth:`_small` checks their shape."""
+        return values
+
+    def _small(self, factor: da.Array, values: Any, dtype: Any) -> np.ndarray:
         """``factor^T values`` (r x k), reduced over chunks and brought to the client."""
         if np.ndim(values) == 1:
-            return self.project_now(factor, _align(values, factor.chunks[0], "values"))
+            return self.project_now(factor, _align(values, factor.chunks[0], "values"), dtype)
         if np.ndim(values) != 2 or values.shape[0] != factor.shape[0]:
             raise ValueError(
                 f"values must have shape ({factor.shape[0]},) or ({factor.shape[0]}, k); "
@@ -573,31 +555,32 @@ class DaskLowRankKernel(LowRankKernel):
         values = _as_dask(values).rechunk((factor.chunks[0], -1))
         return (factor.T.astype(np.float64) @ values).compute()
 
-    def project_now(self, factor: da.Array, values: da.Array) -> np.ndarray:
+    def project_now(self, factor: da.Array, values: da.Array, dtype: Any) -> np.ndarray:
         """``factor^T values``, computed."""
         graph = PassGraph()
-        total = graph.sum_over_chunks(_project_chunk, [factor, values], (self.dtype,))
+        total = graph.sum_over_chunks(_project_chunk, [factor, values], (dtype,))
         return _leading(total.result(), factor.shape[1])
 
-    def matmat(self, V: Any) -> da.Array:
-        """``A (B^T V)``: ``B^T V`` is reduced to the client (``r x k``), then broadcast."""
-        inner = self._small(self.right, V)
-        return self.left.astype(np.float64) @ inner
+    def product(self, first: da.Array, second: da.Array, values: Any, dtype: Any) -> da.Array:
+        """``first (second^T values)``: ``second^T values`` is reduced to the client
+        (``r x k``), then broadcast."""
+        inner = self._small(second, values, dtype)
+        return first.astype(np.float64) @ inner
 
-    def rmatmat(self, U: Any) -> da.Array:
-        inner = self._small(self.left, U)
-        return self.right.astype(np.float64) @ inner
+    def rows(self, left: da.Array, right: da.Array, index: np.ndarray) -> np.ndarray:
+        return (left[index] @ right.T).astype(np.float64).compute()
 
-    def _rows(self, index: np.ndarray) -> np.ndarray:
-        return (self.left[index] @ self.right.T).astype(np.float64).compute()
-
-    def _apply_new(self, points: Any, values: Any, transpose: bool) -> Any:
-        fitted_other = self.left if transpose else self.right
-        feature_map = self._maps[1 if transpose else 0]
-        projection = self._projections[1 if transpose else 0]
-        inner = self._small(fitted_other, values).astype(self.dtype)
+    def apply_new(self, kernel: LowRankKernel, points: Any, values: Any, side: str) -> Any:
+        """Out-of-sample products; ``points`` may be a Dask array (then the result is one)."""
+        if side not in ("source", "target"):
+            raise ValueError(f"side must be 'source' or 'target'; got {side!r}")
+        transpose = side == "target"
+        fitted_other = kernel.left if transpose else kernel.right
+        feature_map = kernel._maps[1 if transpose else 0]
+        projection = kernel._projections[1 if transpose else 0]
+        inner = self._small(fitted_other, values, kernel.dtype).astype(kernel.dtype)
         if projection is not None:
-            inner = projection.astype(self.dtype, copy=False) @ inner
+            inner = projection.astype(kernel.dtype, copy=False) @ inner
         if not hasattr(points, "chunks"):
             return np.asarray(feature_map(points) @ inner, dtype=np.float64)
         points = points.astype(np.float64).rechunk({1: -1})
@@ -611,21 +594,15 @@ class DaskLowRankKernel(LowRankKernel):
             chunk, chunks=(points.chunks[0], (inner.shape[1],)), dtype=np.float64
         )
 
-    def apply_new(self, points: Any, values: Any, *, side: str = "source") -> Any:
-        """Out-of-sample products; ``points`` may be a Dask array (then the result is one)."""
-        if side not in ("source", "target"):
-            raise ValueError(f"side must be 'source' or 'target'; got {side!r}")
-        return self._apply_new(points, values, side == "target")
-
     # -------------------------------------------------------- fused passes
     def fused_pass(
         self,
+        kernel: LowRankKernel,
         side: str,
+        factor: da.Array,
         w: Any,
         numerator: Any,
-        *,
-        log: bool = False,
-        step: RatioStep = IDENTITY_STEP,
+        step: RatioStep,
     ) -> ChainedPass:
         """One lazy pass over the chunks of ``A`` (``'rows'``) or ``B`` (``'cols'``).
 
@@ -633,8 +610,6 @@ class DaskLowRankKernel(LowRankKernel):
         is chained into that pass's graph, unless :data:`MAX_CHAINED_PASSES` are there
         already: the graph is then computed first); ``numerator`` a Dask vector.
         """
-        refuse_log(self, log)
-        factor = self._factor(side)
         numerator = _align(numerator, factor.chunks[0], "numerator")
         graph, summands = _input_of(w)
         if graph is not None and graph.passes >= MAX_CHAINED_PASSES:
@@ -643,22 +618,32 @@ class DaskLowRankKernel(LowRankKernel):
         graph = graph or PassGraph()
         exponent = _power_of(step)
         total = graph.sum_over_chunks(
-            _pass_chunk, [factor, numerator], (self.dtype, exponent, *summands)
+            _pass_chunk, [factor, numerator], (kernel.dtype, exponent, *summands)
         )
         graph.passes += 1
-        return ChainedPass(self, side, w, numerator, exponent, total)
+        return ChainedPass(kernel, side, w, numerator, exponent, total)
 
-    def project(self, side: str, values: Any, index: Any = None, *, log: bool = False) -> Lazy:
+    def project(self, kernel: LowRankKernel, factor: da.Array, values: Any, index: Any) -> Lazy:
         """``F^T values`` over every row, lazily (a sum that :meth:`fused_pass` takes as
         ``w``; ``.result()[0]`` computes it); ``index`` is not supported."""
-        refuse_log(self, log)
         if index is not None:
             raise NotImplementedError(
                 "project(side, values, index) with an index is not available on Dask arrays"
             )
-        factor = self._factor(side)
         values = _align(values, factor.chunks[0], "values")
-        return PassGraph().sum_over_chunks(_project_chunk, [factor, values], (self.dtype,))
+        return PassGraph().sum_over_chunks(_project_chunk, [factor, values], (kernel.dtype,))
+
+
+def dask_low_rank_from_maps(geometry: DaskGibbsGeometry, maps: FactorMaps) -> LowRankKernel:
+    """The low-rank operator of fitted maps on Dask arrays: its factors built chunk by chunk
+    on the workers (:func:`dask_factors`), its placement :class:`DaskFactors`."""
+    left, right = dask_factors(geometry, maps.left_factor, maps.right_factor, maps.dtype)
+    operator = LowRankKernel(
+        geometry, maps.info, left, right, **maps.operator_arguments(), placement=DaskFactors()
+    )
+    for name, value in maps.attributes.items():
+        setattr(operator, name, value)
+    return operator
 
 
 # ---------------------------------------------------------------------------- exact

@@ -18,7 +18,8 @@ distributed = pytest.importorskip("dask.distributed")
 import dask  # noqa: E402
 
 import sketchot  # noqa: E402
-from sketchot.distributed import DaskExactKernel, DaskLowRankKernel  # noqa: E402
+from sketchot.distributed import DaskExactKernel, DaskFactors  # noqa: E402
+from sketchot.kernels import LowRankKernel  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,8 +83,12 @@ def test_dask_matches_numpy_on_a_cluster(client, problem, backend):
     result = sketchot.sinkhorn(*_dask(problem, 97, 131), reg=0.5, backend=backend, rng=7, **solve)
     assert isinstance(result.potentials[0], da.Array)
     assert isinstance(result.value_linear, float)
-    kernel_type = DaskExactKernel if backend == "exact" else DaskLowRankKernel
-    assert isinstance(result.kernel, kernel_type)
+    if backend == "exact":
+        assert isinstance(result.kernel, DaskExactKernel)
+    else:  # the one low-rank class, its factors and passes on the cluster
+        assert type(result.kernel) is LowRankKernel
+        assert isinstance(result.kernel.placement, DaskFactors)
+        assert "deferred" in result.kernel.info.capabilities
     _assert_same(result, expected)
 
 
@@ -357,7 +362,8 @@ def test_default_backend_on_dask_is_a_real_choice(problem):
         assert "no low rank met the target" in kernel.info.reason
         # rank='auto' for a named low-rank backend: the same ladder
         kernel = sketchot.make_kernel(Xd, Yd, 1.0, "nystrom", rank="auto", rng=0)
-        assert isinstance(kernel, DaskLowRankKernel) and kernel.info.rank == 64
+        assert type(kernel) is LowRankKernel and isinstance(kernel.placement, DaskFactors)
+        assert kernel.info.rank == 64
 
 
 def test_a_low_rank_miss_on_dask_is_warned_not_a_type_error(client):

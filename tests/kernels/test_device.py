@@ -202,6 +202,54 @@ def test_low_rank_factors_run_on_the_device(backend):
     np.testing.assert_allclose(ours.rmatvec(a), reference.rmatvec(a), rtol=RTOL, atol=1e-14)
 
 
+def test_the_placement_decides_where_the_one_low_rank_class_runs():
+    """One low-rank class for every placement: its placement object (NumPy, the caller's
+    device) holds the factors and runs the products, the same numbers to rounding."""
+    import importlib.util
+
+    from sketchot._arrays import DeviceArrays
+    from sketchot.kernels.base import KernelInfo
+    from sketchot.kernels.lowrank import DeviceFactors, HostFactors
+
+    if importlib.util.find_spec("dask") is not None:
+        import sketchot.distributed  # noqa: F401  (its placement subclasses nothing here)
+    assert not LowRankKernel.__subclasses__()
+    host, device = pair()
+    rng = np.random.default_rng(15)
+    left, right = rng.random((70, 6)), rng.random((55, 6))
+
+    def build(geometry, placement=None):
+        identity = lambda points: points @ np.ones((3, 6))  # noqa: E731
+        return LowRankKernel(geometry, KernelInfo("test"), left, right, left_map=identity,
+                             right_map=identity, dtype=np.float64, placement=placement)  # fmt: skip
+
+    # the default placement is the geometry's; an explicit one overrides it
+    assert isinstance(build(host).placement, HostFactors) and not build(host).on_device
+    assert isinstance(build(device).placement, DeviceFactors) and build(device).on_device
+    on_host = build(host, HostFactors())
+    on_device = build(host, DeviceFactors(DeviceArrays(device.context)))
+    assert type(on_host) is type(on_device) is LowRankKernel
+    assert isinstance(on_device._left_held, torch.Tensor)
+    assert "deferred" not in on_device.info.capabilities | on_host.info.capabilities
+    V, U, w = rng.random((55, 2)), rng.random((70, 3)), rng.random(6)
+    a, new = np.full(70, 1 / 70), rng.random((4, 3))
+    pairs = [
+        (on_device.matmat(V), on_host.matmat(V)),
+        (on_device.rmatmat(U), on_host.rmatmat(U)),
+        (on_device.to_dense(rows=[1, 5]), on_host.to_dense(rows=[1, 5])),
+        (on_device.project("rows", a[:3], [2, 7, 9]), on_host.project("rows", a[:3], [2, 7, 9])),
+        (on_device.apply_new(new, V), on_host.apply_new(new, V)),
+        *(
+            (getattr(on_device.fused_pass("rows", w, a), name),
+             getattr(on_host.fused_pass("rows", w, a), name))
+            for name in ("products", "ratios", "projection")
+        ),
+    ]  # fmt: skip
+    for ours, reference in pairs:
+        np.testing.assert_allclose(ours, reference, rtol=RTOL)
+    np.testing.assert_allclose(on_device.left, left, rtol=RTOL)
+
+
 #: each low-rank backend's maps (patched below) and variants: the improved sketch at d = 3
 #: has exact degrees 1-3 and a folded TensorSketch of degree 4, the paper's only sketches
 FACTOR_CASES = [
