@@ -10,8 +10,10 @@ product. As ``K = L R^T`` with ``L = K`` and ``R = I``, a fused pass over the ro
 
 from __future__ import annotations
 
+import copy
 import time
 import warnings
+from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
@@ -60,27 +62,611 @@ EXACT_BACKEND = "exact"
 TIMED_ENTRIES = 1 << 21
 
 
+class ExactPlacement(ABC):
+    """Where an :class:`ExactKernel`'s clouds live and its blocks and products run: the kernel
+    (and the kernels derived from it) holds one and hands it every placement-specific step
+    (:class:`HostExact`, NumPy; :class:`DeviceExact`, the caller's device).
+
+    Attributes
+    ----------
+    on_device : bool
+        The blocks and products run on the caller's device (``kernel.on_device``).
+    fused_points : tuple of FusedPoints or None
+        The clouds as :mod:`sketchot.fused`'s one-launch programs take them, where they run.
+    """
+
+    on_device: bool = False
+    fused_points: tuple[FusedPoints, FusedPoints] | None = None
+
+    @abstractmethod
+    def hold(self, kernel: ExactKernel) -> None:
+        """Hold the kernel's clouds where its products run."""
+
+    def shared(self, kernel: ExactKernel) -> ExactPlacement:
+        """The placement of ``kernel.at_reg``: the same clouds at another ``reg`` (a stateless
+        placement is itself)."""
+        return self
+
+    def unfused(self) -> ExactPlacement:
+        """The placement of an absorbed kernel, whose entries carry the scalings: never
+        fused."""
+        return self
+
+    def capabilities(self, kernel: ExactKernel, capabilities: frozenset) -> frozenset:
+        """The kernel's capabilities where it runs."""
+        return capabilities
+
+    @abstractmethod
+    def rows_per_block(self, kernel: ExactKernel) -> int:
+        """Rows of a block of the streamed kernel."""
+
+    @abstractmethod
+    def stored(self, kernel: ExactKernel) -> Any:
+        """The whole kernel, from its computed blocks."""
+
+    @abstractmethod
+    def time_one_pass(self, kernel: ExactKernel) -> float:
+        """Seconds of one streamed pass."""
+
+    @abstractmethod
+    def computed_block(self, kernel: ExactKernel, rows: slice) -> Any:
+        """The entries of ``rows``, computed."""
+
+    @abstractmethod
+    def matmat(self, kernel: ExactKernel, V: np.ndarray) -> np.ndarray:
+        """``K V`` of checked NumPy values, float64 on the host."""
+
+    @abstractmethod
+    def rmatmat(self, kernel: ExactKernel, U: np.ndarray) -> np.ndarray:
+        """``K^T U`` of checked NumPy values, float64 on the host."""
+
+    @abstractmethod
+    def rows(self, kernel: ExactKernel, index: np.ndarray) -> np.ndarray:
+        """Dense rows ``K[index]``, float64 on the host."""
+
+    @abstractmethod
+    def log_matvec(
+        self, kernel: ExactKernel, log_w: np.ndarray, *, transpose: bool, rows: Any
+    ) -> np.ndarray:
+        """See :meth:`ExactKernel._log_matvec`."""
+
+    def log_means(
+        self, kernel: ExactKernel, log_w: np.ndarray, *, transpose: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """See :meth:`ExactKernel.log_means` (on a device only)."""
+        raise NotImplementedError("log_means runs on a device placement only")
+
+    @abstractmethod
+    def apply_new(
+        self, kernel: ExactKernel, points: np.ndarray, values: np.ndarray, transpose: bool
+    ) -> np.ndarray:
+        """Out-of-sample products of uncentred host points (see
+        :meth:`KernelOperator.apply_new`)."""
+
+    @abstractmethod
+    def linear_pass(
+        self, kernel: ExactKernel, w: np.ndarray, numerator: np.ndarray, step: RatioStep
+    ) -> FusedPass:
+        """One linear-domain pass over the rows (see :meth:`KernelOperator.fused_pass`)."""
+
+    @abstractmethod
+    def hold_absorbed(
+        self,
+        kernel: AbsorbedExactKernel,
+        parent: ExactKernel,
+        previous: AbsorbedExactKernel | None,
+    ) -> None:
+        """Set an absorbed kernel's blocks, and its stored entries when it is stored."""
+
+    @abstractmethod
+    def absorbed_block(
+        self, kernel: AbsorbedExactKernel, rows: slice, out: np.ndarray | None
+    ) -> Any:
+        """The entries of ``rows`` of an absorbed kernel (see
+        :meth:`AbsorbedExactKernel._computed_block`)."""
+
+    @abstractmethod
+    def absorbed_rows(self, kernel: AbsorbedExactKernel, index: np.ndarray) -> np.ndarray:
+        """Dense rows of an absorbed kernel, float64 on the host."""
+
+
+class HostExact(ExactPlacement):
+    """NumPy's blocks and threaded passes in host memory, any metric."""
+
+    def hold(self, kernel: ExactKernel) -> None:
+        """Nothing to copy: the blocks read the geometry's own arrays."""
+
+    def rows_per_block(self, kernel: ExactKernel) -> int:
+        m = kernel.shape[1]
+        return block_rows(m, kernel.dtype.itemsize, dim=block_dim(kernel.geometry))
+
+    def stored(self, kernel: ExactKernel) -> np.ndarray:
+        n, m = kernel.shape
+        stored = np.empty((n, m), dtype=kernel.dtype)
+        for rows in row_slices(n, kernel._rows_per_block):
+            stored[rows] = kernel._computed_block(rows)
+        return stored
+
+    def time_one_pass(self, kernel: ExactKernel) -> float:
+        """Extrapolated from the first blocks (computed, then used) over at least
+        :data:`TIMED_ENTRIES` entries."""
+        n, m = kernel.shape
+        last = min(n, max(kernel._rows_per_block, TIMED_ENTRIES // max(1, m)))
+        ones = np.ones(m, dtype=kernel.dtype)
+        start = time.perf_counter()
+        for rows in row_slices(last, kernel._rows_per_block):
+            block = kernel._computed_block(rows)
+            block @ ones
+            block.T @ np.ones(block.shape[0], dtype=block.dtype)
+        return (time.perf_counter() - start) * n / last
+
+    def computed_block(self, kernel: ExactKernel, rows: slice) -> np.ndarray:
+        block = kernel.geometry.log_block(rows, kernel.dtype)
+        return np.exp(block, out=block)
+
+    def matmat(self, kernel: ExactKernel, V: np.ndarray) -> np.ndarray:
+        V = V.astype(kernel.dtype)
+        if kernel._dense is not None:
+            return (kernel._dense @ V).astype(np.float64, copy=False)
+        out = np.empty((kernel.shape[0], *V.shape[1:]))
+        for rows in kernel._block_slices():
+            out[rows] = kernel._block(rows) @ V
+        return out
+
+    def rmatmat(self, kernel: ExactKernel, U: np.ndarray) -> np.ndarray:
+        U = U.astype(kernel.dtype)
+        if kernel._dense is not None:
+            return (kernel._dense.T @ U).astype(np.float64, copy=False)
+        out = np.zeros((kernel.shape[1], *U.shape[1:]))
+        for rows in kernel._block_slices():
+            out += kernel._block(rows).T @ U[rows]
+        return out
+
+    def rows(self, kernel: ExactKernel, index: np.ndarray) -> np.ndarray:
+        if kernel._dense is not None:
+            return kernel._dense[index].astype(np.float64)
+        return kernel.geometry.block(index)
+
+    def log_matvec(
+        self, kernel: ExactKernel, log_w: np.ndarray, *, transpose: bool, rows: Any
+    ) -> np.ndarray:
+        over = slice(None) if rows is None else rows
+        return _true_log_matvec(kernel.geometry, log_w, transpose=transpose, over=over)
+
+    def apply_new(
+        self, kernel: ExactKernel, points: np.ndarray, values: np.ndarray, transpose: bool
+    ) -> np.ndarray:
+        return _host_apply_new(kernel.geometry, points, values, transpose)
+
+    def linear_pass(
+        self, kernel: ExactKernel, w: np.ndarray, numerator: np.ndarray, step: RatioStep
+    ) -> FusedPass:
+        if kernel._dense is not None:
+            return dense_fused_pass(kernel._dense, w, numerator, step)
+        n, m = kernel.shape
+        return blocked_fused_pass(
+            kernel._block_slices(), kernel._block, n, m, w, numerator, kernel.dtype, step
+        )
+
+    def hold_absorbed(
+        self,
+        kernel: AbsorbedExactKernel,
+        parent: ExactKernel,
+        previous: AbsorbedExactKernel | None,
+    ) -> None:
+        n, m = kernel.shape
+        # blocks are computed in float64
+        kernel._rows_per_block = block_rows(m, 8, dim=block_dim(parent.geometry))
+        kernel._factors = _absorbed_factors(parent.geometry, kernel.alpha, kernel.beta)
+        if kernel.is_dense:
+            reuse = previous is not None and previous._stored is not None
+            kernel._stored = previous._stored if reuse else np.empty((n, m), dtype=kernel.dtype)
+
+            def fill(part: Part[slice]) -> None:
+                for rows in part:
+                    kernel._computed_block(rows, out=kernel._stored[rows])
+
+            # elementwise numpy work (it releases the GIL): on threads
+            blocks = list(row_slices(n, kernel._rows_per_block))
+            run_parts(fill, blocks, n * m >= THREADED_PASS_MIN_ENTRIES)
+
+    def absorbed_block(
+        self, kernel: AbsorbedExactKernel, rows: slice, out: np.ndarray | None
+    ) -> np.ndarray:
+        in_place = out is not None and out.dtype == np.float64
+        if kernel._factors is not None:
+            left, right = kernel._factors
+            block = np.matmul(left[rows], right, out=out if in_place else None)
+        else:
+            block = kernel.geometry.log_block(rows)
+            block += kernel.alpha[rows, None]
+            block += kernel.beta[None, :]
+        np.maximum(block, LOG_FLOOR[kernel.dtype], out=block)
+        np.exp(block, out=block)
+        if kernel.dtype != np.float64:
+            block = block.astype(kernel.dtype)
+        if out is not None and block is not out:
+            out[...] = block
+        return block
+
+    def absorbed_rows(self, kernel: AbsorbedExactKernel, index: np.ndarray) -> np.ndarray:
+        if kernel._dense is not None:
+            return kernel._dense[index].astype(np.float64)
+        return np.vstack([kernel._computed_block(slice(i, i + 1)) for i in np.atleast_1d(index)])
+
+
+class DeviceExact(ExactPlacement):
+    """The clouds on the caller's device (CUDA tensors, JAX, ...; squared-Euclidean and
+    Euclidean costs): the centred clouds copied there once and every block, product and
+    log-sum-exp run there through the library's Array API namespace, as
+    :mod:`sketchot.fused`'s one-launch passes where they run for these arrays.
+
+    Parameters
+    ----------
+    on : DeviceArrays
+        The host <-> device moves of the caller's context.
+
+    Attributes
+    ----------
+    X, Y, x_sq, y_sq : array or None
+        The centred clouds and their squared norms on the device (``None`` until a kernel
+        is built on this placement).
+    pass_seconds : float or None
+        The timed pass of the kernel a derived one comes from (a pass costs the same at any
+        ``reg``).
+    """
+
+    on_device = True
+
+    def __init__(self, on: DeviceArrays) -> None:
+        self.on = on
+        self.X = self.Y = self.x_sq = self.y_sq = None
+        self.pass_seconds: float | None = None
+
+    def hold(self, kernel: ExactKernel) -> None:
+        """Copy the centred clouds and their squared norms to the device (unless this
+        placement holds them already: the same clouds at another ``reg``), and prepare the
+        fused programs where they run."""
+        if self.X is not None:
+            return
+        g = kernel.geometry
+        self.X, self.Y = self.on.put(g.Xc), self.on.put(g.Yc)
+        self.x_sq, self.y_sq = self.on.put(g.x_sq), self.on.put(g.y_sq)
+        if fused_available(g.context, g.cost, (*g.shape, g.Xc.shape[1])):
+            float32 = np.dtype(kernel.dtype) != np.float64
+            precision = self.on.xp.float32 if float32 else self.X.dtype
+            self.fused_points = (FusedPoints(self.X, precision), FusedPoints(self.Y, precision))
+
+    def shared(self, kernel: ExactKernel) -> DeviceExact:
+        """The same device copies and fused programs, and ``kernel``'s pass time."""
+        derived = copy.copy(self)
+        derived.pass_seconds = kernel.info.seconds_per_pass
+        return derived
+
+    def unfused(self) -> DeviceExact:
+        derived = copy.copy(self)
+        derived.fused_points = None
+        derived.pass_seconds = None
+        return derived
+
+    def capabilities(self, kernel: ExactKernel, capabilities: frozenset) -> frozenset:
+        # a log-domain plan's moments in one pass over the entries, where they live
+        capabilities = capabilities | {"log_means"}
+        if self.fused_points is not None and not kernel.is_dense:
+            # fused log-domain passes cost what linear ones do and never underflow: no
+            # absorptions (the engine's 'log' strategy)
+            capabilities = capabilities - {"absorb"}
+        return capabilities
+
+    def rows_per_block(self, kernel: ExactKernel) -> int:
+        n, m = kernel.shape
+        rows = device_block_bytes(kernel.geometry.context) // max(1, 8 * m)
+        return int(max(1, min(n, rows)))
+
+    def stored(self, kernel: ExactKernel) -> Any:
+        blocks = row_slices(kernel.shape[0], kernel._rows_per_block)
+        return self.on.xp.concat([kernel._computed_block(r) for r in blocks], axis=0)
+
+    def time_one_pass(self, kernel: ExactKernel) -> float:
+        """The fused programs' own timing where they run, else extrapolated from the first
+        block."""
+        n, m = kernel.shape
+        if self.fused_points is not None:
+            if self.pass_seconds is not None:  # a pass costs the same at any reg
+                return self.pass_seconds
+            try:
+                return fused_pass_seconds(
+                    *self.fused_points, kernel.geometry.reg, _sqrt(kernel.geometry)
+                )
+            except Exception as exc:  # e.g. a GPU that Triton does not compile for
+                warnings.warn(
+                    f"sketchot.fused's passes could not run on {kernel.geometry.context.device} "
+                    f"({type(exc).__name__}: {str(exc)[:200]}); the exact kernel uses its "
+                    "unfused device blocks",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                self.fused_points = None
+        rows = slice(0, min(n, max(1, device_block_bytes(kernel.geometry.context) // (8 * m))))
+        start = time.perf_counter()
+        block = kernel._computed_block(rows)
+        ones = self.on.xp.ones(m, dtype=block.dtype, device=kernel.geometry.context.device)
+        float(self.on.xp.sum(block @ ones))  # a host read waits for the device
+        return (time.perf_counter() - start) * n / rows.stop
+
+    def computed_block(self, kernel: ExactKernel, rows: slice) -> Any:
+        xp = self.on.xp
+        block = xp.exp(self.neg_cost_rows(kernel, rows))
+        return block if kernel.dtype == np.float64 else xp.astype(block, xp.float32)
+
+    def neg_cost(
+        self, kernel: ExactKernel, X: Any, x_sq: Any, Y: Any = None, y_sq: Any = None
+    ) -> Any:
+        """``-c(x_i, y_j) / reg`` of device points (``Y`` the fitted targets by default),
+        float64 on the device."""
+        Y, y_sq = (self.Y, self.y_sq) if Y is None else (Y, y_sq)
+        g = kernel.geometry
+        return neg_cost_on_device(self.on.xp, X, x_sq, Y, y_sq, g.reg, g.cost)
+
+    def neg_cost_rows(self, kernel: ExactKernel, rows: slice) -> Any:
+        return self.neg_cost(kernel, self.X[rows, ...], self.x_sq[rows])
+
+    def cast(self, kernel: ExactKernel, values: Any) -> Any:
+        """Host values on the device, in the kernel's precision."""
+        return self.on.put(values, kernel.dtype)
+
+    def fused_matmat(self, kernel: ExactKernel, V: np.ndarray, *, transpose: bool) -> np.ndarray:
+        """``K V`` (``K^T V``) in fused passes of :data:`~sketchot.fused.MAX_COLUMNS`
+        columns: ``exp(t) s`` of :func:`~sketchot.fused.fused_rows` with zero log weights."""
+        own, other = self.fused_points[::-1] if transpose else self.fused_points
+        V = V.reshape(V.shape[0], -1)
+        out = np.empty((len(own), V.shape[1]))
+        for start in range(0, V.shape[1], MAX_COLUMNS):
+            cols = slice(start, start + MAX_COLUMNS)
+            values = self.on.put(V[:, cols], np.float64)
+            _, top, sums = fused_rows(own, other, kernel.geometry.reg,
+                                      sqrt=_sqrt(kernel.geometry), values=values)  # fmt: skip
+            out[:, cols] = self.on.get(self.on.xp.exp(top)[:, None] * sums)
+        return out
+
+    def matmat(self, kernel: ExactKernel, V: np.ndarray) -> np.ndarray:
+        if self.fused_points is not None and kernel._dense is None:
+            return self.fused_matmat(kernel, np.asarray(V), transpose=False).reshape(
+                kernel.shape[0], *np.shape(V)[1:]
+            )
+        V = self.cast(kernel, V)
+        if kernel._dense is not None:
+            return self.on.get(kernel._dense @ V)
+        return np.concatenate(
+            [self.on.get(kernel._block(rows) @ V) for rows in kernel._block_slices()], axis=0
+        )
+
+    def rmatmat(self, kernel: ExactKernel, U: np.ndarray) -> np.ndarray:
+        if self.fused_points is not None and kernel._dense is None:
+            return self.fused_matmat(kernel, np.asarray(U), transpose=True).reshape(
+                kernel.shape[1], *np.shape(U)[1:]
+            )
+        if kernel._dense is not None:
+            return self.on.get(kernel._dense.T @ self.cast(kernel, U))
+        out = 0.0
+        for rows in kernel._block_slices():
+            out = out + kernel._block(rows).T @ self.cast(kernel, U[rows])
+        return self.on.get(out)
+
+    def rows(self, kernel: ExactKernel, index: np.ndarray) -> np.ndarray:
+        index = np.atleast_1d(np.arange(kernel.shape[0])[index])
+        picked = self.on.put(index, np.int64)
+        if kernel._dense is not None:
+            return self.on.get(self.on.xp.take(kernel._dense, picked, axis=0))
+        X = self.on.xp.take(self.X, picked, axis=0)
+        x_sq = self.on.xp.take(self.x_sq, picked, axis=0)
+        return self.on.get(self.on.xp.exp(self.neg_cost(kernel, X, x_sq)))
+
+    def log_matvec(
+        self, kernel: ExactKernel, log_w: np.ndarray, *, transpose: bool, rows: Any
+    ) -> np.ndarray:
+        """In fused passes or streamed row blocks of the output side."""
+        xp = self.on.xp
+        if self.fused_points is not None:
+            own, other = self.fused_points[::-1] if transpose else self.fused_points
+            if transpose and rows is not None:
+                other = other.take(self.on.put(np.arange(kernel.shape[0])[rows], np.int64))
+            shift = _weight_shift(log_w)
+            lse, _, _ = fused_rows(own, other, kernel.geometry.reg, sqrt=_sqrt(kernel.geometry),
+                                   log_w=self.on.put(log_w - shift))  # fmt: skip
+            return self.on.get(lse) + shift
+        own, own_sq, other, other_sq = self.X, self.x_sq, self.Y, self.y_sq
+        if transpose:
+            own, own_sq, other, other_sq = other, other_sq, own, own_sq
+            if rows is not None:
+                picked = self.on.put(np.arange(kernel.shape[0])[rows], np.int64)
+                other, other_sq = xp.take(other, picked, axis=0), xp.take(other_sq, picked, axis=0)
+        weights = self.on.put(log_w)
+        step = max(1, device_block_bytes(kernel.geometry.context) // (8 * max(1, other.shape[0])))
+        out = []
+        for start in range(0, own.shape[0], step):
+            block = slice(start, min(start + step, own.shape[0]))  # the standard's bounds
+            logits = self.neg_cost(kernel, own[block, ...], own_sq[block], other, other_sq)
+            logits += weights[None, :]
+            out.append(self.on.get(logsumexp_on_device(xp, logits, axis=1)))
+        return np.concatenate(out)
+
+    def log_means(
+        self, kernel: ExactKernel, log_w: np.ndarray, *, transpose: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The fused program where it runs, streamed blocks with a per-row shift otherwise."""
+        xp = self.on.xp
+        length = kernel.shape[0 if transpose else 1]
+        if self.fused_points is not None:
+            own, other = self.fused_points[::-1] if transpose else self.fused_points
+            shift = _weight_shift(log_w)
+            weights = self.on.put(log_w - shift)
+            parts, lse = [], None
+            for start in range(0, other.points.shape[1], MAX_COLUMNS):
+                columns = other.points[:, start : start + MAX_COLUMNS]
+                lse, top, sums = fused_rows(own, other, kernel.geometry.reg,
+                                            sqrt=_sqrt(kernel.geometry), log_w=weights,
+                                            values=columns)  # fmt: skip
+                parts.append(sums / xp.exp(lse - top)[:, None])
+            log_sums = self.on.get(lse) + shift
+            means = self.on.get(xp.concat(parts, axis=1))
+        else:
+            own, own_sq, other, other_sq = (self.X, self.x_sq, self.Y, self.y_sq)
+            if transpose:
+                own, own_sq, other, other_sq = other, other_sq, own, own_sq
+            weights = self.on.put(log_w)
+            step = max(1, device_block_bytes(kernel.geometry.context) // (8 * max(1, length)))
+            sums_parts, means_parts = [], []
+            for start in range(0, own.shape[0], step):
+                block = slice(start, min(start + step, own.shape[0]))  # the standard's bounds
+                logits = self.neg_cost(kernel, own[block, ...], own_sq[block], other, other_sq)
+                logits += weights[None, :]
+                top = xp.max(logits, axis=1, keepdims=True)
+                shares = xp.exp(logits - xp.where(xp.isfinite(top), top, 0.0))
+                totals = xp.sum(shares, axis=1)
+                sums_parts.append(self.on.get(xp.log(totals) + top[:, 0]))
+                means_parts.append(self.on.get((shares @ other) / totals[:, None]))
+            log_sums = np.concatenate(sums_parts) if sums_parts else np.zeros(0)
+            means = (
+                np.concatenate(means_parts, axis=0)
+                if means_parts
+                else np.zeros((0, kernel.geometry.Xc.shape[1]))
+            )
+        return log_sums, means
+
+    def apply_new(
+        self, kernel: ExactKernel, points: np.ndarray, values: np.ndarray, transpose: bool
+    ) -> np.ndarray:
+        g = kernel.geometry
+        # out-of-sample columns are rarely many: the host path is exact
+        if transpose:
+            return _host_apply_new(g, points, values, transpose)
+        xp = self.on.xp
+        centred = points - g.center
+        X, x_sq = self.on.put(centred), self.on.put((centred**2).sum(axis=1))
+        V = self.cast(kernel, values)
+        out = []
+        step = kernel._rows_per_block
+        for start in range(0, len(points), step):
+            rows = slice(start, min(start + step, len(points)))
+            block = xp.exp(self.neg_cost(kernel, X[rows, ...], x_sq[rows]))
+            out.append(self.on.get(xp.astype(block, V.dtype) @ V))
+        return np.concatenate(out, axis=0)
+
+    def linear_pass(
+        self, kernel: ExactKernel, w: np.ndarray, numerator: np.ndarray, step: RatioStep
+    ) -> FusedPass:
+        if self.fused_points is not None and kernel._dense is None:
+            return self.fused_linear_pass(kernel, w, numerator, step)
+        weights = self.cast(kernel, w)
+        if kernel._dense is not None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                products = self.on.get(kernel._dense @ weights)
+                ratios, bad = fast_ratios_and_bad(numerator, products, step)
+            projection = self.on.get(self.cast(kernel, ratios) @ kernel._dense)
+            return FusedPass(products, ratios, projection, bad)
+        return self.streamed_pass(kernel, weights, numerator, step)
+
+    def fused_linear_pass(
+        self, kernel: ExactKernel, w: np.ndarray, numerator: np.ndarray, step: RatioStep
+    ) -> FusedPass:
+        """The linear pass as two fused products (``K w``, then ``K^T`` of the ratios; any
+        sign), ratios and bad entries by the NumPy rules."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            products = self.fused_matmat(kernel, w, transpose=False)[:, 0]
+            ratios, bad = fast_ratios_and_bad(numerator, products, step)
+            projection = self.fused_matmat(kernel, ratios, transpose=True)[:, 0]
+        return FusedPass(products, ratios, projection, bad)
+
+    def streamed_pass(
+        self, kernel: ExactKernel, weights: Any, numerator: np.ndarray, step: RatioStep
+    ) -> FusedPass:
+        """Block by block: products on the device, their ratios on the host (the NumPy
+        rules), the projection accumulated on the device."""
+        n = kernel.shape[0]
+        products = np.empty(n)
+        ratios = np.empty(n)
+        bad = np.zeros(n, dtype=bool)
+        projection = 0.0
+        floor = MIN_DENOMINATOR_RATIO * numerator.max()
+        with np.errstate(over="ignore", invalid="ignore"):
+            for rows in kernel._block_slices():
+                block = kernel._block(rows)
+                p = products[rows]
+                p[...] = self.on.get(block @ weights)
+                smallest = p.min()
+                # the fast path of the NumPy pass: every numerator positive, every product sound
+                if (
+                    numerator[rows].min() > 0
+                    and smallest >= floor
+                    and smallest > 0
+                    and np.isfinite(p.max())
+                ):
+                    ratios[rows] = step.take(rows).apply(numerator[rows] / p)
+                else:
+                    ratios[rows], bad[rows] = ratios_and_bad(numerator[rows], p, step.take(rows))
+                projection = projection + self.cast(kernel, ratios[rows]) @ block
+        return FusedPass(products, ratios, self.on.get(projection), bad)
+
+    def hold_absorbed(
+        self,
+        kernel: AbsorbedExactKernel,
+        parent: ExactKernel,
+        previous: AbsorbedExactKernel | None,
+    ) -> None:
+        # its entries carry (alpha, beta): blocks, stored or streamed, never fused
+        kernel._rows_per_block = parent._rows_per_block
+        kernel._alpha_d, kernel._beta_d = self.on.put(kernel.alpha), self.on.put(kernel.beta)
+        if kernel.is_dense:
+            rows = row_slices(kernel.shape[0], kernel._rows_per_block)
+            kernel._stored = self.on.xp.concat([kernel._computed_block(r) for r in rows], axis=0)
+
+    def absorbed_block(self, kernel: AbsorbedExactKernel, rows: slice, out: Any) -> Any:
+        xp = self.on.xp
+        exponent = self.neg_cost_rows(kernel, rows) + kernel._alpha_d[rows][:, None]
+        exponent = exponent + kernel._beta_d[None, :]
+        block = xp.exp(xp.maximum(exponent, LOG_FLOOR[kernel.dtype]))
+        return block if kernel.dtype == np.float64 else xp.astype(block, xp.float32)
+
+    def absorbed_rows(self, kernel: AbsorbedExactKernel, index: np.ndarray) -> np.ndarray:
+        index = np.atleast_1d(np.arange(kernel.shape[0])[index])
+        blocks = [self.on.get(kernel._computed_block(slice(i, i + 1))) for i in index]
+        return np.vstack(blocks)
+
+
+def default_exact_placement(geometry: GibbsGeometry) -> ExactPlacement:
+    """Where an exact kernel's clouds live: on the caller's device where the geometry computes
+    there (:func:`~sketchot.kernels.device.runs_on_device`: CUDA tensors, JAX, ...), else
+    NumPy."""
+    if runs_on_device(geometry):  # the caller's points are e.g. tensors: products there
+        return DeviceExact(DeviceArrays(geometry.context))
+    return HostExact()
+
+
 class ExactKernel(KernelOperator):
-    """The true Gibbs kernel, where the caller's points live.
+    """The true Gibbs kernel, where its placement holds the caller's points.
 
     Parameters
     ----------
     geometry : GibbsGeometry
-        Its ``context`` is the placement (:mod:`sketchot.kernels.device`): NumPy's blocks
-        and threaded passes on the host, any metric; or, where the geometry computes on the
-        caller's device (:meth:`~sketchot.gibbs.GibbsGeometry.computes_on_device`: CUDA
-        tensors, JAX, ...; squared-Euclidean and Euclidean costs), the centred clouds copied
-        there once and every block, product and log-sum-exp run there through the
-        library's Array API namespace, as :mod:`sketchot.fused`'s one-launch passes where
-        they run for these arrays.
+        Its ``context`` gives the default placement (:func:`default_exact_placement`):
+        NumPy's blocks and threaded passes on the host, any metric (:class:`HostExact`); or,
+        where the geometry computes on the caller's device
+        (:meth:`~sketchot.gibbs.GibbsGeometry.computes_on_device`: CUDA tensors, JAX, ...;
+        squared-Euclidean and Euclidean costs), the centred clouds copied there once and
+        every block, product and log-sum-exp run there (:class:`DeviceExact`).
     dtype : numpy dtype
         Precision of the stored kernel or of the streamed blocks' products.
     max_dense_bytes : int, default=1 GiB
         ``K`` is stored (on the placement's device) when it takes at most this many bytes;
         beyond, every product recomputes it block by block.
+    placement : ExactPlacement, optional
+        Where the clouds live and the products run (``None``: the geometry's default). A
+        :class:`DeviceExact` holds the clouds of the first kernel built on it.
 
     Attributes
     ----------
+    placement : ExactPlacement
     is_dense : bool
         Whether ``K`` is stored (computed on the first product that needs it).
 
@@ -92,19 +678,13 @@ class ExactKernel(KernelOperator):
     computed there by the NumPy rules, so that each half-step moves ``O(n + m)`` numbers.
     """
 
-    #: The placement's arrays (:class:`~sketchot._arrays.DeviceArrays`), ``None`` on the host
-    #: (class defaults: kernels that build their own storage are host kernels).
-    _on: DeviceArrays | None = None
-    #: The fused programs' points on the device (:class:`~sketchot.fused.FusedPoints`).
-    _fused: tuple[FusedPoints, FusedPoints] | None = None
-
     def __init__(
         self,
         geometry: GibbsGeometry,
         *,
         dtype: Any = np.float64,
         max_dense_bytes: int = DEFAULT_MAX_DENSE_BYTES,
-        _same_points: ExactKernel | None = None,
+        placement: ExactPlacement | None = None,
     ) -> None:
         # exact entries: the products' only error is the storage precision's rounding
         rounding = 0.0 if np.dtype(dtype) == np.float64 else 8.0 * float(np.finfo(dtype).eps)
@@ -119,107 +699,36 @@ class ExactKernel(KernelOperator):
         )
         super().__init__(geometry, info, dtype)
         self.max_dense_bytes = max_dense_bytes
+        self.placement = default_exact_placement(geometry) if placement is None else placement
+        self.placement.hold(self)
+        self._rows_per_block = self.placement.rows_per_block(self)
         n, m = self.shape
-        if runs_on_device(geometry):  # the caller's points are e.g. tensors: products there
-            self._hold_points(_same_points)
-            rows = device_block_bytes(geometry.context) // max(1, 8 * m)
-            self._rows_per_block = int(max(1, min(n, rows)))
-        else:
-            self._rows_per_block = block_rows(m, self.dtype.itemsize, dim=block_dim(geometry))
         self.is_dense = n * m * self.dtype.itemsize <= max_dense_bytes
         self._stored = None
         if not self.is_dense:
-            self.info.seconds_per_pass = self._time_one_pass()
-        if self._on is not None:
-            # a log-domain plan's moments in one pass over the entries, where they live
-            self.info.capabilities = self.info.capabilities | {"log_means"}
-            if self._fused is not None and not self.is_dense:
-                # fused log-domain passes cost what linear ones do and never underflow: no
-                # absorptions (the engine's 'log' strategy)
-                self.info.capabilities = self.info.capabilities - {"absorb"}
-
-    def _hold_points(self, same_points: ExactKernel | None) -> None:
-        """Copy the centred clouds and their squared norms to the placement's device (or
-        take ``same_points``' copies, fused programs and pass time: the same clouds at
-        another ``reg``), and prepare the fused programs where they run."""
-        g = self.geometry
-        self._on = DeviceArrays(g.context)
-        self._pass_seconds = None
-        if same_points is not None:
-            self._Xd, self._Yd = same_points._Xd, same_points._Yd
-            self._x_sq, self._y_sq = same_points._x_sq, same_points._y_sq
-            self._fused = same_points._fused
-            self._pass_seconds = same_points.info.seconds_per_pass
-            return
-        self._Xd, self._Yd = self._on.put(g.Xc), self._on.put(g.Yc)
-        self._x_sq, self._y_sq = self._on.put(g.x_sq), self._on.put(g.y_sq)
-        if fused_available(g.context, g.cost, (*g.shape, g.Xc.shape[1])):
-            float32 = np.dtype(self.dtype) != np.float64
-            precision = self._on.xp.float32 if float32 else self._Xd.dtype
-            self._fused = (FusedPoints(self._Xd, precision), FusedPoints(self._Yd, precision))
+            self.info.seconds_per_pass = self.placement.time_one_pass(self)
+        self.info.capabilities = self.placement.capabilities(self, self.info.capabilities)
 
     @property
     def on_device(self) -> bool:
         """Whether the blocks and products run on the caller's device."""
-        return self._on is not None
+        return self.placement.on_device
 
     @property
     def fused(self) -> bool:
         """Whether the passes run as :mod:`sketchot.fused`'s one-launch programs (streamed on
         a CUDA device) rather than as blocks."""
-        return self._fused is not None
+        return self.placement.fused_points is not None
 
     @property
     def _dense(self) -> Any:
         """The stored kernel, computed on first use (a solver with its own exact path, such
         as the absorption-stabilised one, never needs it)."""
         if self.is_dense and self._stored is None:
-            n, m = self.shape
-            blocks = row_slices(n, self._rows_per_block)
-            if self._on is not None:
-                self._stored = self._on.xp.concat([self._computed_block(r) for r in blocks], axis=0)
-            else:
-                self._stored = np.empty((n, m), dtype=self.dtype)
-                for rows in blocks:
-                    self._stored[rows] = self._computed_block(rows)
+            self._stored = self.placement.stored(self)
         return self._stored
 
     # ---------------------------------------------------------------- blocks
-    def _time_one_pass(self) -> float:
-        """Seconds of one streamed pass: the fused programs' own timing where they run,
-        else extrapolated from the first blocks (computed, then used; on the host over at
-        least :data:`TIMED_ENTRIES` entries)."""
-        n, m = self.shape
-        if self._on is None:
-            last = min(n, max(self._rows_per_block, TIMED_ENTRIES // max(1, m)))
-            ones = np.ones(m, dtype=self.dtype)
-            start = time.perf_counter()
-            for rows in row_slices(last, self._rows_per_block):
-                block = self._computed_block(rows)
-                block @ ones
-                block.T @ np.ones(block.shape[0], dtype=block.dtype)
-            return (time.perf_counter() - start) * n / last
-        if self._fused is not None:
-            if self._pass_seconds is not None:  # a pass costs the same at any reg
-                return self._pass_seconds
-            try:
-                return fused_pass_seconds(*self._fused, self.geometry.reg, self._sqrt)
-            except Exception as exc:  # e.g. a GPU that Triton does not compile for
-                warnings.warn(
-                    f"sketchot.fused's passes could not run on {self.geometry.context.device} "
-                    f"({type(exc).__name__}: {str(exc)[:200]}); the exact kernel uses its "
-                    "unfused device blocks",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                self._fused = None
-        rows = slice(0, min(n, max(1, device_block_bytes(self.geometry.context) // (8 * m))))
-        start = time.perf_counter()
-        block = self._computed_block(rows)
-        ones = self._on.xp.ones(m, dtype=block.dtype, device=self.geometry.context.device)
-        float(self._on.xp.sum(block @ ones))  # a host read waits for the device
-        return (time.perf_counter() - start) * n / rows.stop
-
     def _block_slices(self) -> list[slice]:
         """Row blocks of the streamed kernel (a stored one is multiplied whole)."""
         return list(row_slices(self.shape[0], self._rows_per_block))
@@ -228,134 +737,26 @@ class ExactKernel(KernelOperator):
         return self._computed_block(rows) if self._dense is None else self._dense[rows, ...]
 
     def _computed_block(self, rows: slice) -> Any:
-        if self._on is None:
-            block = self.geometry.log_block(rows, self.dtype)
-            return np.exp(block, out=block)
-        xp = self._on.xp
-        block = xp.exp(self._neg_cost_rows(rows))
-        return block if self.dtype == np.float64 else xp.astype(block, xp.float32)
-
-    def _neg_cost(self, X: Any, x_sq: Any, Y: Any = None, y_sq: Any = None) -> Any:
-        """``-c(x_i, y_j) / reg`` of device points (``Y`` the fitted targets by default),
-        float64 on the device."""
-        Y, y_sq = (self._Yd, self._y_sq) if Y is None else (Y, y_sq)
-        return neg_cost_on_device(
-            self._on.xp, X, x_sq, Y, y_sq, self.geometry.reg, self.geometry.cost
-        )
-
-    def _neg_cost_rows(self, rows: slice) -> Any:
-        return self._neg_cost(self._Xd[rows, ...], self._x_sq[rows])
+        return self.placement.computed_block(self, rows)
 
     # -------------------------------------------------------------- products
-    def _cast(self, values: Any) -> Any:
-        """Host values on the device, in the kernel's precision."""
-        return self._on.put(values, self.dtype)
-
-    @property
-    def _sqrt(self) -> bool:
-        return not self.geometry.cost.sqeuclidean
-
-    def _fused_matmat(self, V: np.ndarray, *, transpose: bool) -> np.ndarray:
-        """``K V`` (``K^T V``) in fused passes of :data:`~sketchot.fused.MAX_COLUMNS`
-        columns: ``exp(t) s`` of :func:`~sketchot.fused.fused_rows` with zero log weights."""
-        own, other = self._fused[::-1] if transpose else self._fused
-        V = V.reshape(V.shape[0], -1)
-        out = np.empty((len(own), V.shape[1]))
-        for start in range(0, V.shape[1], MAX_COLUMNS):
-            cols = slice(start, start + MAX_COLUMNS)
-            values = self._on.put(V[:, cols], np.float64)
-            _, top, sums = fused_rows(own, other, self.geometry.reg, sqrt=self._sqrt,
-                                      values=values)  # fmt: skip
-            out[:, cols] = self._on.get(self._on.xp.exp(top)[:, None] * sums)
-        return out
-
     def matmat(self, V: Any) -> np.ndarray:
         V = check_operand(V, self.shape[1], "V", vector=False)
-        if self._on is None:
-            V = V.astype(self.dtype)
-            if self._dense is not None:
-                return (self._dense @ V).astype(np.float64, copy=False)
-            out = np.empty((self.shape[0], *V.shape[1:]))
-            for rows in self._block_slices():
-                out[rows] = self._block(rows) @ V
-            return out
-        if self._fused is not None and self._dense is None:
-            return self._fused_matmat(np.asarray(V), transpose=False).reshape(
-                self.shape[0], *np.shape(V)[1:]
-            )
-        V = self._cast(V)
-        if self._dense is not None:
-            return self._on.get(self._dense @ V)
-        return np.concatenate(
-            [self._on.get(self._block(rows) @ V) for rows in self._block_slices()], axis=0
-        )
+        return self.placement.matmat(self, V)
 
     def rmatmat(self, U: Any) -> np.ndarray:
         U = check_operand(U, self.shape[0], "U", vector=False)
-        if self._on is None:
-            U = U.astype(self.dtype)
-            if self._dense is not None:
-                return (self._dense.T @ U).astype(np.float64, copy=False)
-            out = np.zeros((self.shape[1], *U.shape[1:]))
-            for rows in self._block_slices():
-                out += self._block(rows).T @ U[rows]
-            return out
-        if self._fused is not None and self._dense is None:
-            return self._fused_matmat(np.asarray(U), transpose=True).reshape(
-                self.shape[1], *np.shape(U)[1:]
-            )
-        if self._dense is not None:
-            return self._on.get(self._dense.T @ self._cast(U))
-        out = 0.0
-        for rows in self._block_slices():
-            out = out + self._block(rows).T @ self._cast(U[rows])
-        return self._on.get(out)
+        return self.placement.rmatmat(self, U)
 
     def _rows(self, index: np.ndarray) -> np.ndarray:
-        if self._on is None:
-            if self._dense is not None:
-                return self._dense[index].astype(np.float64)
-            return self.geometry.block(index)
-        index = np.atleast_1d(np.arange(self.shape[0])[index])
-        picked = self._on.put(index, np.int64)
-        if self._dense is not None:
-            return self._on.get(self._on.xp.take(self._dense, picked, axis=0))
-        X = self._on.xp.take(self._Xd, picked, axis=0)
-        x_sq = self._on.xp.take(self._x_sq, picked, axis=0)
-        return self._on.get(self._on.xp.exp(self._neg_cost(X, x_sq)))
+        return self.placement.rows(self, index)
 
     def _log_matvec(self, log_w: np.ndarray, *, transpose: bool, rows: Any = None) -> np.ndarray:
         """``log sum_j exp(log_w_j - c_ij / reg)`` per row (per column with ``transpose``,
         over the rows ``rows`` only) of the true kernel, with a per-row maximum shift (finite
         for any ``reg``): on the host from the centred clouds or the geometry's cost matrix,
         on a device in fused passes or streamed row blocks of the output side."""
-        if self._on is None:
-            over = slice(None) if rows is None else rows
-            return _true_log_matvec(self.geometry, log_w, transpose=transpose, over=over)
-        xp = self._on.xp
-        if self._fused is not None:
-            own, other = self._fused[::-1] if transpose else self._fused
-            if transpose and rows is not None:
-                other = other.take(self._on.put(np.arange(self.shape[0])[rows], np.int64))
-            shift = _weight_shift(log_w)
-            lse, _, _ = fused_rows(own, other, self.geometry.reg, sqrt=self._sqrt,
-                                   log_w=self._on.put(log_w - shift))  # fmt: skip
-            return self._on.get(lse) + shift
-        own, own_sq, other, other_sq = self._Xd, self._x_sq, self._Yd, self._y_sq
-        if transpose:
-            own, own_sq, other, other_sq = other, other_sq, own, own_sq
-            if rows is not None:
-                picked = self._on.put(np.arange(self.shape[0])[rows], np.int64)
-                other, other_sq = xp.take(other, picked, axis=0), xp.take(other_sq, picked, axis=0)
-        weights = self._on.put(log_w)
-        step = max(1, device_block_bytes(self.geometry.context) // (8 * max(1, other.shape[0])))
-        out = []
-        for start in range(0, own.shape[0], step):
-            block = slice(start, min(start + step, own.shape[0]))  # the standard's bounds
-            logits = self._neg_cost(own[block, ...], own_sq[block], other, other_sq)
-            logits += weights[None, :]
-            out.append(self._on.get(logsumexp_on_device(xp, logits, axis=1)))
-        return np.concatenate(out)
+        return self.placement.log_matvec(self, log_w, transpose=transpose, rows=rows)
 
     def log_means(self, side: str, log_w: Any) -> tuple[np.ndarray, np.ndarray]:
         """``(log(K exp(w)), means)``, one pass over the entries on the device (the
@@ -377,41 +778,7 @@ class ExactKernel(KernelOperator):
         transpose = side == "cols"
         length = self.shape[0 if transpose else 1]
         log_w = np.asarray(check_operand(log_w, length, "log_w", vector=True)).ravel()
-        xp = self._on.xp
-        if self._fused is not None:
-            own, other = self._fused[::-1] if transpose else self._fused
-            shift = _weight_shift(log_w)
-            weights = self._on.put(log_w - shift)
-            parts, lse = [], None
-            for start in range(0, other.points.shape[1], MAX_COLUMNS):
-                columns = other.points[:, start : start + MAX_COLUMNS]
-                lse, top, sums = fused_rows(own, other, self.geometry.reg, sqrt=self._sqrt,
-                                            log_w=weights, values=columns)  # fmt: skip
-                parts.append(sums / xp.exp(lse - top)[:, None])
-            log_sums = self._on.get(lse) + shift
-            means = self._on.get(xp.concat(parts, axis=1))
-        else:
-            own, own_sq, other, other_sq = (self._Xd, self._x_sq, self._Yd, self._y_sq)
-            if transpose:
-                own, own_sq, other, other_sq = other, other_sq, own, own_sq
-            weights = self._on.put(log_w)
-            step = max(1, device_block_bytes(self.geometry.context) // (8 * max(1, length)))
-            sums_parts, means_parts = [], []
-            for start in range(0, own.shape[0], step):
-                block = slice(start, min(start + step, own.shape[0]))  # the standard's bounds
-                logits = self._neg_cost(own[block, ...], own_sq[block], other, other_sq)
-                logits += weights[None, :]
-                top = xp.max(logits, axis=1, keepdims=True)
-                shares = xp.exp(logits - xp.where(xp.isfinite(top), top, 0.0))
-                totals = xp.sum(shares, axis=1)
-                sums_parts.append(self._on.get(xp.log(totals) + top[:, 0]))
-                means_parts.append(self._on.get((shares @ other) / totals[:, None]))
-            log_sums = np.concatenate(sums_parts) if sums_parts else np.zeros(0)
-            means = (
-                np.concatenate(means_parts, axis=0)
-                if means_parts
-                else np.zeros((0, self.geometry.Xc.shape[1]))
-            )
+        log_sums, means = self.placement.log_means(self, log_w, transpose=transpose)
         means[~np.isfinite(log_sums)] = 0.0  # an empty row: no mass, no mean
         return log_sums, means
 
@@ -420,21 +787,7 @@ class ExactKernel(KernelOperator):
         return super().apply_new(points, values, side=side)
 
     def _apply_new(self, points: np.ndarray, values: np.ndarray, transpose: bool) -> np.ndarray:
-        g = self.geometry
-        # out-of-sample columns are rarely many: the host path is exact
-        if self._on is None or transpose:
-            other, cost = (g.Xc, g.cost.transposed()) if transpose else (g.Yc, g.cost)
-            return gibbs_matmat(points - g.center, other, g.reg, values, cost)
-        xp = self._on.xp
-        centred = points - g.center
-        X, x_sq = self._on.put(centred), self._on.put((centred**2).sum(axis=1))
-        V = self._cast(values)
-        out = []
-        for start in range(0, len(points), self._rows_per_block):
-            rows = slice(start, min(start + self._rows_per_block, len(points)))
-            block = xp.exp(self._neg_cost(X[rows, ...], x_sq[rows]))
-            out.append(self._on.get(xp.astype(block, V.dtype) @ V))
-        return np.concatenate(out, axis=0)
+        return self.placement.apply_new(self, points, values, transpose)
 
     def fused_pass(
         self,
@@ -455,61 +808,7 @@ class ExactKernel(KernelOperator):
                 numerator,
                 step,
             )
-        if self._on is None:
-            if self._dense is not None:
-                return dense_fused_pass(self._dense, w, numerator, step)
-            n, m = self.shape
-            return blocked_fused_pass(
-                self._block_slices(), self._block, n, m, w, numerator, self.dtype, step
-            )
-        if self._fused is not None and self._dense is None:
-            return self._fused_linear_pass(w, numerator, step)
-        weights = self._cast(w)
-        if self._dense is not None:
-            with np.errstate(over="ignore", invalid="ignore"):
-                products = self._on.get(self._dense @ weights)
-                ratios, bad = fast_ratios_and_bad(numerator, products, step)
-            projection = self._on.get(self._cast(ratios) @ self._dense)
-            return FusedPass(products, ratios, projection, bad)
-        return self._streamed_pass(weights, numerator, step)
-
-    def _fused_linear_pass(
-        self, w: np.ndarray, numerator: np.ndarray, step: RatioStep
-    ) -> FusedPass:
-        """The linear pass as two fused products (``K w``, then ``K^T`` of the ratios; any
-        sign), ratios and bad entries by the NumPy rules."""
-        with np.errstate(over="ignore", invalid="ignore"):
-            products = self._fused_matmat(w, transpose=False)[:, 0]
-            ratios, bad = fast_ratios_and_bad(numerator, products, step)
-            projection = self._fused_matmat(ratios, transpose=True)[:, 0]
-        return FusedPass(products, ratios, projection, bad)
-
-    def _streamed_pass(self, weights: Any, numerator: np.ndarray, step: RatioStep) -> FusedPass:
-        """Block by block on a device: products there, their ratios on the host (the NumPy
-        rules), the projection accumulated there."""
-        products = np.empty(self.shape[0])
-        ratios = np.empty(self.shape[0])
-        bad = np.zeros(self.shape[0], dtype=bool)
-        projection = 0.0
-        floor = MIN_DENOMINATOR_RATIO * numerator.max()
-        with np.errstate(over="ignore", invalid="ignore"):
-            for rows in self._block_slices():
-                block = self._block(rows)
-                p = products[rows]
-                p[...] = self._on.get(block @ weights)
-                smallest = p.min()
-                # the fast path of the NumPy pass: every numerator positive, every product sound
-                if (
-                    numerator[rows].min() > 0
-                    and smallest >= floor
-                    and smallest > 0
-                    and np.isfinite(p.max())
-                ):
-                    ratios[rows] = step.take(rows).apply(numerator[rows] / p)
-                else:
-                    ratios[rows], bad[rows] = ratios_and_bad(numerator[rows], p, step.take(rows))
-                projection = projection + self._cast(ratios[rows]) @ block
-        return FusedPass(products, ratios, self._on.get(projection), bad)
+        return self.placement.linear_pass(self, w, numerator, step)
 
     def project(
         self, side: str, values: np.ndarray, index: Any = None, *, log: bool = False
@@ -525,12 +824,14 @@ class ExactKernel(KernelOperator):
         return values @ self._rows(np.arange(self.shape[0])[index])
 
     def at_reg(self, reg: float) -> ExactKernel:
-        """The exact kernel of the same clouds at another ``reg`` (an epsilon schedule; on a
-        device the same device copies and pass time)."""
+        """The exact kernel of the same clouds at another ``reg`` (an epsilon schedule) on the
+        same placement (on a device the same device copies, fused programs and pass time)."""
         return ExactKernel(
-            self.geometry.at_reg(reg), dtype=self.dtype, max_dense_bytes=self.max_dense_bytes,
-            _same_points=self if self._on is not None else None,
-        )  # fmt: skip
+            self.geometry.at_reg(reg),
+            dtype=self.dtype,
+            max_dense_bytes=self.max_dense_bytes,
+            placement=self.placement.shared(self),
+        )
 
     def absorbed(
         self, alpha: np.ndarray, beta: np.ndarray, previous: Any = None
@@ -542,7 +843,7 @@ class ExactKernel(KernelOperator):
 class AbsorbedExactKernel(ExactKernel):
     """``K~_ij = exp(alpha_i + beta_j - c(x_i, y_j) / reg)``: the exact kernel with scalings
     absorbed into it (Schmitzer 2019, Sec. 3), stored when ``K`` would be, streamed otherwise,
-    on the parent's placement.
+    on the parent's placement (never fused: its entries carry the scalings).
 
     Exponents are computed in float64 and clamped below at :data:`LOG_FLOOR` (entries never
     denormal); ``alpha_i`` or ``beta_j = -inf`` (zero weights) gives the floor too. Right after
@@ -575,36 +876,12 @@ class AbsorbedExactKernel(ExactKernel):
         info = KernelInfo("exact", dict(parent.info.params), capabilities=frozenset())
         KernelOperator.__init__(self, parent.geometry, info, parent.dtype)
         self.max_dense_bytes = parent.max_dense_bytes
+        self.placement = parent.placement.unfused()
         self.alpha = np.asarray(alpha, dtype=np.float64)
         self.beta = np.asarray(beta, dtype=np.float64)
-        n, m = self.shape
         self.is_dense = parent.is_dense
         self._stored = None
-        if parent._on is not None:
-            # its entries carry (alpha, beta): blocks, stored or streamed, never fused
-            self._on = parent._on
-            self._Xd, self._Yd = parent._Xd, parent._Yd
-            self._x_sq, self._y_sq = parent._x_sq, parent._y_sq
-            self._rows_per_block = parent._rows_per_block
-            self._alpha_d, self._beta_d = self._on.put(self.alpha), self._on.put(self.beta)
-            if self.is_dense:
-                rows = row_slices(n, self._rows_per_block)
-                self._stored = self._on.xp.concat([self._computed_block(r) for r in rows], axis=0)
-            return
-        # blocks are computed in float64
-        self._rows_per_block = block_rows(m, 8, dim=block_dim(parent.geometry))
-        self._factors = _absorbed_factors(parent.geometry, self.alpha, self.beta)
-        if self.is_dense:
-            reuse = previous is not None and previous._stored is not None
-            self._stored = previous._stored if reuse else np.empty((n, m), dtype=self.dtype)
-
-            def fill(part: Part[slice]) -> None:
-                for rows in part:
-                    self._computed_block(rows, out=self._stored[rows])
-
-            # elementwise numpy work (it releases the GIL): on threads
-            blocks = list(row_slices(n, self._rows_per_block))
-            run_parts(fill, blocks, n * m >= THREADED_PASS_MIN_ENTRIES)
+        self.placement.hold_absorbed(self, parent, previous)
 
     @property
     def _dense(self) -> Any:
@@ -614,36 +891,10 @@ class AbsorbedExactKernel(ExactKernel):
         """The entries of ``rows``, written into ``out`` (a stored block on the host) when
         given: the exponents then never take a temporary (a quarter of the build at 10^4
         points)."""
-        if self._on is not None:
-            xp = self._on.xp
-            exponent = self._neg_cost_rows(rows) + self._alpha_d[rows][:, None]
-            exponent = exponent + self._beta_d[None, :]
-            block = xp.exp(xp.maximum(exponent, LOG_FLOOR[self.dtype]))
-            return block if self.dtype == np.float64 else xp.astype(block, xp.float32)
-        in_place = out is not None and out.dtype == np.float64
-        if self._factors is not None:
-            left, right = self._factors
-            block = np.matmul(left[rows], right, out=out if in_place else None)
-        else:
-            block = self.geometry.log_block(rows)
-            block += self.alpha[rows, None]
-            block += self.beta[None, :]
-        np.maximum(block, LOG_FLOOR[self.dtype], out=block)
-        np.exp(block, out=block)
-        if self.dtype != np.float64:
-            block = block.astype(self.dtype)
-        if out is not None and block is not out:
-            out[...] = block
-        return block
+        return self.placement.absorbed_block(self, rows, out)
 
     def _rows(self, index: np.ndarray) -> np.ndarray:
-        if self._on is not None:
-            index = np.atleast_1d(np.arange(self.shape[0])[index])
-            blocks = [self._on.get(self._computed_block(slice(i, i + 1))) for i in index]
-            return np.vstack(blocks)
-        if self._dense is not None:
-            return self._dense[index].astype(np.float64)
-        return np.vstack([self._computed_block(slice(i, i + 1)) for i in np.atleast_1d(index)])
+        return self.placement.absorbed_rows(self, index)
 
     def fused_pass(
         self,
@@ -660,6 +911,20 @@ class AbsorbedExactKernel(ExactKernel):
 
     def absorbed(self, alpha, beta, previous=None):
         raise NotImplementedError("absorb into the parent kernel, not into an absorbed one")
+
+
+def _sqrt(geometry: GibbsGeometry) -> bool:
+    """Whether the fused programs take the square root of the squared distances."""
+    return not geometry.cost.sqeuclidean
+
+
+def _host_apply_new(
+    geometry: GibbsGeometry, points: np.ndarray, values: np.ndarray, transpose: bool
+) -> np.ndarray:
+    """Out-of-sample products on the host, exact for any cost."""
+    g = geometry
+    other, cost = (g.Xc, g.cost.transposed()) if transpose else (g.Yc, g.cost)
+    return gibbs_matmat(points - g.center, other, g.reg, values, cost)
 
 
 def _true_log_matvec(

@@ -21,7 +21,7 @@ from .._defaults import DEFAULT_MAX_DENSE_BYTES
 from .._validation import check_dtype, check_int
 from ..sparse_cost import SparseCostMatrixGeometry, cost_geometry
 from .base import IDENTITY_STEP, FusedPass, KernelInfo, KernelOperator, RatioStep, check_operand
-from .exact import LOG_FLOOR, ExactKernel
+from .exact import LOG_FLOOR, ExactKernel, HostExact
 
 
 class SparseExactKernel(ExactKernel):
@@ -56,6 +56,7 @@ class SparseExactKernel(ExactKernel):
         )
         KernelOperator.__init__(self, geometry, info, dtype)
         self.max_dense_bytes = max_dense_bytes
+        self.placement = HostExact()  # SciPy's products and segment reductions, in memory
         self.is_dense = True  # stored (on the pattern): the products never recompute it
         self._stored = self._build()
 
@@ -113,6 +114,7 @@ class SparseAbsorbedKernel(SparseExactKernel):
         info = KernelInfo("exact", dict(parent.info.params), capabilities=frozenset())
         KernelOperator.__init__(self, parent.geometry, info, parent.dtype)
         self.max_dense_bytes = parent.max_dense_bytes
+        self.placement = parent.placement
         self.is_dense = True
         self._stored = self._build()
 

@@ -371,7 +371,7 @@ def test_a_solve_on_device_kernels_equals_the_numpy_solve():
 def test_cuda_kernels_hold_their_data_on_the_device():
     X = torch.rand(500, 3, dtype=torch.float64, device="cuda")
     kernel = sketchot.make_kernel(X, X, 0.1, "exact").host
-    assert kernel._Xd.device.type == "cuda" and kernel._dense.device.type == "cuda"
+    assert kernel.placement.X.device.type == "cuda" and kernel._dense.device.type == "cuda"
     local = sketchot.make_kernel(X, X, 0.01, "polyts_local", rng=0).host
     assert local.expansion._x.device.local.device.type == "cuda"
     reference = sketchot.make_kernel(X.cpu().numpy(), X.cpu().numpy(), 0.01, "polyts_local",
@@ -392,7 +392,7 @@ def test_a_cuda_solve_streams_fused_passes_and_equals_the_numpy_solve(params):
     reference = sketchot.sinkhorn(None, None, X, Y, reg=0.02, **params)
     ours = sketchot.sinkhorn(None, None, *(torch.as_tensor(Z, device="cuda") for Z in (X, Y)),
                              reg=0.02, **params)  # fmt: skip
-    assert ours.host.kernel._fused is not None and ours.potentials[0].is_cuda
+    assert ours.host.kernel.fused and ours.potentials[0].is_cuda
     np.testing.assert_allclose(ours.potentials[0].cpu().numpy(), reference.potentials[0],
                                rtol=1e-9, atol=1e-9)  # fmt: skip
     assert ours.accuracy_met == reference.accuracy_met
@@ -543,7 +543,8 @@ def test_a_fused_kernel_at_another_reg_shares_its_points_and_timing(fused_interp
     _, device = pair()
     kernel = sketchot.kernels.exact.build_exact(device, max_dense_bytes=0)
     other = kernel.at_reg(0.05)
-    assert other._fused is kernel._fused and other.geometry.reg == 0.05
+    assert other.placement.fused_points is kernel.placement.fused_points
+    assert other.geometry.reg == 0.05
     assert other.info.seconds_per_pass == kernel.info.seconds_per_pass
     w = np.linspace(0.1, 1.0, 55)
     reference = ExactKernel(GibbsGeometry(device.X, device.Y, 0.05), max_dense_bytes=0)
@@ -561,7 +562,7 @@ def test_a_device_where_the_fused_program_fails_takes_the_blocks(fused_interpret
     host, device = pair()
     with pytest.warns(RuntimeWarning, match="could not run on cpu.*unfused device blocks"):
         kernel = sketchot.kernels.exact.build_exact(device, max_dense_bytes=0)
-    assert kernel._fused is None and "absorb" in kernel.info.capabilities
+    assert not kernel.fused and "absorb" in kernel.info.capabilities
     w = np.linspace(0.1, 1.0, 55)
     reference = ExactKernel(host, max_dense_bytes=0)
     np.testing.assert_allclose(kernel.matvec(w), reference.matvec(w), rtol=RTOL)
@@ -600,3 +601,36 @@ def test_one_exact_class_whose_derived_kernels_keep_the_placement(max_dense_byte
     assert "log_means" not in reference.info.capabilities
     with pytest.raises(NotImplementedError, match="'log_means' capability"):
         reference.log_means("rows", np.zeros(55))
+
+
+@pytest.mark.parametrize("max_dense_bytes", [1 << 30, 0], ids=["stored", "streamed"])
+def test_the_placement_decides_where_the_one_exact_class_runs(max_dense_bytes):
+    """One exact class for every placement (issue 43): its placement object (NumPy, the
+    caller's device) holds the clouds and runs the blocks, chosen from the geometry unless
+    given; ``at_reg`` and ``absorbed`` keep it (the same device copies); the only subclasses
+    are the absorbed and the sparse kernels."""
+    from sketchot.kernels.exact import AbsorbedExactKernel, DeviceExact, HostExact
+    from sketchot.kernels.matrix_exact import SparseExactKernel
+
+    assert set(ExactKernel.__subclasses__()) == {AbsorbedExactKernel, SparseExactKernel}
+    assert not AbsorbedExactKernel.__subclasses__()
+    host, device = pair()
+    ours = ExactKernel(device, max_dense_bytes=max_dense_bytes)
+    on_host = ExactKernel(device, max_dense_bytes=max_dense_bytes, placement=HostExact())
+    assert isinstance(ours.placement, DeviceExact) and ours.on_device
+    assert isinstance(on_host.placement, HostExact) and not on_host.on_device
+    assert isinstance(ExactKernel(host).placement, HostExact)
+    alpha, beta = np.linspace(-1.0, 1.0, 70), np.linspace(0.5, -0.5, 55)
+    for derived in (ours.at_reg(0.05), ours.absorbed(alpha, beta)):
+        assert isinstance(derived.placement, DeviceExact) and derived.on_device
+        assert derived.placement.X is ours.placement.X  # the clouds are copied once
+    for derived in (on_host.at_reg(0.05), on_host.absorbed(alpha, beta)):
+        assert derived.placement is on_host.placement
+    w, a = np.linspace(0.1, 1.0, 55), np.full(70, 1 / 70)
+    np.testing.assert_allclose(ours.matvec(w), on_host.matvec(w), rtol=RTOL)
+    for log in (False, True):
+        ours_pass = ours.fused_pass("rows", np.log(w) if log else w, a, log=log)
+        host_pass = on_host.fused_pass("rows", np.log(w) if log else w, a, log=log)
+        for name in ("products", "ratios", "projection"):
+            np.testing.assert_allclose(getattr(ours_pass, name), getattr(host_pass, name),
+                                       rtol=RTOL)  # fmt: skip
