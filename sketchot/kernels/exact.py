@@ -322,14 +322,27 @@ class DeviceExact(ExactPlacement):
         self.on = on
         self.X = self.Y = self.x_sq = self.y_sq = None
         self.pass_seconds: float | None = None
+        # the clouds and precision of the kernel the copies were made for
+        self._source: tuple[Any, Any, np.dtype] | None = None
 
     def hold(self, kernel: ExactKernel) -> None:
         """Copy the centred clouds and their squared norms to the device (unless this
         placement holds them already: the same clouds at another ``reg``), and prepare the
-        fused programs where they run."""
-        if self.X is not None:
-            return
+        fused programs where they run. A placement holding other clouds, or made for
+        another precision, is refused: its copies would silently answer for those."""
         g = kernel.geometry
+        if self._source is not None:
+            X, Y, dtype = self._source
+            same = (X is g.X or np.array_equal(X, g.X)) and (Y is g.Y or np.array_equal(Y, g.Y))
+            if not same or dtype != kernel.dtype:
+                raise ValueError(
+                    "placement holds the device copies of another kernel's clouds (or of "
+                    f"another precision: {dtype}); got a kernel of {g.shape[0]} x "
+                    f"{g.shape[1]} points in {kernel.dtype}: pass placement=None (the "
+                    "geometry's default) or a new DeviceExact"
+                )
+            return
+        self._source = (g.X, g.Y, np.dtype(kernel.dtype))
         self.X, self.Y = self.on.put(g.Xc), self.on.put(g.Yc)
         self.x_sq, self.y_sq = self.on.put(g.x_sq), self.on.put(g.y_sq)
         if fused_available(g.context, g.cost, (*g.shape, g.Xc.shape[1])):

@@ -634,3 +634,17 @@ def test_the_placement_decides_where_the_one_exact_class_runs(max_dense_bytes):
         for name in ("products", "ratios", "projection"):
             np.testing.assert_allclose(getattr(ours_pass, name), getattr(host_pass, name),
                                        rtol=RTOL)  # fmt: skip
+
+
+def test_a_device_placement_refuses_another_kernels_clouds():
+    """A placement holds the device copies of the clouds it was first used for: given to a
+    kernel of other clouds (or of another precision) it is refused by name, never used to
+    answer for them; the same clouds at another ``reg`` share it."""
+    _, device = pair()
+    _, other = pair(seed=1)
+    kernel = ExactKernel(device)
+    assert ExactKernel(device.at_reg(0.05), placement=kernel.placement).placement.X is not None
+    with pytest.raises(ValueError, match="placement holds the device copies of another"):
+        ExactKernel(other, placement=kernel.placement)
+    with pytest.raises(ValueError, match="another precision"):
+        ExactKernel(device, dtype=np.float32, placement=kernel.placement)
