@@ -576,8 +576,7 @@ class DaskFactors(FactorPlacement):
             raise ValueError(f"side must be 'source' or 'target'; got {side!r}")
         transpose = side == "target"
         fitted_other = kernel.left if transpose else kernel.right
-        feature_map = kernel._maps[1 if transpose else 0]
-        projection = kernel._projections[1 if transpose else 0]
+        feature_map, projection = kernel.new_points_map(side)
         inner = self._small(fitted_other, values, kernel.dtype).astype(kernel.dtype)
         if projection is not None:
             inner = projection.astype(kernel.dtype, copy=False) @ inner

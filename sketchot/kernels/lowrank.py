@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from .._arrays import DeviceArrays
+from .._validation import check_choice
 from ..gibbs import GibbsGeometry
 from .base import (
     IDENTITY_STEP,
@@ -318,10 +319,17 @@ class LowRankKernel(KernelOperator):
         takes them (on Dask, Dask points give a Dask array)."""
         return self.placement.apply_new(self, points, values, side)
 
+    def new_points_map(self, side: str) -> tuple[Callable[[np.ndarray], np.ndarray], Any]:
+        """``(feature_map, projection)`` of new points of a side (``'source'``: rows of
+        ``A``, ``'target'``: rows of ``B``): ``feature_map(X_new) @ projection`` are their
+        factor rows (``projection`` ``None``: the identity), with the fitted randomness."""
+        check_choice(side, "side", ("source", "target"))
+        index = 1 if side == "target" else 0
+        return self._maps[index], self._projections[index]
+
     def _apply_new(self, points: np.ndarray, values: np.ndarray, transpose: bool) -> np.ndarray:
         fitted_other = self.left if transpose else self.right
-        feature_map = self._maps[1 if transpose else 0]
-        projection = self._projections[1 if transpose else 0]
+        feature_map, projection = self.new_points_map("target" if transpose else "source")
         inner = fitted_other.T @ values.astype(self.dtype)
         if projection is not None:
             inner = projection.astype(self.dtype, copy=False) @ inner

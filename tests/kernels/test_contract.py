@@ -120,6 +120,22 @@ def test_out_of_sample_on_fitted_points_equals_products(kernel):
     )
 
 
+def test_a_low_rank_kernel_maps_new_points_to_its_factor_rows(kernel):
+    """``new_points_map(side)`` (what a Dask placement reads for out-of-sample products)
+    gives the factor rows of the fitted points back: ``feature_map(X) @ projection = A``."""
+    if "factors" not in kernel.info.capabilities:
+        pytest.skip("not a low-rank kernel")
+    for side, points, factor in (("source", kernel.geometry.X, kernel.left),
+                                 ("target", kernel.geometry.Y, kernel.right)):  # fmt: skip
+        feature_map, projection = kernel.new_points_map(side)
+        rows = feature_map(points)
+        rows = rows if projection is None else rows @ projection
+        scale = np.abs(factor).max()
+        np.testing.assert_allclose(rows, factor, rtol=1e-9, atol=1e-12 * scale)
+    with pytest.raises(ValueError, match="side must be one of 'source', 'target'"):
+        kernel.new_points_map("rows")
+
+
 def test_rows_and_scipy_linear_operator(kernel):
     dense = kernel.to_dense()
     np.testing.assert_allclose(
