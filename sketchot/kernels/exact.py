@@ -400,7 +400,7 @@ class DeviceExact(ExactPlacement):
                     stacklevel=3,
                 )
                 self.fused_points = None
-        rows = slice(0, min(n, max(1, device_block_bytes(kernel.geometry.context) // (8 * m))))
+        rows = slice(0, kernel._rows_per_block)
         start = time.perf_counter()
         block = kernel._computed_block(rows)
         ones = self.on.xp.ones(m, dtype=block.dtype, device=kernel.geometry.context.device)
@@ -631,8 +631,7 @@ class DeviceExact(ExactPlacement):
         kernel._rows_per_block = parent._rows_per_block
         kernel._alpha_d, kernel._beta_d = self.on.put(kernel.alpha), self.on.put(kernel.beta)
         if kernel.is_dense:
-            rows = row_slices(kernel.shape[0], kernel._rows_per_block)
-            kernel._stored = self.on.xp.concat([kernel._computed_block(r) for r in rows], axis=0)
+            kernel._stored = self.stored(kernel)
 
     def absorbed_block(self, kernel: AbsorbedExactKernel, rows: slice, out: Any) -> Any:
         xp = self.on.xp
