@@ -356,7 +356,7 @@ class CostMatrixGeometry:
         self.forbidden = int(self.M.size - np.count_nonzero(np.isfinite(self.M)))
         self._max_cost = largest - min(self.min_cost, 0.0)
         self.offset = min(self.min_cost, 0.0) if shift else 0.0
-        self._check_reg()
+        self.check_reg()
 
     @classmethod
     def _checked(
@@ -370,8 +370,15 @@ class CostMatrixGeometry:
         geometry.context = NUMPY
         geometry._max_cost = max_cost
         geometry.min_cost, geometry.forbidden, geometry.offset = min_cost, forbidden, offset
-        geometry._check_reg()
+        geometry.check_reg()
         return geometry
+
+    @classmethod
+    def all_forbidden(cls, shape: tuple[int, int], reg: float) -> CostMatrixGeometry:
+        """The geometry of a cost that forbids every pair (every entry ``+inf``): its kernel
+        is 0 (a sampled sub-matrix may be one)."""
+        empty = np.full(shape, np.inf)
+        return cls._checked(empty, reg, 0.0, 0.0, empty.size)
 
     def unshifted(self) -> CostMatrixGeometry:
         """The same ``M`` (not copied) at the same ``reg`` with no offset: the kernel
@@ -380,7 +387,9 @@ class CostMatrixGeometry:
             self.M, self.reg, self._max_cost, self.min_cost, self.forbidden
         )
 
-    def _check_reg(self) -> None:
+    def check_reg(self) -> None:
+        """Refuse a ``reg`` at which ``max_cost() / reg`` or ``1 / reg`` is not a finite
+        float64 (``ValueError``): every geometry built or moved to another ``reg`` calls it."""
         with np.errstate(over="ignore", divide="ignore"):
             scale = self._max_cost / self.reg
             inverse = 1.0 / self.reg
@@ -432,7 +441,7 @@ class CostMatrixGeometry:
         cols = np.sort(generator.choice(m, size=min(size, m), replace=False))
         sub = np.ascontiguousarray(self.M[np.ix_(rows, cols)])
         if not np.isfinite(sub).any():  # every sampled pair forbidden: the kernel is 0
-            return CostMatrixGeometry._checked(sub, self.reg, 0.0, 0.0, sub.size)
+            return CostMatrixGeometry.all_forbidden(sub.shape, self.reg)
         smallest, largest = cost_range(sub)
         forbidden = int(sub.size - np.count_nonzero(np.isfinite(sub)))
         return CostMatrixGeometry._checked(

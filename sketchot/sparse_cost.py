@@ -124,7 +124,7 @@ class SparseCostMatrixGeometry(CostMatrixGeometry):
         self._set(csr, check_float(reg, "reg", positive=True))
         if shift:
             self.offset = min(self.min_cost, 0.0)
-        self._check_reg()
+        self.check_reg()
 
     def _set(self, csr: Any, reg: float, transposed: Any = None) -> None:
         self.M = csr
@@ -145,7 +145,7 @@ class SparseCostMatrixGeometry(CostMatrixGeometry):
         geometry = SparseCostMatrixGeometry.__new__(SparseCostMatrixGeometry)
         geometry.__dict__.update(self.__dict__)
         geometry.reg, geometry.offset = float(reg), offset
-        geometry._check_reg()
+        geometry.check_reg()
         return geometry
 
     def unshifted(self) -> SparseCostMatrixGeometry:
@@ -174,12 +174,11 @@ class SparseCostMatrixGeometry(CostMatrixGeometry):
         cols = np.sort(generator.choice(m, size=min(size, m), replace=False))
         sub = self.M[rows][:, cols]
         if sub.nnz == 0:
-            empty = np.full(sub.shape, np.inf)
-            return CostMatrixGeometry._checked(empty, self.reg, 0.0, 0.0, empty.size)
+            return CostMatrixGeometry.all_forbidden(sub.shape, self.reg)
         geometry = SparseCostMatrixGeometry.__new__(SparseCostMatrixGeometry)
         geometry._set(sub.tocsr(), self.reg)
         geometry.offset = min(geometry.min_cost, 0.0) if self.offset else 0.0
-        geometry._check_reg()
+        geometry.check_reg()
         return geometry
 
     # ------------------------------------------------------------ entries

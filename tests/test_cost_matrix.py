@@ -145,6 +145,21 @@ def test_a_sample_draws_as_the_cloud_geometry():
     assert matrix.sample(1000, np.random.default_rng(4)).shape == matrix.shape
 
 
+def test_a_sample_of_forbidden_pairs_only_has_a_zero_kernel():
+    """A draw that meets only ``+inf`` entries gives the all-forbidden geometry (its kernel is
+    0, its cost spread 0), as :meth:`CostMatrixGeometry.all_forbidden` builds it."""
+    M = np.full((6, 5), np.inf)
+    M[0, 0] = 1.0  # the geometry is valid; a 1-row sample without row 0 forbids everything
+    rng = np.random.default_rng(7)
+    sample = next(
+        s for s in (CostMatrixGeometry(M, REG).sample(1, rng) for _ in range(50)) if s.forbidden
+    )
+    assert sample.shape == (1, 1) and sample.forbidden == 1 and sample.max_cost() == 0.0
+    direct = CostMatrixGeometry.all_forbidden((3, 2), REG)
+    assert direct.forbidden == 6 and np.isinf(direct.M).all() and direct.reg == REG
+    np.testing.assert_array_equal(ExactKernel(direct).matvec(np.ones(2)), np.zeros(3))
+
+
 def test_it_lives_on_the_host():
     _, matrix = both()
     assert matrix.context is NUMPY

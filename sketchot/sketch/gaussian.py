@@ -244,9 +244,11 @@ class GaussianPolySketch(PolySketchParameters):
                 f"{limit:.0f}): use dtype=numpy.float64 or a larger reg"
             )
         if device is None:
-            return self.sketch_._features(U, name, weights, dtype, row_scale=np.exp(log_scale))
+            return self.sketch_.weighted_features(
+                U, weights, dtype=dtype, row_scale=np.exp(log_scale), name=name
+            )
         xp = device.xp
-        features = self.sketch_._features_on_device(
+        features = self.sketch_.weighted_features_on_device(
             device.put(U), device, weights, row_scale=xp.exp(device.put(log_scale))
         )
         return xp.astype(features, device.float_dtype(dtype))

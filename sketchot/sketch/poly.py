@@ -402,12 +402,12 @@ class PolyTensorSketch(PolySketchParameters):
     def left_features(self, U: Any, *, dtype: Any = np.float64) -> np.ndarray:
         """``F_U = [c_0, c_1 phi_1(U), ..., c_r T^(r)(U)]``, shape ``(n, n_features_out_)``."""
         self._check_fitted()
-        return self._features(U, "U", self.coef_, dtype)
+        return self.weighted_features(U, self.coef_, dtype=dtype)
 
     def right_features(self, V: Any, *, dtype: Any = np.float64) -> np.ndarray:
         """``F_V = [1, phi_1(V), ..., T^(r)(V)]``, shape ``(n, n_features_out_)``."""
         self._check_fitted()
-        return self._features(V, "V", np.ones_like(self.coef_), dtype)
+        return self.weighted_features(V, np.ones_like(self.coef_), dtype=dtype, name="V")
 
     def symmetric_features(self, U: Any, *, dtype: Any = np.float64) -> np.ndarray:
         """``[sqrt(c_0), sqrt(c_1) phi_1(U), ...]``, so that ``f(U U^T) ~ F F^T`` is PSD.
@@ -420,7 +420,7 @@ class PolyTensorSketch(PolySketchParameters):
                 "symmetric_features needs non-negative coefficients; got "
                 f"{np.array2string(self.coef_, precision=3)}: fit with nonnegative=True"
             )
-        return self._features(U, "U", np.sqrt(self.coef_), dtype)
+        return self.weighted_features(U, np.sqrt(self.coef_), dtype=dtype)
 
     def sketch(self, U: Any) -> np.ndarray:
         """Raw TensorSketches of every degree ``1..r``: shape ``(n, r, max(sketch_sizes_))``.
@@ -436,25 +436,35 @@ class PolyTensorSketch(PolySketchParameters):
         if not hasattr(self, "coef_"):
             raise RuntimeError("this PolyTensorSketch is not fitted yet: call fit(U, V) first")
 
-    def _features(
+    def weighted_features(
         self,
         U: Any,
-        name: str,
         weights: np.ndarray,
-        dtype: Any,
+        *,
+        dtype: Any = np.float64,
         row_scale: np.ndarray | None = None,
+        name: str = "U",
     ) -> np.ndarray:
-        """Rows ``s_i [w_0, w_1 phi_1(u_i), ..., w_r T^(r)(u_i)]`` in row blocks.
+        """Rows ``s_i [w_0, w_1 phi_1(u_i), ..., w_r T^(r)(u_i)]`` in row blocks, shape
+        ``(n, n_features_out_)``: :meth:`left_features` with ``w = coef_``,
+        :meth:`right_features` with ``w = 1``.
 
         Degrees ``1..e`` are exact monomial features, the others TensorSketches folded to
-        their sizes. ``row_scale`` (``s_i``, default 1) lets callers fold a diagonal scaling
-        into the same pass, so an ``n x n_features_out_`` array is written once.
+        their sizes. ``weights`` (``r + 1``) weigh the degrees; ``row_scale`` (``s_i``,
+        default 1) lets callers fold a diagonal scaling into the same pass, so an
+        ``n x n_features_out_`` array is written once; ``name`` names ``U`` in errors.
         """
         self._check_fitted()
         dtype = check_dtype(dtype)
         U = check_matrix(
             U, name, n_features=self.input_dim_, allow_sparse=True, feature_name="the fitted data"
         )
+        weights = np.asarray(weights, dtype=np.float64)
+        if weights.shape != self.coef_.shape:
+            raise ValueError(
+                f"weights must have shape {self.coef_.shape} (one per degree 0..{self.degree_}); "
+                f"got shape {weights.shape}"
+            )
         n, e = U.shape[0], self.exact_degree_
         out = np.empty((n, self.n_features_out_), dtype=dtype)
         scale = np.ones(n) if row_scale is None else row_scale
@@ -487,10 +497,10 @@ class PolyTensorSketch(PolySketchParameters):
         )
         return out
 
-    def _features_on_device(
+    def weighted_features_on_device(
         self, U: Any, on: DeviceArrays, weights: np.ndarray, row_scale: Any = None
     ) -> Any:
-        """:meth:`_features` of ``U`` (``n x d``, float64, on the device of ``on``) computed
+        """:meth:`weighted_features` of ``U`` (``n x d``, float64, on the device of ``on``) computed
         there, in its Array API namespace, in row blocks whose temporaries take at most
         :data:`DEVICE_FEATURE_BYTES`: the constant, the exact degrees
         (:func:`stacked_monomial_features_on_device`) and the folded TensorSketches
@@ -543,7 +553,7 @@ def fold_buckets(sketch: Any, size: int, xp: Any = np) -> Any:
         ``1 <= size <= M``.
     xp : module, default=numpy
         The Array API namespace of ``sketch`` (another library's on its device: the
-        features :meth:`PolyTensorSketch._features_on_device` builds there).
+        features :meth:`PolyTensorSketch.weighted_features_on_device` builds there).
 
     Returns
     -------

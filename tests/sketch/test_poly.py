@@ -25,6 +25,34 @@ def test_out_of_sample_features_equal_fitted_features(variant):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+def test_weighted_features_weigh_degrees_and_scale_rows(variant):
+    """``left_features`` and ``right_features`` are :meth:`weighted_features` with ``coef_``
+    and ones; a row scale multiplies each row (inside the sketches' FFTs: rounding only,
+    1e-14 of the largest feature)."""
+    rng = np.random.default_rng(4)
+    U = reference_data(rng, n=60)
+    sketch = PolyTensorSketch("exp", degree=3, sketch_dim=8, variant=variant, rng=2).fit(U)
+    np.testing.assert_array_equal(
+        sketch.weighted_features(U, sketch.coef_), sketch.left_features(U)
+    )
+    ones = np.ones_like(sketch.coef_)
+    np.testing.assert_array_equal(sketch.weighted_features(U, ones), sketch.right_features(U))
+    scale = rng.uniform(0.5, 2.0, size=60)
+    expected = scale[:, None] * sketch.right_features(U)
+    np.testing.assert_allclose(
+        sketch.weighted_features(U, ones, row_scale=scale),
+        expected,
+        rtol=0,
+        atol=1e-14 * np.abs(expected).max(),
+    )
+    wrong = len(sketch.coef_) + 1
+    with pytest.raises(
+        ValueError, match=rf"weights must have shape \({wrong - 1},\).*\({wrong},\)"
+    ):
+        sketch.weighted_features(U, np.ones(wrong))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_same_seed_is_bit_identical(variant):
     rng = np.random.default_rng(2)
     U = reference_data(rng)
