@@ -67,16 +67,25 @@ class ExactPlacement(ABC):
     (and the kernels derived from it) holds one and hands it every placement-specific step
     (:class:`HostExact`, NumPy; :class:`DeviceExact`, the caller's device).
 
+    The in-memory placements take and return NumPy float64 vectors on the host; another
+    placement (:mod:`sketchot.distributed`'s Dask placements) overrides the whole-operation
+    hooks (:meth:`operand`, :meth:`fused_pass`, :meth:`project`, :meth:`offsets`,
+    :meth:`softmax_average`) to take and return its own arrays.
+
     Attributes
     ----------
     on_device : bool
         The blocks and products run on the caller's device (``kernel.on_device``).
     fused_points : tuple of FusedPoints or None
         The clouds as :mod:`sketchot.fused`'s one-launch programs take them, where they run.
+    stores_whole : bool
+        Whether the kernel may be stored whole when it fits ``max_dense_bytes`` (a
+        placement that only streams, e.g. on a cluster, never stores it).
     """
 
     on_device: bool = False
     fused_points: tuple[FusedPoints, FusedPoints] | None = None
+    stores_whole: bool = True
 
     @abstractmethod
     def hold(self, kernel: ExactKernel) -> None:
@@ -105,24 +114,35 @@ class ExactPlacement(ABC):
         """The whole kernel, from its computed blocks."""
 
     @abstractmethod
-    def time_one_pass(self, kernel: ExactKernel) -> float:
-        """Seconds of one streamed pass."""
+    def time_one_pass(self, kernel: ExactKernel) -> float | None:
+        """Seconds of one streamed pass (``None``: not measured)."""
 
     @abstractmethod
     def computed_block(self, kernel: ExactKernel, rows: slice) -> Any:
         """The entries of ``rows``, computed."""
 
-    @abstractmethod
-    def matmat(self, kernel: ExactKernel, V: np.ndarray) -> np.ndarray:
-        """``K V`` of checked NumPy values, float64 on the host."""
+    def operand(self, values: Any, length: int, name: str) -> Any:
+        """The values of a product, checked (``(length,)`` or ``(length, k)``): NumPy float64
+        for the in-memory placements."""
+        return check_operand(values, length, name, vector=False)
 
     @abstractmethod
-    def rmatmat(self, kernel: ExactKernel, U: np.ndarray) -> np.ndarray:
-        """``K^T U`` of checked NumPy values, float64 on the host."""
+    def matmat(self, kernel: ExactKernel, V: Any) -> Any:
+        """``K V`` of values checked by :meth:`operand` (float64 on the host in memory)."""
+
+    @abstractmethod
+    def rmatmat(self, kernel: ExactKernel, U: Any) -> Any:
+        """``K^T U`` of values checked by :meth:`operand` (float64 on the host in memory)."""
 
     @abstractmethod
     def rows(self, kernel: ExactKernel, index: np.ndarray) -> np.ndarray:
         """Dense rows ``K[index]``, float64 on the host."""
+
+    def softmax_average(self, kernel: ExactKernel, log_weights: Any, values: Any) -> Any:
+        """``sum_j softmax_j(log_w_j - c(x_i, y_j) / reg) values_j`` for every fitted source
+        point ``x_i`` (the exact barycentric map): the geometry's own, where its clouds are
+        in memory."""
+        return kernel.geometry.softmax_average(None, log_weights, values)
 
     @abstractmethod
     def log_matvec(
@@ -148,6 +168,49 @@ class ExactPlacement(ABC):
         self, kernel: ExactKernel, w: np.ndarray, numerator: np.ndarray, step: RatioStep
     ) -> FusedPass:
         """One linear-domain pass over the rows (see :meth:`KernelOperator.fused_pass`)."""
+
+    def fused_pass(
+        self,
+        kernel: ExactKernel,
+        side: str,
+        w: Any,
+        numerator: Any,
+        *,
+        log: bool,
+        step: RatioStep,
+    ) -> Any:
+        """One pass over a side (see :meth:`KernelOperator.fused_pass`): the columns'
+        elementwise (``R = I``), the rows' log-domain from :meth:`log_matvec`, or
+        :meth:`linear_pass`."""
+        if side == "cols":
+            return identity_pass(w, numerator, log=log, step=step)
+        if log:
+            return log_fused_pass(
+                lambda log_w: kernel._log_matvec(log_w, transpose=False),
+                lambda log_u: kernel._log_matvec(log_u, transpose=True),
+                w,
+                numerator,
+                step,
+            )
+        return self.linear_pass(kernel, w, numerator, step)
+
+    def project(self, kernel: ExactKernel, side: str, values: Any, index: Any, *, log: bool) -> Any:
+        """``K[index]^T values`` (rows) or ``values`` placed at ``index`` (columns; see
+        :meth:`KernelOperator.project`)."""
+        if side == "cols":
+            out = np.full(kernel.shape[1], -np.inf if log else 0.0)
+            out[slice(None) if index is None else index] = values
+            return out
+        if log:
+            return kernel._log_matvec(values, transpose=True, rows=index)
+        if index is None:
+            return kernel.rmatmat(values)
+        return values @ kernel._rows(np.arange(kernel.shape[0])[index])
+
+    def offsets(self, parent: ExactKernel, alpha: Any, beta: Any) -> tuple[Any, Any]:
+        """The log-scalings ``(alpha, beta)`` an absorbed kernel of ``parent`` holds (NumPy
+        float64 in memory)."""
+        return np.asarray(alpha, dtype=np.float64), np.asarray(beta, dtype=np.float64)
 
     @abstractmethod
     def hold_absorbed(
@@ -670,11 +733,15 @@ class ExactKernel(KernelOperator):
     dtype : numpy dtype
         Precision of the stored kernel or of the streamed blocks' products.
     max_dense_bytes : int, default=1 GiB
-        ``K`` is stored (on the placement's device) when it takes at most this many bytes;
-        beyond, every product recomputes it block by block.
+        ``K`` is stored (on the placement's device) when it takes at most this many bytes
+        and the placement stores kernels (:attr:`ExactPlacement.stores_whole`); beyond,
+        every product recomputes it block by block.
     placement : ExactPlacement, optional
         Where the clouds live and the products run (``None``: the geometry's default). A
-        :class:`DeviceExact` holds the clouds of the first kernel built on it.
+        :class:`DeviceExact` holds the clouds of the first kernel built on it. Clouds that
+        are Dask arrays take :mod:`sketchot.distributed`'s placements
+        (:class:`~sketchot.distributed.DaskStreamedExact`,
+        :class:`~sketchot.distributed.DaskStableExact`), passed in by its builders.
 
     Attributes
     ----------
@@ -715,7 +782,9 @@ class ExactKernel(KernelOperator):
         self.placement.hold(self)
         self._rows_per_block = self.placement.rows_per_block(self)
         n, m = self.shape
-        self.is_dense = n * m * self.dtype.itemsize <= max_dense_bytes
+        self.is_dense = (
+            self.placement.stores_whole and n * m * self.dtype.itemsize <= max_dense_bytes
+        )
         self._stored = None
         if not self.is_dense:
             self.info.seconds_per_pass = self.placement.time_one_pass(self)
@@ -752,13 +821,20 @@ class ExactKernel(KernelOperator):
         return self.placement.computed_block(self, rows)
 
     # -------------------------------------------------------------- products
-    def matmat(self, V: Any) -> np.ndarray:
-        V = check_operand(V, self.shape[1], "V", vector=False)
+    def matmat(self, V: Any) -> Any:
+        V = self.placement.operand(V, self.shape[1], "V")
         return self.placement.matmat(self, V)
 
-    def rmatmat(self, U: Any) -> np.ndarray:
-        U = check_operand(U, self.shape[0], "U", vector=False)
+    def rmatmat(self, U: Any) -> Any:
+        U = self.placement.operand(U, self.shape[0], "U")
         return self.placement.rmatmat(self, U)
+
+    def softmax_average(self, log_weights: Any, values: Any) -> Any:
+        """``sum_j softmax_j(log_w_j - c(x_i, y_j) / reg) values_j`` (n, k) for every fitted
+        source point ``x_i``, ``values`` of shape (m, k): the exact barycentric map, computed
+        where the placement holds the clouds. ``O(n m (d + k))``, never an ``n x m`` array.
+        """
+        return self.placement.softmax_average(self, log_weights, values)
 
     def _rows(self, index: np.ndarray) -> np.ndarray:
         return self.placement.rows(self, index)
@@ -810,30 +886,12 @@ class ExactKernel(KernelOperator):
         log: bool = False,
         step: RatioStep = IDENTITY_STEP,
     ) -> FusedPass:
-        if side == "cols":
-            return identity_pass(w, numerator, log=log, step=step)
-        if log:
-            return log_fused_pass(
-                lambda log_w: self._log_matvec(log_w, transpose=False),
-                lambda log_u: self._log_matvec(log_u, transpose=True),
-                w,
-                numerator,
-                step,
-            )
-        return self.placement.linear_pass(self, w, numerator, step)
+        return self.placement.fused_pass(self, side, w, numerator, log=log, step=step)
 
     def project(
         self, side: str, values: np.ndarray, index: Any = None, *, log: bool = False
     ) -> np.ndarray:
-        if side == "cols":
-            out = np.full(self.shape[1], -np.inf if log else 0.0)
-            out[slice(None) if index is None else index] = values
-            return out
-        if log:
-            return self._log_matvec(values, transpose=True, rows=index)
-        if index is None:
-            return self.rmatmat(values)
-        return values @ self._rows(np.arange(self.shape[0])[index])
+        return self.placement.project(self, side, values, index, log=log)
 
     def at_reg(self, reg: float) -> ExactKernel:
         """The exact kernel of the same clouds at another ``reg`` (an epsilon schedule) on the
@@ -889,8 +947,7 @@ class AbsorbedExactKernel(ExactKernel):
         KernelOperator.__init__(self, parent.geometry, info, parent.dtype)
         self.max_dense_bytes = parent.max_dense_bytes
         self.placement = parent.placement.unfused()
-        self.alpha = np.asarray(alpha, dtype=np.float64)
-        self.beta = np.asarray(beta, dtype=np.float64)
+        self.alpha, self.beta = self.placement.offsets(parent, alpha, beta)
         self.is_dense = parent.is_dense
         self._stored = None
         self.placement.hold_absorbed(self, parent, previous)
