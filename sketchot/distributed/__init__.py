@@ -3,7 +3,8 @@
 ``sketchot.sinkhorn``, ``sinkhorn2``, ``sinkhorn_kernel`` and ``make_kernel`` dispatch here
 when given Dask arrays (:mod:`sketchot.api`; this package imports Dask, the rest of sketchot
 never does). Layers as in sketchot: :mod:`.geometry` (clouds on the cluster) ->
-:mod:`.kernels` (operators with Dask factors, deferred passes) and :mod:`.builders` (the
+:mod:`.kernels` (the Dask placements of the one exact and the one low-rank kernel
+class, deferred passes) and :mod:`.builders` (the
 backends on Dask, ``'auto'``) -> :mod:`.solver` (the solve, through the solver's own
 iteration, and its result).
 
@@ -32,7 +33,17 @@ from .jobs import (
     barycenter_dask,
     sinkhorn_divergence_dask,
 )
-from .kernels import ArrayPass, ChainedPass, DaskExactKernel, DaskFactors, LazyRatios
+from .kernels import (
+    ArrayPass,
+    ChainedPass,
+    DaskExact,
+    DaskFactors,
+    DaskStableExact,
+    DaskStreamedExact,
+    LazyRatios,
+    dask_exact_kernel,
+    log_stable_kernel,
+)
 from .solver import DaskSinkhornResult, sinkhorn_dask, sinkhorn_kernel_dask, solve_dask
 
 __all__ = [
@@ -41,15 +52,19 @@ __all__ = [
     "ChainedPass",
     "DaskBarycenterResult",
     "DaskDivergenceResult",
-    "DaskExactKernel",
+    "DaskExact",
     "DaskFactors",
     "DaskGibbsGeometry",
     "DaskSinkhornResult",
+    "DaskStableExact",
+    "DaskStreamedExact",
     "LazyRatios",
     "VisiblePixels",
     "barycenter_dask",
     "choose_dask_kernel",
     "dask_backends",
+    "dask_exact_kernel",
+    "log_stable_kernel",
     "make_kernel_dask",
     "map_image_dask",
     "sinkhorn_dask",

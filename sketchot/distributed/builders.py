@@ -1,6 +1,7 @@
 """Building operators on Dask clouds: the backends that run on a cluster, and ``'auto'``.
 
-The exact backend is :class:`~sketchot.distributed.kernels.DaskExactKernel`; every backend
+The exact backend is :func:`~sketchot.distributed.kernels.dask_exact_kernel` (the exact kernel
+on a :class:`~sketchot.distributed.kernels.DaskStreamedExact` placement); every backend
 whose registry record has ``factor_maps`` (the low-rank ones: ``nystrom``, ``rff``, the global
 ``polyts`` variants) is fitted on the client exactly as in memory and its factors built chunk
 by chunk (:func:`~sketchot.distributed.kernels.dask_low_rank_from_maps`). Parameters are
@@ -27,13 +28,13 @@ from ..kernels import KernelOperator, available_backends, get_backend, require_p
 from ..kernels.judge import KERNEL_CHECK_ROWS, Attempt, kernel_judge
 from ..kernels.registry import check_metric, resolve_parameters
 from .geometry import DaskGibbsGeometry, check_reg_and_clouds, persist_now
-from .kernels import DaskExactKernel, _tree_sum, dask_low_rank_from_maps, per_chunk
+from .kernels import _tree_sum, dask_exact_kernel, dask_low_rank_from_maps, per_chunk
 
 
 def _exact(geometry: DaskGibbsGeometry, *, dtype: Any, **params: Any) -> KernelOperator:
     """The exact kernel streamed on the workers (``max_dense_bytes``: nothing is stored)."""
     del params
-    return DaskExactKernel(geometry, dtype=dtype)
+    return dask_exact_kernel(geometry, dtype=dtype)
 
 
 #: Backends with a builder of their own on Dask (the others need ``factor_maps``).

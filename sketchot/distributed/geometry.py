@@ -10,6 +10,7 @@ maxima, and fixed-size row samples for fitting.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import dask
@@ -168,6 +169,12 @@ class DaskGibbsGeometry:
                 ]
                 self._max_cost = float(max(dask.compute(*tops), default=0.0))
         return self._max_cost
+
+    def at_reg(self, reg: float) -> DaskGibbsGeometry:
+        """The same persisted clouds and cost at another ``reg`` (nothing is recomputed)."""
+        geometry = copy.copy(self)
+        geometry.reg = float(reg)
+        return geometry
 
     # ----------------------------------------------------- samples for fitting
     def rows(self, side: str, index: np.ndarray) -> np.ndarray:

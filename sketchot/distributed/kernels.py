@@ -1,6 +1,8 @@
-"""Kernel operators whose ``n``- and ``m``-sized arrays are Dask arrays on a cluster.
+"""The Dask placements of the kernel classes: operators whose ``n``- and ``m``-sized arrays
+are Dask arrays on a cluster.
 
-The exact operator (:class:`DaskExactKernel`) and the low-rank one (a
+The exact kernel (an :class:`~sketchot.kernels.ExactKernel` whose placement is
+:class:`DaskStreamedExact`, built by :func:`dask_exact_kernel`) and the low-rank one (a
 :class:`~sketchot.kernels.LowRankKernel` whose placement is :class:`DaskFactors`) keep
 :class:`~sketchot.kernels.KernelOperator`'s contract and declare the ``'deferred'``
 capability: their fused passes are lazy
@@ -20,6 +22,9 @@ once that input is known.
 
 Exact: each pass streams the true kernel per row chunk; its ``m``-sized projection stays on
 the cluster (persisted, so with a distributed client the passes are queued, not waited for).
+The log-stable solve runs the same kernel on a :class:`DaskStableExact` placement
+(:func:`log_stable_kernel`: immediate passes, log-domain and absorbed forms), which shares
+the persisted target cloud.
 """
 
 from __future__ import annotations
@@ -33,19 +38,20 @@ import dask.array as da
 import dask.threaded
 import numpy as np
 
+from .._validation import describe
 from ..gibbs import block_rows, gibbs_softmax_average, neg_cost_over_reg, row_slices
 from ..kernels.base import (
-    IDENTITY_STEP,
     DeferredPass,
     FusedPass,
-    KernelInfo,
-    KernelOperator,
+    ProjectedOnRead,
     RatioStep,
     blocked_fused_pass,
+    identity_pass,
     matrix_fused_pass,
     ratios_and_bad,
     refuse_log,
 )
+from ..kernels.exact import AbsorbedExactKernel, ExactKernel, ExactPlacement
 from ..kernels.lowrank import FactorMaps, FactorPlacement, LowRankKernel
 from .geometry import SPLIT_EVERY, DaskGibbsGeometry, persist_now
 
@@ -739,141 +745,6 @@ class ArrayPass(DeferredPass):
         return out
 
 
-class DaskExactKernel(KernelOperator):
-    """The exact Gibbs kernel on a cluster, never stored: every product streams row blocks.
-
-    ``K = L R^T`` with ``L = K`` and ``R = I``: a rows pass gives each task one row chunk of
-    ``X`` and the whole of ``Y`` (``m x d``), computes ``K_chunk`` block by block
-    (``O(block m)`` memory, blocks of about 16 MB), and returns ``K_chunk^T ratios``
-    (``m``); a tree reduction adds them into an ``m``-sized projection that stays on the
-    cluster (persisted), with the count of bad entries. Passes are deferred
-    (:class:`ArrayPass`).
-
-    Notes
-    -----
-    ``O(n m d)`` work per pass over the workers; per task ``O(chunk d + m d + 16 MB)``
-    memory. Meant for moderate ``m`` (the whole target cloud and an ``m``-vector go to every
-    task). The cost is the geometry's (any metric); the log-stable solve runs on
-    :class:`DaskStableExactKernel`, which shares these clouds.
-    """
-
-    def __init__(self, geometry: DaskGibbsGeometry, *, dtype: Any = np.float64) -> None:
-        info = KernelInfo("exact", {}, capabilities=frozenset({"exact", "nonnegative", "deferred"}))
-        super().__init__(geometry, info, dtype)
-        # The whole target side as one chunk: every row task needs all of it.
-        self._Yc, self._y_sq = persist_now(geometry.Yc.rechunk({0: -1}), geometry.y_sq.rechunk(-1))
-        self.is_dense = False
-
-    def _shared(self) -> tuple[Any, ...]:
-        return (self._Yc, self._y_sq)
-
-    def _matmat_2d(self, V: da.Array) -> da.Array:
-        g = self.geometry
-        return per_chunk(
-            _exact_matmat_chunk,
-            [g.Xc, g.x_sq],
-            (*self._shared(), V.rechunk({0: -1, 1: -1}), g.reg, self.dtype, g.cost),
-            V.shape[1],
-        )
-
-    def matmat(self, V: Any) -> da.Array:
-        """``K V`` for ``V`` (m,) or (m, k): a Dask array (n,) or (n, k)."""
-        V = _as_dask(V)
-        if V.ndim == 1:
-            return self._matmat_2d(V[:, None])[:, 0]
-        return self._matmat_2d(V)
-
-    def rmatmat(self, U: Any) -> da.Array:
-        """``K^T U`` (tree-reduced over the row chunks)."""
-        g = self.geometry
-        U = _as_dask(U)
-        vector = U.ndim == 1
-        U2 = (U[:, None] if vector else U).rechunk((g.Xc.chunks[0], -1))
-        k = U2.shape[1]
-        partials = per_chunk(
-            _exact_rmatmat_chunk,
-            [g.Xc, g.x_sq, U2],
-            (*self._shared(), g.reg, self.dtype, g.cost),
-            self.shape[1] * k,
-            partial=True,
-        )
-        total = _tree_sum(partials)  # K^T U flattened row-major: m rows of k
-        return total.reshape(self.shape[1]) if vector else total.reshape(self.shape[1], k)
-
-    def _rows(self, index: np.ndarray) -> np.ndarray:
-        g = self.geometry
-        Yc, y_sq = dask.compute(self._Yc, self._y_sq)
-        block = neg_cost_over_reg(g.rows("x", index), Yc, g.reg, y_sq=y_sq, cost=g.cost)
-        return np.exp(block, out=block)
-
-    def fused_pass(
-        self,
-        side: str,
-        w: Any,
-        numerator: Any,
-        *,
-        log: bool = False,
-        step: RatioStep = IDENTITY_STEP,
-    ) -> ArrayPass:
-        """Rows: one streamed pass (projection ``K^T ratios`` persisted, ``m``-sized).
-        Cols: ``R = I``, elementwise on the ``m``-vector ``w`` (the ratios persisted: they
-        are the next pass's input)."""
-        refuse_log(self, log)
-        g = self.geometry
-        exponent = _power_of(step)
-        if side == "cols":
-            numerator = _align(numerator, g.Yc.chunks[0], "numerator")
-            products = _align(w, g.Yc.chunks[0], "w")
-            ratios = da.map_blocks(_ratios, numerator, products, exponent, dtype=np.float64)
-            bad = da.map_blocks(_bad, numerator, products, dtype=bool)
-            ratios, count = dask.persist(ratios, bad.sum())
-            return ArrayPass(products, DaskVector(ratios), ratios, bad, count, numerator, exponent)
-        numerator = _align(numerator, g.Xc.chunks[0], "numerator")
-        w = _align(w, (self.shape[1],), "w")
-        m = self.shape[1]
-        partials = per_chunk(
-            _exact_pass_chunk,
-            [g.Xc, g.x_sq, numerator],
-            (*self._shared(), w, g.reg, self.dtype, exponent, g.cost),
-            m + 1,
-            partial=True,
-        )
-        total = _tree_sum(partials)
-        projection, count = dask.persist(total[:m], total[m])
-        products = self._matmat_2d(w[:, None])[:, 0]
-        ratios = da.map_blocks(_ratios, numerator, products, exponent, dtype=np.float64)
-        bad = da.map_blocks(_bad, numerator, products, dtype=bool)
-        return ArrayPass(products, DaskVector(ratios), projection, bad, count, numerator, exponent)
-
-    def project(self, side: str, values: Any, index: Any = None, *, log: bool = False) -> Any:
-        """``K^T values`` (rows; persisted) or ``values`` itself (cols)."""
-        refuse_log(self, log)
-        if index is not None:
-            raise NotImplementedError(
-                "project(side, values, index) with an index is not available on Dask arrays"
-            )
-        if side == "cols":
-            return values
-        return self.rmatmat(values).persist()
-
-    def softmax_average(self, log_weights: Any, values: Any) -> da.Array:
-        """``sum_j softmax_j(log_w_j - ||x_i - y_j||^2 / reg) values_j`` for every fitted
-        ``x_i``, streamed per row chunk (the exact barycentric map)."""
-        g = self.geometry
-        return per_chunk(
-            _softmax_chunk,
-            [g.Xc],
-            (
-                self._Yc,
-                _align(log_weights, (self.shape[1],), "log_weights"),
-                _as_dask(values).rechunk({0: -1, 1: -1}),
-                g.reg,
-                g.cost,
-            ),
-            values.shape[1],
-        )
-
-
 def _softmax_chunk(Xc, Yc, log_w, values, reg, cost) -> np.ndarray:
     return gibbs_softmax_average(Xc, Yc, reg, log_w, values, cost=cost)
 
@@ -1029,146 +900,6 @@ def _rows_of(parts: list[Any], chunks: tuple[int, ...], width: int | None) -> da
     return da.concatenate(arrays, axis=0)
 
 
-class DaskStableExactKernel(KernelOperator):
-    """The exact kernel on a cluster for the solver's log-stable strategies (the in-memory
-    :class:`~sketchot.kernels.exact.ExactKernel`'s ``'absorb'`` and ``'log_products'``
-    capabilities, with :meth:`at_reg` for an epsilon schedule).
-
-    Its passes are immediate (not ``'deferred'``): the absorbing strategy tests the scalings
-    after every iteration, and each pass streams ``O(n m d)`` entries, so one scheduler call
-    per half-step costs nothing in comparison. The rows side (``n``-sized: scalings,
-    products, offsets ``alpha``) stays on the cluster as persisted Dask vectors; the columns
-    side (``m``-sized: a pass's projection, the column scalings, ``beta``) is a NumPy vector
-    on the client, as every row task receives the whole target cloud anyway. Per pass each
-    row chunk returns ``O(m)`` floats.
-
-    Parameters
-    ----------
-    parent : DaskExactKernel
-        The kernel whose persisted clouds are shared.
-    geometry : DaskGibbsGeometry, optional
-        The parent's clouds at another ``reg`` (:meth:`at_reg`).
-    """
-
-    def __init__(self, parent: DaskExactKernel, geometry: Any = None) -> None:
-        info = KernelInfo(
-            "exact",
-            {},
-            capabilities=frozenset({"exact", "nonnegative", "absorb", "log_products"}),
-            product_rtol=0.0
-            if parent.dtype == np.float64
-            else 8.0 * float(np.finfo(parent.dtype).eps),
-        )
-        super().__init__(parent.geometry if geometry is None else geometry, info, parent.dtype)
-        self.parent = parent
-        self.is_dense = False
-
-    # ----------------------------------------------------------- shared pieces
-    def _whole_y(self) -> tuple[Any, Any]:
-        Yc, y_sq = self.parent._shared()
-        return _delayed_whole(Yc), _delayed_whole(y_sq)
-
-    def _row_blocks(self, *arrays: Any) -> list[Any]:
-        chunks = self.geometry.Xc.chunks[0]
-        out = []
-        for array in arrays:
-            array = _align(array, chunks, "rows vector") if array.ndim == 1 else array
-            out.append(array.to_delayed().ravel())
-        return out
-
-    def at_reg(self, reg: float) -> DaskStableExactKernel:
-        """The same clouds at another ``reg`` (an epsilon schedule); nothing is recomputed."""
-        import copy
-
-        geometry = copy.copy(self.geometry)
-        geometry.reg = float(reg)
-        return DaskStableExactKernel(self.parent, geometry)
-
-    def absorbed(self, alpha: Any, beta: Any, previous: Any = None) -> DaskAbsorbedExactKernel:
-        """``diag(e^alpha) K diag(e^beta)`` (``alpha`` a Dask vector on the rows' chunks,
-        ``beta`` an ``m``-vector)."""
-        del previous  # nothing is stored
-        return DaskAbsorbedExactKernel(self, alpha, beta)
-
-    # ------------------------------------------------------------- products
-    def matmat(self, V: Any) -> da.Array:
-        return (
-            self.parent.matmat(V)
-            if self.geometry is self.parent.geometry
-            else self._plain().matmat(V)
-        )
-
-    def rmatmat(self, U: Any) -> Any:
-        return self._plain().rmatmat(U)
-
-    def _plain(self) -> DaskAbsorbedExactKernel:
-        n, m = self.shape
-        return self.absorbed(da.zeros(n, chunks=(self.geometry.Xc.chunks[0],)), np.zeros(m))
-
-    def _rows(self, index: np.ndarray) -> np.ndarray:
-        g = self.geometry
-        Yc, y_sq = dask.compute(*self.parent._shared())
-        block = neg_cost_over_reg(g.rows("x", index), Yc, g.reg, y_sq=y_sq, cost=g.cost)
-        return np.exp(block, out=block)
-
-    def log_rmatvec(self, log_u: Any) -> np.ndarray:
-        """``log (K^T exp(log_u))`` (m,): per-chunk log-sum-exps combined on the client."""
-        g = self.geometry
-        (Xc,) = self._row_blocks(g.Xc)
-        (lu,) = self._row_blocks(_align(log_u, g.Xc.chunks[0], "log_u"))
-        Yc, _ = self._whole_y()
-        task = dask.delayed(_log_project_chunk, pure=True)
-        parts = dask.compute(*[task(x, u, Yc, g.reg, g.cost) for x, u in zip(Xc, lu, strict=True)])
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.logaddexp.reduce(np.concatenate(parts, axis=0), axis=0)
-
-    def fused_pass(
-        self,
-        side: str,
-        w: Any,
-        numerator: Any,
-        *,
-        log: bool = False,
-        step: RatioStep = IDENTITY_STEP,
-    ) -> Any:
-        """Cols: elementwise on the client (``R = I``). Rows, ``log``: ``log K exp(w)`` and
-        its log ratios per row chunk (persisted), the projection ``log K^T exp(ratios)`` when
-        first read. Rows, linear: the absorbed pass with zero offsets."""
-        from ..kernels.base import ProjectedOnRead, identity_pass
-
-        if side == "cols":
-            return identity_pass(np.asarray(w), np.asarray(numerator), log=log, step=step)
-        if not log:
-            return self._plain().fused_pass(side, w, numerator, step=step)
-        g = self.geometry
-        exponent = _power_of(step)
-        Xc, num = self._row_blocks(g.Xc, _align(numerator, g.Xc.chunks[0], "numerator"))
-        Yc, _ = self._whole_y()
-        log_w = _delayed_whole(np.asarray(w, dtype=np.float64))
-        task = dask.delayed(_log_pass_chunk, pure=True)
-        parts = [
-            task(x, c, Yc, log_w, g.reg, exponent, g.cost) for x, c in zip(Xc, num, strict=True)
-        ]
-        (vectors,) = persist_now(_rows_of(parts, g.Xc.chunks[0], 3))
-        ratios = vectors[:, 1]
-        return ProjectedOnRead(vectors[:, 0], ratios, vectors[:, 2] > 0, self.log_rmatvec)
-
-    def project(self, side: str, values: Any, index: Any = None, *, log: bool = False) -> Any:
-        """Cols: ``values`` on the client; rows: ``K^T values`` (or its log form) gathered as
-        an ``m``-vector."""
-        if side == "cols":
-            out = np.full(self.shape[1], -np.inf if log else 0.0)
-            out[slice(None) if index is None else index] = np.asarray(values)
-            return out
-        if index is not None:
-            raise NotImplementedError(
-                "project(side, values, index) with an index is not available on Dask arrays"
-            )
-        if log:
-            return self.log_rmatvec(values)
-        return self._plain().project(side, values)
-
-
 class CountedPass(FusedPass):
     """A rows pass whose bad entries were counted with its projection (one computation)."""
 
@@ -1181,59 +912,393 @@ class CountedPass(FusedPass):
         return self._count
 
 
-class DaskAbsorbedExactKernel(KernelOperator):
-    """``exp(alpha_i + beta_j - ||x_i - y_j||^2 / reg)`` on a cluster, never stored (the
-    Dask form of :class:`~sketchot.kernels.exact.AbsorbedExactKernel`, with its floor and
-    its product form of the exponents): ``alpha`` persisted on the rows' chunks, ``beta``
-    an ``m``-vector sent once to each worker per pass."""
+# ------------------------------------------------------------- exact: the placements
+class DaskExact(ExactPlacement):
+    """The placement of an :class:`~sketchot.kernels.ExactKernel` whose clouds are Dask
+    arrays on a cluster (a :class:`~.geometry.DaskGibbsGeometry`): the kernel is never stored,
+    every product streams its rows per row chunk of ``X`` on the workers, and each of those
+    tasks receives the whole target cloud, persisted once as one chunk and shared by every
+    kernel derived from it (``at_reg``, ``absorbed``, :func:`log_stable_kernel`).
 
-    def __init__(self, parent: DaskStableExactKernel, alpha: Any, beta: Any) -> None:
-        KernelOperator.__init__(
-            self, parent.geometry, KernelInfo("exact", {}, capabilities=frozenset()), parent.dtype
+    The two forms differ in their passes: :class:`DaskStreamedExact` (deferred, the plain
+    iteration) and :class:`DaskStableExact` (immediate, the log-stable solve).
+
+    Parameters
+    ----------
+    shared : DaskExact, optional
+        A placement whose persisted target cloud this one uses (nothing is recomputed).
+
+    Attributes
+    ----------
+    targets : tuple of dask.array.Array or None
+        The centred targets ``Yc`` (m, d) and their squared norms ``y_sq`` (m,), each one
+        persisted chunk (``None`` until a kernel is built on this placement).
+
+    Notes
+    -----
+    ``O(n m d)`` work per product or pass over the workers; per task ``O(chunk d + m d)``
+    memory plus a row block of about 16 MB. Meant for moderate ``m`` (the whole target cloud
+    and an ``m``-vector go to every task).
+    """
+
+    stores_whole = False
+
+    def __init__(self, shared: DaskExact | None = None) -> None:
+        self.targets: tuple[da.Array, da.Array] | None = None
+        self.targets_of: str | None = None
+        if shared is not None:
+            self.targets, self.targets_of = shared.targets, shared.targets_of
+
+    def hold(self, kernel: ExactKernel) -> None:
+        """Persist the whole target cloud as one chunk (unless this placement holds it
+        already: the same clouds at another ``reg``). A placement holding another target
+        cloud is refused: its chunk would silently answer for it."""
+        g = kernel.geometry
+        if self.targets_of is not None:
+            if self.targets_of != g.Yc.name:
+                raise ValueError(
+                    "placement holds the persisted target cloud of another kernel; pass a new "
+                    f"{type(self).__name__}() for a kernel of other clouds"
+                )
+            return
+        # the whole target side as one chunk: every row task needs all of it
+        self.targets = persist_now(g.Yc.rechunk({0: -1}), g.y_sq.rechunk(-1))
+        self.targets_of = g.Yc.name
+
+    def whole_targets(self) -> tuple[da.Array, da.Array]:
+        """``(Yc, y_sq)``: the persisted whole target cloud and its squared norms."""
+        if self.targets is None:
+            raise RuntimeError("no kernel has been built on this placement yet")
+        return self.targets
+
+    def rows_per_block(self, kernel: ExactKernel) -> int:
+        """Rows of a block streamed inside a task (about 16 MB)."""
+        return block_rows(kernel.shape[1], kernel.dtype.itemsize)
+
+    def stored(self, kernel: ExactKernel) -> Any:
+        raise NotImplementedError("a kernel on Dask arrays is never stored whole")
+
+    def time_one_pass(self, kernel: ExactKernel) -> None:
+        """Not measured: a pass's time is the cluster's."""
+        return None
+
+    def computed_block(self, kernel: ExactKernel, rows: slice) -> Any:
+        raise NotImplementedError("a kernel on Dask arrays computes its blocks on the workers")
+
+    def operand(self, values: Any, length: int, name: str) -> Any:
+        """The values as given (NumPy or Dask): each product aligns them to its chunks."""
+        return values
+
+    def matmat(self, kernel: ExactKernel, V: Any) -> da.Array:
+        """``K V`` for ``V`` (m,) or (m, k): a Dask array (n,) or (n, k), streamed per row
+        chunk."""
+        V = _as_dask(V)
+        if V.ndim == 1:
+            return self._matmat_2d(kernel, V[:, None])[:, 0]
+        return self._matmat_2d(kernel, V)
+
+    def _matmat_2d(self, kernel: ExactKernel, V: da.Array) -> da.Array:
+        g = kernel.geometry
+        return per_chunk(
+            _exact_matmat_chunk,
+            [g.Xc, g.x_sq],
+            (*self.whole_targets(), V.rechunk({0: -1, 1: -1}), g.reg, kernel.dtype, g.cost),
+            V.shape[1],
         )
-        self.parent = parent
-        g = parent.geometry
-        (self.alpha,) = persist_now(_align(alpha, g.Xc.chunks[0], "alpha"))
-        self.beta = np.asarray(
-            beta.compute() if hasattr(beta, "chunks") else beta, dtype=np.float64
+
+    def rows(self, kernel: ExactKernel, index: np.ndarray) -> np.ndarray:
+        """``K[index]`` (gathered rows of ``X`` and the whole target cloud)."""
+        g = kernel.geometry
+        Yc, y_sq = dask.compute(*self.whole_targets())
+        block = neg_cost_over_reg(g.rows("x", index), Yc, g.reg, y_sq=y_sq, cost=g.cost)
+        return np.exp(block, out=block)
+
+    def softmax_average(self, kernel: ExactKernel, log_weights: Any, values: Any) -> da.Array:
+        """Streamed per row chunk on the workers: a Dask array (n, k)."""
+        g = kernel.geometry
+        return per_chunk(
+            _softmax_chunk,
+            [g.Xc],
+            (
+                self.whole_targets()[0],
+                _align(log_weights, (kernel.shape[1],), "log_weights"),
+                _as_dask(values).rechunk({0: -1, 1: -1}),
+                g.reg,
+                g.cost,
+            ),
+            values.shape[1],
         )
-        self.is_dense = False
 
-    def _chunks(self, *vectors: Any) -> list[Any]:
-        g = self.geometry
-        return [v.to_delayed().ravel() for v in (g.Xc, g.x_sq, self.alpha, *vectors)]
+    def log_matvec(
+        self, kernel: ExactKernel, log_w: np.ndarray, *, transpose: bool, rows: Any
+    ) -> np.ndarray:
+        raise NotImplementedError(
+            f"{type(self).__name__} runs no log-domain products (log_stable_kernel's does, "
+            "over the columns)"
+        )
 
-    def _shared(self) -> tuple[Any, Any, Any]:
-        Yc, y_sq = self.parent._whole_y()
-        return Yc, y_sq, _delayed_whole(self.beta)
+    def apply_new(
+        self, kernel: ExactKernel, points: np.ndarray, values: np.ndarray, transpose: bool
+    ) -> np.ndarray:
+        raise NotImplementedError("the exact kernel on Dask arrays has no out-of-sample products")
+
+    def absorbed_block(self, kernel: AbsorbedExactKernel, rows: slice, out: Any) -> Any:
+        raise NotImplementedError("a kernel on Dask arrays computes its blocks on the workers")
+
+    def absorbed_rows(self, kernel: AbsorbedExactKernel, index: np.ndarray) -> np.ndarray:
+        raise NotImplementedError("the absorbed Dask kernel runs the solver's passes only")
+
+
+class DaskStreamedExact(DaskExact):
+    """The exact kernel on a cluster for the plain (multiplicative) iteration: its passes are
+    deferred (``'deferred'``: :class:`ArrayPass`), so the solver builds the passes between two
+    convergence checks and computes them in one go.
+
+    ``K = L R^T`` with ``L = K`` and ``R = I``: a rows pass gives each task one row chunk of
+    ``X`` and the whole of ``Y``, computes ``K_chunk`` block by block and returns
+    ``K_chunk^T ratios`` (``m``); a tree reduction adds them into an ``m``-sized projection
+    that stays on the cluster (persisted), with the count of bad entries. Products are Dask
+    arrays; ``K^T U`` is tree-reduced over the row chunks. Any metric of the geometry.
+    """
+
+    def capabilities(self, kernel: ExactKernel, capabilities: frozenset) -> frozenset:
+        # lazy linear passes only: the log-stable solve runs on log_stable_kernel's form
+        return frozenset({"exact", "nonnegative", "deferred"})
+
+    def rmatmat(self, kernel: ExactKernel, U: Any) -> da.Array:
+        """``K^T U`` (m,) or (m, k), a lazy tree sum over the row chunks."""
+        g = kernel.geometry
+        U = _as_dask(U)
+        vector = U.ndim == 1
+        U2 = (U[:, None] if vector else U).rechunk((g.Xc.chunks[0], -1))
+        k = U2.shape[1]
+        partials = per_chunk(
+            _exact_rmatmat_chunk,
+            [g.Xc, g.x_sq, U2],
+            (*self.whole_targets(), g.reg, kernel.dtype, g.cost),
+            kernel.shape[1] * k,
+            partial=True,
+        )
+        total = _tree_sum(partials)  # K^T U flattened row-major: m rows of k
+        m = kernel.shape[1]
+        return total.reshape(m) if vector else total.reshape(m, k)
 
     def fused_pass(
         self,
+        kernel: ExactKernel,
         side: str,
         w: Any,
         numerator: Any,
         *,
-        log: bool = False,
-        step: RatioStep = IDENTITY_STEP,
-    ) -> FusedPass:
-        """Rows: one streamed pass per row chunk (products, ratios, bad entries persisted;
-        the ``m``-sized projection and the count summed on the client). Cols: elementwise."""
-        from ..kernels.base import identity_pass
+        log: bool,
+        step: RatioStep,
+    ) -> ArrayPass:
+        """Rows: :meth:`linear_pass`. Cols: ``R = I``, elementwise on the ``m``-vector ``w``
+        (the ratios persisted: they are the next pass's input)."""
+        refuse_log(kernel, log)
+        if side == "rows":
+            return self.linear_pass(kernel, w, numerator, step)
+        exponent = _power_of(step)
+        chunks = kernel.geometry.Yc.chunks[0]
+        numerator = _align(numerator, chunks, "numerator")
+        products = _align(w, chunks, "w")
+        ratios = da.map_blocks(_ratios, numerator, products, exponent, dtype=np.float64)
+        bad = da.map_blocks(_bad, numerator, products, dtype=bool)
+        ratios, count = dask.persist(ratios, bad.sum())
+        return ArrayPass(products, DaskVector(ratios), ratios, bad, count, numerator, exponent)
 
-        if log:
-            raise NotImplementedError("an absorbed kernel runs linear passes only")
-        if side == "cols":
-            return identity_pass(np.asarray(w), np.asarray(numerator), step=step)
-        g = self.geometry
-        m = self.shape[1]
+    def linear_pass(self, kernel: ExactKernel, w: Any, numerator: Any, step: RatioStep) -> Any:
+        """One streamed rows pass, deferred: the projection ``K^T ratios`` (persisted,
+        ``m``-sized) and its count of bad entries; products, ratios and bad entries lazy."""
+        g = kernel.geometry
         exponent = _power_of(step)
         numerator = _align(numerator, g.Xc.chunks[0], "numerator")
-        Yc, y_sq, beta = self._shared()
+        m = kernel.shape[1]
+        w = _align(w, (m,), "w")
+        partials = per_chunk(
+            _exact_pass_chunk,
+            [g.Xc, g.x_sq, numerator],
+            (*self.whole_targets(), w, g.reg, kernel.dtype, exponent, g.cost),
+            m + 1,
+            partial=True,
+        )
+        total = _tree_sum(partials)
+        projection, count = dask.persist(total[:m], total[m])
+        products = self._matmat_2d(kernel, w[:, None])[:, 0]
+        ratios = da.map_blocks(_ratios, numerator, products, exponent, dtype=np.float64)
+        bad = da.map_blocks(_bad, numerator, products, dtype=bool)
+        return ArrayPass(products, DaskVector(ratios), projection, bad, count, numerator, exponent)
+
+    def project(self, kernel: ExactKernel, side: str, values: Any, index: Any, *, log: bool):
+        """``K^T values`` (rows; persisted) or ``values`` itself (cols)."""
+        refuse_log(kernel, log)
+        _refuse_index(index)
+        if side == "cols":
+            return values
+        return kernel.rmatmat(values).persist()
+
+    def hold_absorbed(self, kernel: Any, parent: Any, previous: Any) -> None:
+        raise NotImplementedError(
+            "the deferred Dask kernel has no absorbed form; its log-stable form "
+            "(log_stable_kernel) has"
+        )
+
+
+class DaskStableExact(DaskExact):
+    """The exact kernel on a cluster for the solver's log-stable strategies (``'absorb'`` and
+    ``'log_products'``, with ``at_reg`` for an epsilon schedule), usually made from a
+    :class:`DaskStreamedExact` kernel by :func:`log_stable_kernel` (sharing its persisted
+    target cloud).
+
+    Its passes are immediate (not ``'deferred'``): the absorbing strategy tests the scalings
+    after every iteration, and each pass streams ``O(n m d)`` entries, so one scheduler call
+    per half-step costs nothing in comparison. The rows side (``n``-sized: scalings,
+    products, offsets ``alpha``) stays on the cluster as persisted Dask vectors; the columns
+    side (``m``-sized: a pass's projection, the column scalings, ``beta``) is a NumPy vector
+    on the client, as every row task receives the whole target cloud anyway. Per pass each
+    row chunk returns ``O(m)`` floats. A linear pass of the kernel itself is the absorbed
+    pass with zero offsets; an absorbed kernel
+    (:class:`~sketchot.kernels.exact.AbsorbedExactKernel` on this placement) holds ``alpha``
+    persisted on the rows' chunks and ``beta`` as an ``m``-vector sent once to each worker
+    per pass, never stored, with the in-memory floor and product form of the exponents.
+    """
+
+    def capabilities(self, kernel: ExactKernel, capabilities: frozenset) -> frozenset:
+        return frozenset({"exact", "nonnegative", "absorb", "log_products"})
+
+    # ------------------------------------------------------------- offsets
+    def offsets(self, parent: ExactKernel, alpha: Any, beta: Any) -> tuple[da.Array, np.ndarray]:
+        """``alpha`` persisted on the rows' chunks, ``beta`` an ``m``-vector on the client."""
+        (alpha,) = persist_now(_align(alpha, parent.geometry.Xc.chunks[0], "alpha"))
+        beta = np.asarray(beta.compute() if hasattr(beta, "chunks") else beta, dtype=np.float64)
+        return alpha, beta
+
+    def hold_absorbed(
+        self, kernel: AbsorbedExactKernel, parent: ExactKernel, previous: Any
+    ) -> None:
+        """Nothing to hold: the absorbed kernel is never stored (``previous`` has nothing to
+        reuse), its offsets are :meth:`offsets`'."""
+
+    def _offsets_of(self, kernel: ExactKernel) -> tuple[da.Array, np.ndarray]:
+        """The absorbed kernel's offsets, or zeros for the kernel itself."""
+        if isinstance(kernel, AbsorbedExactKernel):
+            return kernel.alpha, kernel.beta
+        n, m = kernel.shape
+        chunks = kernel.geometry.Xc.chunks[0]
+        return self.offsets(kernel, da.zeros(n, chunks=(chunks,)), np.zeros(m))
+
+    def _whole_y(self) -> tuple[Any, Any]:
+        Yc, y_sq = self.whole_targets()
+        return _delayed_whole(Yc), _delayed_whole(y_sq)
+
+    def _chunks(self, kernel: ExactKernel, alpha: da.Array, *vectors: Any) -> list[Any]:
+        g = kernel.geometry
+        return [v.to_delayed().ravel() for v in (g.Xc, g.x_sq, alpha, *vectors)]
+
+    # ------------------------------------------------------------- products
+    def matmat(self, kernel: ExactKernel, V: Any) -> da.Array:
+        if isinstance(kernel, AbsorbedExactKernel):
+            raise NotImplementedError("the absorbed Dask kernel runs the solver's passes only")
+        return super().matmat(kernel, V)
+
+    def rmatmat(self, kernel: ExactKernel, U: Any) -> np.ndarray:
+        """``K^T u`` (or ``K~^T u``) of a vector, gathered as an ``m``-vector."""
+        if np.ndim(U) == 1:
+            return self._absorbed_project(kernel, U)
+        raise NotImplementedError("the absorbed Dask kernel runs the solver's passes only")
+
+    def _absorbed_project(self, kernel: ExactKernel, values: Any) -> np.ndarray:
+        """``K~^T values`` (m,), ``K~`` the kernel with its offsets (zeros for the kernel
+        itself), streamed per row chunk and summed on the client."""
+        g = kernel.geometry
+        alpha, beta = self._offsets_of(kernel)
+        values = _align(values, g.Xc.chunks[0], "values")
+        Yc, y_sq = self._whole_y()
+        beta = _delayed_whole(beta)
+        task = dask.delayed(_absorbed_project_chunk, pure=True)
+        parts = [
+            da.from_delayed(
+                task(x, xs, al, v, Yc, y_sq, beta, g.reg, kernel.dtype, g.cost),
+                shape=(1, kernel.shape[1]),
+                dtype=np.float64,
+            )
+            for x, xs, al, v in zip(*self._chunks(kernel, alpha, values), strict=True)
+        ]
+        return da.concatenate(parts, axis=0).sum(axis=0, split_every=SPLIT_EVERY).compute()
+
+    def log_rmatvec(self, kernel: ExactKernel, log_u: Any) -> np.ndarray:
+        """``log (K^T exp(log_u))`` (m,): per-chunk log-sum-exps combined on the client."""
+        g = kernel.geometry
+        Xc = g.Xc.to_delayed().ravel()
+        lu = _align(log_u, g.Xc.chunks[0], "log_u").to_delayed().ravel()
+        Yc, _ = self._whole_y()
+        task = dask.delayed(_log_project_chunk, pure=True)
+        parts = dask.compute(*[task(x, u, Yc, g.reg, g.cost) for x, u in zip(Xc, lu, strict=True)])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.logaddexp.reduce(np.concatenate(parts, axis=0), axis=0)
+
+    def log_matvec(
+        self, kernel: ExactKernel, log_w: np.ndarray, *, transpose: bool, rows: Any
+    ) -> np.ndarray:
+        """Over the columns and every row only (:meth:`log_rmatvec`)."""
+        if transpose and rows is None:
+            return self.log_rmatvec(kernel, log_w)
+        raise NotImplementedError(
+            "log products on Dask arrays run over the columns and every row only"
+        )
+
+    # -------------------------------------------------------- passes
+    def fused_pass(
+        self,
+        kernel: ExactKernel,
+        side: str,
+        w: Any,
+        numerator: Any,
+        *,
+        log: bool,
+        step: RatioStep,
+    ) -> FusedPass:
+        """Cols: elementwise on the client (``R = I``). Rows, ``log``: ``log K exp(w)`` and
+        its log ratios per row chunk (persisted), the projection ``log K^T exp(ratios)`` when
+        first read. Rows, linear: :meth:`linear_pass`."""
+        if side == "cols":
+            return identity_pass(np.asarray(w), np.asarray(numerator), log=log, step=step)
+        if not log:
+            return self.linear_pass(kernel, w, numerator, step)
+        g = kernel.geometry
+        exponent = _power_of(step)
+        Xc = g.Xc.to_delayed().ravel()
+        num = _align(numerator, g.Xc.chunks[0], "numerator").to_delayed().ravel()
+        Yc, _ = self._whole_y()
+        log_w = _delayed_whole(np.asarray(w, dtype=np.float64))
+        task = dask.delayed(_log_pass_chunk, pure=True)
+        parts = [
+            task(x, c, Yc, log_w, g.reg, exponent, g.cost) for x, c in zip(Xc, num, strict=True)
+        ]
+        (vectors,) = persist_now(_rows_of(parts, g.Xc.chunks[0], 3))
+        ratios = vectors[:, 1]
+        return ProjectedOnRead(
+            vectors[:, 0], ratios, vectors[:, 2] > 0, lambda log_u: self.log_rmatvec(kernel, log_u)
+        )
+
+    def linear_pass(
+        self, kernel: ExactKernel, w: Any, numerator: Any, step: RatioStep
+    ) -> CountedPass:
+        """One streamed pass per row chunk of the kernel with its offsets (products, ratios,
+        bad entries persisted; the ``m``-sized projection and the count summed on the
+        client)."""
+        g = kernel.geometry
+        m = kernel.shape[1]
+        exponent = _power_of(step)
+        alpha, beta = self._offsets_of(kernel)
+        numerator = _align(numerator, g.Xc.chunks[0], "numerator")
+        Yc, y_sq = self._whole_y()
+        beta = _delayed_whole(beta)
         weights = _delayed_whole(np.asarray(w, dtype=np.float64))
         task = dask.delayed(_absorbed_pass_chunk, pure=True, nout=2)
         outs = [
-            task(x, xs, al, c, Yc, y_sq, beta, weights, g.reg, self.dtype, exponent, g.cost)
-            for x, xs, al, c in zip(*self._chunks(numerator), strict=True)
+            task(x, xs, al, c, Yc, y_sq, beta, weights, g.reg, kernel.dtype, exponent, g.cost)
+            for x, xs, al, c in zip(*self._chunks(kernel, alpha, numerator), strict=True)
         ]
         vectors = _rows_of([o[0] for o in outs], g.Xc.chunks[0], 3)
         parts = [da.from_delayed(o[1], shape=(1, m + 4), dtype=np.float64) for o in outs]
@@ -1251,40 +1316,66 @@ class DaskAbsorbedExactKernel(KernelOperator):
         ratios = ScalingVector(vectors[:, 1], stats)
         return CountedPass(vectors[:, 0], ratios, total[:m], vectors[:, 2] > 0, int(total[m]))
 
-    def project(self, side: str, values: Any, index: Any = None, *, log: bool = False) -> Any:
-        """Rows: ``K~^T values`` gathered (m,); cols: ``values``."""
-        if log:
-            raise NotImplementedError("an absorbed kernel runs linear passes only")
-        if index is not None:
-            raise NotImplementedError(
-                "project(side, values, index) with an index is not available on Dask arrays"
-            )
+    def project(
+        self, kernel: ExactKernel, side: str, values: Any, index: Any, *, log: bool
+    ) -> np.ndarray:
+        """Cols: ``values`` on the client; rows: ``K^T values`` (or its log form; ``K~^T
+        values`` of an absorbed kernel) gathered as an ``m``-vector."""
+        if isinstance(kernel, AbsorbedExactKernel):
+            if log:
+                raise NotImplementedError("an absorbed kernel runs linear passes only")
+            _refuse_index(index)
+            if side == "cols":
+                return np.asarray(values, dtype=np.float64)
+            return self._absorbed_project(kernel, values)
         if side == "cols":
-            return np.asarray(values, dtype=np.float64)
-        g = self.geometry
-        values = _align(values, g.Xc.chunks[0], "values")
-        Yc, y_sq, beta = self._shared()
-        task = dask.delayed(_absorbed_project_chunk, pure=True)
-        parts = [
-            da.from_delayed(
-                task(x, xs, al, v, Yc, y_sq, beta, g.reg, self.dtype, g.cost),
-                shape=(1, self.shape[1]),
-                dtype=np.float64,
-            )
-            for x, xs, al, v in zip(*self._chunks(values), strict=True)
-        ]
-        return da.concatenate(parts, axis=0).sum(axis=0, split_every=SPLIT_EVERY).compute()
+            out = np.full(kernel.shape[1], -np.inf if log else 0.0)
+            out[slice(None) if index is None else index] = np.asarray(values)
+            return out
+        _refuse_index(index)
+        if log:
+            return self.log_rmatvec(kernel, values)
+        return self._absorbed_project(kernel, values)
 
-    def matmat(self, V: Any) -> da.Array:
-        raise NotImplementedError("the absorbed Dask kernel runs the solver's passes only")
 
-    def rmatmat(self, U: Any) -> Any:
-        if np.ndim(U) == 1:
-            return self.project("rows", U)
-        raise NotImplementedError("the absorbed Dask kernel runs the solver's passes only")
+def _refuse_index(index: Any) -> None:
+    if index is not None:
+        raise NotImplementedError(
+            "project(side, values, index) with an index is not available on Dask arrays"
+        )
 
-    def _rows(self, index: np.ndarray) -> np.ndarray:
-        raise NotImplementedError("the absorbed Dask kernel runs the solver's passes only")
+
+def dask_exact_placement(kernel: Any) -> DaskExact | None:
+    """The Dask placement of an exact kernel on Dask arrays (not of an absorbed form, whose
+    operator is the solver's only), else ``None``."""
+    placement = getattr(kernel, "placement", None)
+    plain = isinstance(kernel, ExactKernel) and not isinstance(kernel, AbsorbedExactKernel)
+    return placement if plain and isinstance(placement, DaskExact) else None
+
+
+def dask_exact_kernel(geometry: DaskGibbsGeometry, *, dtype: Any = np.float64) -> ExactKernel:
+    """The exact kernel of Dask clouds for the plain iteration: an
+    :class:`~sketchot.kernels.ExactKernel` on a :class:`DaskStreamedExact` placement (never
+    stored; deferred passes streamed on the workers; any metric)."""
+    return ExactKernel(geometry, dtype=dtype, placement=DaskStreamedExact())
+
+
+def log_stable_kernel(kernel: ExactKernel) -> ExactKernel:
+    """The log-stable form of an exact kernel on Dask arrays (the same clouds, ``reg`` and
+    precision): an :class:`~sketchot.kernels.ExactKernel` on a :class:`DaskStableExact`
+    placement sharing ``kernel``'s persisted target cloud, with its build time."""
+    if not isinstance(getattr(kernel, "placement", None), DaskExact):
+        raise TypeError(
+            f"log_stable_kernel takes an exact kernel on Dask arrays; got {describe(kernel)}"
+        )
+    stable = ExactKernel(
+        kernel.geometry,
+        dtype=kernel.dtype,
+        max_dense_bytes=kernel.max_dense_bytes,
+        placement=DaskStableExact(kernel.placement),
+    )
+    stable.info.build_time = kernel.info.build_time
+    return stable
 
 
 def log_plan_summary(
@@ -1295,8 +1386,7 @@ def log_plan_summary(
     ``O(m)`` floats per chunk come back."""
     g = kernel.geometry
     m = kernel.shape[1]
-    Yc, y_sq = kernel.parent._shared() if hasattr(kernel, "parent") else kernel._shared()
-    Yc, y_sq = _delayed_whole(Yc), _delayed_whole(y_sq)
+    Yc, y_sq = (_delayed_whole(v) for v in kernel.placement.whole_targets())
     lv = _delayed_whole(np.asarray(log_v, dtype=np.float64))
     task = dask.delayed(_log_plan_chunk, pure=True, nout=2)
     blocks = [

@@ -25,7 +25,7 @@ import numpy as np
 
 from .._defaults import DEFAULT_ACCURACY
 from .._validation import check_bool, check_int, check_rng, describe, unknown_names
-from ..kernels import MIN_DENOMINATOR_RATIO, KernelOperator
+from ..kernels import MIN_DENOMINATOR_RATIO, ExactKernel, KernelOperator
 from ..solver import (
     EPSILON_SCALING_SPREAD,
     MASS_RTOL,
@@ -48,7 +48,15 @@ from ..solver import (
 )
 from .builders import build_dask_kernel, choose_dask_kernel
 from .geometry import SPLIT_EVERY, check_reg_and_clouds
-from .kernels import DaskExactKernel, DaskStableExactKernel, log_plan_summary, per_chunk
+from .kernels import (
+    DaskExact,
+    DaskStableExact,
+    DaskStreamedExact,
+    dask_exact_placement,
+    log_plan_summary,
+    log_stable_kernel,
+    per_chunk,
+)
 from .multiscale import coarse_start_dask
 
 
@@ -271,6 +279,12 @@ def _kl_terms(p: da.Array, log_q: da.Array) -> da.Array:
     )
 
 
+def _on(kernel: KernelOperator, placement: type) -> bool:
+    """Whether ``kernel`` is the exact kernel (not an absorbed form) on a Dask placement of
+    that kind."""
+    return isinstance(dask_exact_placement(kernel), placement)
+
+
 def solve_dask(
     problem: Problem,
     kernel: KernelOperator,
@@ -282,7 +296,7 @@ def solve_dask(
 ) -> DaskSinkhornResult:
     """The Dask solve of a validated problem on a Dask operator: the engine's iteration,
     persisted results, scalar summary, sampled true-kernel check."""
-    exact = isinstance(kernel, DaskExactKernel)
+    exact = _on(kernel, DaskStreamedExact)
     # the in-memory exact kernel's default, the stabilised path: far fewer iterations (Anderson)
     if exact and (options.log_domain in ("auto", True) or options.epsilon_scaling is True):
         return solve_log_stable(problem, kernel, options, rng=rng, reason=reason, attempts=attempts)
@@ -330,7 +344,7 @@ def solve_dask(
 
 def solve_log_stable(
     problem: Problem,
-    kernel: DaskExactKernel,
+    kernel: ExactKernel,
     options: SolverOptions,
     *,
     rng: Any = None,
@@ -340,10 +354,11 @@ def solve_log_stable(
     """The exact kernel's log-stable solve on Dask: the in-memory solver's choices
     (:func:`~sketchot.solver.sinkhorn.solve_kernel`: :func:`choose_strategy`, the automatic
     epsilon schedule and its retry after a stall, Anderson mixing, the certified first stop
-    and its resumption) on :class:`~.kernels.DaskStableExactKernel`, whose passes stream the
+    and its resumption) on the kernel's log-stable form (:func:`~.kernels.log_stable_kernel`:
+    a :class:`~.kernels.DaskStableExact` placement), whose passes stream the
     true kernel per row chunk on the workers. The row scalings stay on the cluster; the
     ``m``-sized column side (weights ``b``, scalings, projections) is on the client."""
-    stable = DaskStableExactKernel(kernel)
+    stable = log_stable_kernel(kernel)
     g = kernel.geometry
     strategy = choose_strategy(stable, options.log_domain)
     b_host = np.asarray(problem.b.compute(), dtype=np.float64)
@@ -438,7 +453,7 @@ def _stable_result(problem, kernel, options, state, guard, target, elapsed, note
     """The :class:`DaskSinkhornResult` of a log-stable run (persisted, scalars computed)."""
     return _dask_result(
         problem, kernel, options, state, guard, target, elapsed, log_domain=True,
-        build_time=kernel.parent.info.build_time, notes=notes,
+        build_time=kernel.info.build_time, notes=notes,
         info={"strategy": state.strategy, **state.info},
     )  # fmt: skip
 
@@ -491,8 +506,8 @@ def _summary(kernel, problem, log_u, log_v) -> dict[str, Any]:
     # Persisted step by step: later graphs then only reference finished keys (never two
     # different task specs for one key on the scheduler).
     log_u, log_v = dask.persist(log_u, log_v)
-    exact = isinstance(kernel, DaskExactKernel) and not g.cost.sqeuclidean
-    if isinstance(kernel, DaskStableExactKernel) or exact:
+    exact = _on(kernel, DaskStreamedExact) and not g.cost.sqeuclidean
+    if _on(kernel, DaskStableExact) or exact:
         # streamed in the log domain: e^log_u and e^log_v may each leave float64 at small reg
         row, col, cost = log_plan_summary(kernel, log_u, log_v.compute())
     elif not g.cost.sqeuclidean:
@@ -609,7 +624,7 @@ class DaskSinkhornResult(SinkhornResult):
     def inverse_barycentric_map(self, Y_new: Any = None, *, return_fallbacks: bool = False):
         """Barycentric projection of the target points onto ``X`` (low-rank backends)."""
         return_fallbacks = check_bool(return_fallbacks, "return_fallbacks")
-        if isinstance(self.kernel, DaskExactKernel | DaskStableExactKernel):
+        if _on(self.kernel, DaskExact):
             raise NotImplementedError(
                 "inverse_barycentric_map of the exact backend is not available on Dask arrays"
             )
@@ -700,9 +715,7 @@ def _barycentric(kernel, points, log_w, values, *, transpose=False) -> tuple[da.
     columns; rows with a non-positive approximate denominator are NaN and counted (the
     in-memory path recomputes them with the true kernel; not done on Dask yet).
     """
-    if isinstance(kernel, DaskStableExactKernel):
-        kernel = kernel.parent
-    if isinstance(kernel, DaskExactKernel):
+    if _on(kernel, DaskExact):
         if points is not None:
             raise NotImplementedError("barycentric maps of new points need a low-rank backend")
         return kernel.softmax_average(log_w, values).persist(), 0

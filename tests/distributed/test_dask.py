@@ -18,8 +18,8 @@ distributed = pytest.importorskip("dask.distributed")
 import dask  # noqa: E402
 
 import sketchot  # noqa: E402
-from sketchot.distributed import DaskExactKernel, DaskFactors  # noqa: E402
-from sketchot.kernels import LowRankKernel  # noqa: E402
+from sketchot.distributed import DaskFactors, DaskStreamedExact  # noqa: E402
+from sketchot.kernels import ExactKernel, LowRankKernel  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,8 +83,10 @@ def test_dask_matches_numpy_on_a_cluster(client, problem, backend):
     result = sketchot.sinkhorn(*_dask(problem, 97, 131), reg=0.5, backend=backend, rng=7, **solve)
     assert isinstance(result.potentials[0], da.Array)
     assert isinstance(result.value_linear, float)
-    if backend == "exact":
-        assert isinstance(result.kernel, DaskExactKernel)
+    if backend == "exact":  # the one exact class, its deferred passes on the cluster
+        assert type(result.kernel) is ExactKernel
+        assert isinstance(result.kernel.placement, DaskStreamedExact)
+        assert "deferred" in result.kernel.info.capabilities
     else:  # the one low-rank class, its factors and passes on the cluster
         assert type(result.kernel) is LowRankKernel
         assert isinstance(result.kernel.placement, DaskFactors)
@@ -358,7 +360,7 @@ def test_default_backend_on_dask_is_a_real_choice(problem):
         assert result.converged and result.accuracy_met
         # at a small reg no rank meets the target before costing more than the exact kernel
         kernel = sketchot.make_kernel(Xd, Yd, 0.005, rng=0)
-        assert isinstance(kernel, DaskExactKernel)
+        assert type(kernel) is ExactKernel and isinstance(kernel.placement, DaskStreamedExact)
         assert "no low rank met the target" in kernel.info.reason
         # rank='auto' for a named low-rank backend: the same ladder
         kernel = sketchot.make_kernel(Xd, Yd, 1.0, "nystrom", rank="auto", rng=0)

@@ -12,7 +12,8 @@ pytest.importorskip("dask.distributed")
 import dask  # noqa: E402
 
 import sketchot  # noqa: E402
-from sketchot.distributed.kernels import DaskStableExactKernel  # noqa: E402
+from sketchot.distributed import DaskStableExact  # noqa: E402
+from sketchot.kernels import ExactKernel  # noqa: E402
 
 # The same iteration on both sides; only the order of the chunks' partial sums differs
 # (~1e-16 relative per pass; these runs take < 100 iterations): potentials agree to 1e-8 in
@@ -67,7 +68,8 @@ def test_exact_solves_match_memory_for_every_metric(client, metric, reg):
     options = {"backend": "exact", "rng": 2, **metric}
     expected = sketchot.sinkhorn(None, None, X, Y, reg, **options)
     result = sketchot.sinkhorn(None, None, Xd, Yd, reg, **options)
-    assert isinstance(result.kernel, DaskStableExactKernel)
+    assert type(result.kernel) is ExactKernel
+    assert isinstance(result.kernel.placement, DaskStableExact)
     assert result.n_iter == expected.n_iter and result.converged
     assert result.value == pytest.approx(expected.value, rel=VALUE_RTOL)
     assert_same_potentials(result, expected, reg)
