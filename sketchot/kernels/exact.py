@@ -895,7 +895,8 @@ class ExactKernel(KernelOperator):
 
     def at_reg(self, reg: float) -> ExactKernel:
         """The exact kernel of the same clouds at another ``reg`` (an epsilon schedule) on the
-        same placement (on a device the same device copies, fused programs and pass time)."""
+        same placement (on a device the same device copies, fused programs and pass time; on
+        Dask the same persisted target cloud)."""
         return ExactKernel(
             self.geometry.at_reg(reg),
             dtype=self.dtype,
