@@ -356,22 +356,44 @@ PUBLIC_UNDERSCORE = {
     "_replace": "namedtuple._replace",
     "_asdict": "namedtuple._asdict",
     "_fields": "namedtuple._fields",
+    "_getframe": "sys._getframe, the documented frame access (inspect.stack reads every file)",
 }
 
 
-def private_attributes(path: Path) -> list[str]:
+def private_names_defined(tree: ast.AST) -> set[str]:
+    """The single-underscore names a module defines: its functions, methods and classes, the
+    names and attributes it assigns, its ``__slots__``."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Assign) and "__slots__" in map(ast.unparse, node.targets):
+            names |= {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant)}
+    return {n for n in names if isinstance(n, str) and n.startswith("_") and n[1:2] != "_"}
+
+
+def private_attributes(path: Path, *, module_private: bool = False) -> list[str]:
     """``obj._name`` in ``path`` on anything but ``self`` or ``cls`` (another object's private
-    state), less :data:`PUBLIC_UNDERSCORE`."""
+    state), less :data:`PUBLIC_UNDERSCORE`; with ``module_private``, less the names the module
+    defines itself (:func:`private_names_defined`: a leading underscore is private to its
+    module, as PEP 8 reads it)."""
+    tree = ast.parse(path.read_text())
+    own = private_names_defined(tree) if module_private else set()
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
         if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")):
             continue
         owner = node.value.id if isinstance(node.value, ast.Name) else ""
         if node.attr.startswith("__") or owner in ("self", "cls"):
             continue
-        if node.attr not in PUBLIC_UNDERSCORE:
-            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
-    return found
+        if node.attr not in PUBLIC_UNDERSCORE and node.attr not in own:
+            found.append(node)
+    found.sort(key=lambda node: (node.lineno, node.col_offset))
+    return [f"{path.name}:{node.lineno}: {ast.unparse(node)}" for node in found]
 
 
 def test_the_jobs_and_the_solver_touch_no_private_attribute():
@@ -381,18 +403,38 @@ def test_the_jobs_and_the_solver_touch_no_private_attribute():
     assert [hit for path in paths for hit in private_attributes(path)] == []
 
 
+def test_no_module_outside_the_kernels_touches_another_modules_private_attribute():
+    """Outside ``kernels/`` (whose operators, placements and sketches share their private
+    contract), a module reads only the private attributes it defines itself: the geometry,
+    the sketch core, the array layer and Dask's pieces use one another through public
+    names."""
+    hits = [
+        hit
+        for name, path in MODULES.items()
+        if name.split(".")[0] != "kernels"
+        for hit in private_attributes(path, module_private=True)
+    ]
+    assert hits == []
+
+
 def test_the_private_attribute_check_sees_one(tmp_path):
     source = tmp_path / "example.py"
-    source.write_text("self._a\ncls._b\nkernel._c\nself.kernel._d\nrow._replace(x=1)\n")
+    source.write_text(
+        "self._a\ncls._b\nkernel._c\nself.kernel._d\nrow._replace(x=1)\nother._e\n"
+        "class Own:\n    __slots__ = ('_f',)\n    def _g(self): return None\n"
+        "view._f\nview._g()\nthing._h = 1\nthing._h\n"
+    )
     assert [hit.split(": ")[1] for hit in private_attributes(source)] == [
-        "kernel._c", "self.kernel._d",
+        "kernel._c", "self.kernel._d", "other._e", "view._f", "view._g", "thing._h",
+        "thing._h",
+    ]  # fmt: skip
+    assert [hit.split(": ")[1] for hit in private_attributes(source, module_private=True)] == [
+        "kernel._c", "self.kernel._d", "other._e",
     ]  # fmt: skip
 
 
 #: Modules outside ``kernels/`` and ``policy/`` that may name a backend, and why.
-NAMING_BACKENDS = {
-    "distributed.kernels": "the kernel layer on Dask: its exact operator's record names itself",
-}
+NAMING_BACKENDS: dict[str, str] = {}
 
 
 def test_no_backend_named_outside_the_kernels_and_the_policy():

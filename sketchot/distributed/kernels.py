@@ -37,6 +37,7 @@ import dask
 import dask.array as da
 import dask.threaded
 import numpy as np
+from dask.array.utils import meta_from_array
 
 from .._validation import describe
 from ..gibbs import block_rows, gibbs_softmax_average, neg_cost_over_reg, row_slices
@@ -819,7 +820,9 @@ class ScalingVector(da.Array):
     operation is the plain Dask array's."""
 
     def __new__(cls, array: da.Array, stats: dict[str, float]) -> ScalingVector:
-        self = super().__new__(cls, array.dask, array.name, array.chunks, meta=array._meta)
+        self = super().__new__(
+            cls, array.dask, array.name, array.chunks, meta=meta_from_array(array)
+        )
         self._stats = stats
         return self
 
@@ -1063,7 +1066,7 @@ class DaskStreamedExact(DaskExact):
 
     def capabilities(self, kernel: ExactKernel, capabilities: frozenset) -> frozenset:
         # lazy linear passes only: the log-stable solve runs on log_stable_kernel's form
-        return frozenset({"exact", "nonnegative", "deferred"})
+        return capabilities - {"absorb", "log_products", "out_of_sample"} | {"deferred"}
 
     def rmatmat(self, kernel: ExactKernel, U: Any) -> da.Array:
         """``K^T U`` (m,) or (m, k), a lazy tree sum over the row chunks."""
@@ -1164,7 +1167,8 @@ class DaskStableExact(DaskExact):
     """
 
     def capabilities(self, kernel: ExactKernel, capabilities: frozenset) -> frozenset:
-        return frozenset({"exact", "nonnegative", "absorb", "log_products"})
+        # no out-of-sample products on Dask arrays
+        return capabilities - {"out_of_sample"}
 
     # ------------------------------------------------------------- offsets
     def offsets(self, parent: ExactKernel, alpha: Any, beta: Any) -> tuple[da.Array, np.ndarray]:
