@@ -14,6 +14,8 @@ Every import counts, module level or inside a function, except those under
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -453,3 +455,40 @@ def test_no_backend_named_outside_the_kernels_and_the_policy():
         for hit in _backend_literals(path, names)
     ]
     assert hits == []
+
+
+#: The engine (issue 43's split): strategies x a stopper x drivers, and the entry.
+ENGINE = ["engine", "strategies", "stopping", "drivers"]
+#: The largest McCabe complexity a function of the engine may have.
+ENGINE_MAX_COMPLEXITY = 15
+
+
+def _complexity_report(paths: list[Path], limit: int) -> subprocess.CompletedProcess:
+    """ruff's McCabe check (``C901``) of ``paths`` above ``limit``."""
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "--select", "C901",
+         "--config", f"lint.mccabe.max-complexity={limit}", "--output-format", "concise",
+         *map(str, paths)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+
+def test_no_function_of_the_engine_is_above_the_complexity_limit():
+    """The iteration stays readable: no engine function above McCabe complexity
+    :data:`ENGINE_MAX_COMPLEXITY` (the loop before the split, at f8234c0, was 25)."""
+    pytest.importorskip("ruff")
+    report = _complexity_report(
+        [PACKAGE / "solver" / f"{m}.py" for m in ENGINE], ENGINE_MAX_COMPLEXITY
+    )
+    assert report.returncode == 0, report.stdout
+
+
+def test_the_complexity_check_sees_a_complex_function(tmp_path):
+    pytest.importorskip("ruff")
+    branches = "".join(
+        f"    if x == {i}:\n        return {i}\n" for i in range(ENGINE_MAX_COMPLEXITY)
+    )
+    source = tmp_path / "example.py"
+    source.write_text(f"def f(x):\n{branches}    return -1\n")
+    report = _complexity_report([source], ENGINE_MAX_COMPLEXITY)
+    assert report.returncode == 1 and "`f` is too complex (16 > 15)" in report.stdout

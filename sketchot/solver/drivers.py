@@ -201,57 +201,60 @@ class TwoSidedRun(Run):
         return warm
 
     def run(self, tol, max_iter, check_every, timed, offset=0) -> Iterate:
-        st = self.strategy
         warm = self.begin()
         stopper = Stopper(tol, self.progress, offset)
-        times: list[float] = []
-        status = result = None
+        times: list[float] | None = [] if timed else None
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            for iteration in range(1, max_iter + 2):
-                begin = time.perf_counter()
-                final = iteration == max_iter + 1
-                new, proj_first, result = st.half_step(
-                    "cols", self.projection, self.scaling["rows"]
-                )
-                if is_check(iteration, final, warm, check_every):
-                    status = self.check(stopper, iteration, result, max_iter)
-                    if status == "reset":
-                        status = None
-                        continue
-                    if status is not None:
-                        break
-                if final:
-                    break
-                self.update(new, proj_first, result)
-                self.n_iter = iteration
-                if timed:
-                    times.append(time.perf_counter() - begin)
-                status = self.after_iteration(max_iter) if st.tests_iterates else None
+            status, result = self.iterate(stopper, max_iter, check_every, warm, times)
+        return self.finish(stopper, status or "max_iter", result, times)
+
+    def iterate(
+        self, stopper: Stopper, max_iter: int, check_every: int, warm: bool, times: Any
+    ) -> tuple[str | None, Any]:
+        """The iterations: ``(status, the last columns pass)``; ``times`` (a list, or
+        ``None``) takes each iteration's seconds."""
+        st = self.strategy
+        status = result = None
+        for iteration in range(1, max_iter + 2):
+            begin = time.perf_counter()
+            final = iteration == max_iter + 1
+            new, proj_first, result = st.half_step("cols", self.projection, self.scaling["rows"])
+            if is_check(iteration, final, warm, check_every):
+                status = self.check(stopper, iteration, result, max_iter)
+                if status == "reset":
+                    status = None
+                    continue
                 if status is not None:
                     break
-        status = status or "max_iter"
+            if final:
+                break
+            self.update(new, proj_first, result)
+            self.n_iter = iteration
+            if times is not None:
+                times.append(time.perf_counter() - begin)
+            status = self.after_iteration(max_iter) if st.tests_iterates else None
+            if status is not None:
+                break
+        return status, result
+
+    def finish(self, stopper: Stopper, status: str, result: Any, times: Any) -> Iterate:
+        """The run's :class:`Iterate`, with the final passes' products where both passes
+        read the final scalings (``result``: the last columns pass)."""
+        st = self.strategy
         st.finish()
         log_u, log_v = st.log_scalings(self.scaling["rows"], self.scaling["cols"])
-        products = None
-        consistent = status in ("converged", "stalled", "max_iter")
-        if (
-            consistent
-            and st.log
+        # the check read K^T u of the final u; the last rows pass K v of the final v
+        final_passes = (
+            status in ("converged", "stalled", "max_iter")
             and self.rows_pass is not None
             and isinstance(result, IdentityPass)
-        ):
-            # the check read K^T u of the final u; the last rows pass K v of the final v
-            products = (self.rows_pass.products, result.products)
+        )
+        products = (self.rows_pass.products, result.products) if final_passes and st.log else None
         scalings = (self.scaling["rows"], self.scaling["cols"])
-        iterate = self.result(log_u, log_v, self.n_iter, status, stopper.history,
-                              times if timed else None, scalings, products)  # fmt: skip
-        if (
-            consistent
-            and iterate.absorbed is not None
-            and self.rows_pass is not None
-            and self.rows_op is st.op
-            and isinstance(result, IdentityPass)
-        ):
+        iterate = self.result(
+            log_u, log_v, self.n_iter, status, stopper.history, times, scalings, products
+        )
+        if final_passes and iterate.absorbed is not None and self.rows_op is st.op:
             # both passes on the final absorbed kernel (no absorption after the rows pass)
             iterate.absorbed_products = (self.rows_pass.products, result.products)
         return iterate
