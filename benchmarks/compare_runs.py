@@ -2,12 +2,19 @@
 
     python benchmarks/compare_runs.py speed --before B1.json [B2.json ...] --after A1.json [...]
     python benchmarks/compare_runs.py small_reg --before ... --after ...
+    python benchmarks/compare_runs.py dask_scale --median --before ... --after ...
+    python benchmarks/compare_runs.py loss --before ... --after ...
 
 ``speed`` (``sinkhorn_speed.py --json``): each method's time per iteration as a ratio to POT's
 dense solver in the same run (the machine's load cancels), best run of each side; prints
 ``after / before`` of those ratios (``< 1``: faster relative to POT than before).
 ``small_reg`` (``small_reg.py --json``): each method's time as a ratio to ``POT stabilised``
-in the same run, likewise. Prints a table and the median and range of the ratios.
+in the same run, likewise. ``dask_scale`` (``dask_scale.py --json``): Dask's seconds per
+iteration over the in-memory solve's in the same run. ``loss`` (``loss.py``'s JSON): each
+step's cold and warm seconds and the correctness rows' sketchot seconds, as seconds (the
+peers' cells there move as much as ours between runs: compare runs made back to back).
+``--median`` takes each cell's median over the runs instead of the best. Prints a table and
+the median and range of the ratios.
 """
 
 from __future__ import annotations
@@ -50,6 +57,40 @@ def small_reg_cells(path: Path) -> dict[tuple, float]:
     return out
 
 
+def dask_scale_cells(path: Path) -> dict[tuple, float]:
+    """Dask's seconds per iteration over the in-memory solve's, per size."""
+    rows = json.loads(path.read_text())["rows"]
+    return {
+        (f"{r['n']:.0e}", "Dask / memory"): r["dask"]["per_iteration_s"]
+        / r["memory"]["per_iteration_s"]
+        for r in rows
+        if r.get("dask") and r.get("memory")
+    }
+
+
+def loss_cells(path: Path) -> dict[tuple, float]:
+    """Seconds: each gradient-flow step cold and warm, and sketchot's correctness rows."""
+    data = json.loads(path.read_text())
+    out = {}
+    for block in data["speed"]:
+        for step in block["steps"]:
+            for kind in ("cold", "warm"):
+                key = (block["n"], block["reg"], f"step {step['step']}", kind, "s")
+                out[key] = step[f"{kind}_seconds"]
+    for r in data["correctness"]:
+        if r["method"].startswith(("exact", "default")):
+            out[(r["n"], r["reg"], r["method"], "s")] = r["seconds"]
+    return out
+
+
+CELLS = {
+    "speed": (speed_cells, "POT dense"),
+    "small_reg": (small_reg_cells, "POT stabilised"),
+    "dask_scale": (dask_scale_cells, "memory"),
+    "loss": (loss_cells, "seconds"),
+}
+
+
 def best(paths: list[Path], cells) -> dict[tuple, float]:
     """The smallest ratio of each cell over the runs (the least disturbed run)."""
     out: dict[tuple, float] = {}
@@ -59,17 +100,28 @@ def best(paths: list[Path], cells) -> dict[tuple, float]:
     return out
 
 
+def median(paths: list[Path], cells) -> dict[tuple, float]:
+    """The median of each cell over the runs."""
+    values: dict[tuple, list[float]] = {}
+    for path in paths:
+        for key, value in cells(path).items():
+            values.setdefault(key, []).append(value)
+    return {key: statistics.median(found) for key, found in values.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("kind", choices=["speed", "small_reg"])
+    parser.add_argument("kind", choices=sorted(CELLS))
     parser.add_argument("--before", nargs="+", type=Path, required=True)
     parser.add_argument("--after", nargs="+", type=Path, required=True)
+    parser.add_argument("--median", action="store_true", help="median over runs, not best")
     args = parser.parse_args()
     before, after = args.before, args.after
-    cells = speed_cells if args.kind == "speed" else small_reg_cells
-    old, new = best(before, cells), best(after, cells)
-    baseline = "POT dense" if args.kind == "speed" else "POT stabilised"
-    print(f"| cell | before / {baseline} | after / {baseline} | after / before |")
+    cells, baseline = CELLS[args.kind]
+    over = median if args.median else best
+    old, new = over(before, cells), over(after, cells)
+    unit = "(s)" if baseline == "seconds" else f"/ {baseline}"
+    print(f"| cell | before {unit} | after {unit} | after / before |")
     print("|---|---:|---:|---:|")
     ratios = []
     for key in sorted(set(old) & set(new), key=str):
@@ -80,8 +132,8 @@ def main() -> None:
     if ratios:
         print(
             f"\nafter / before over {len(ratios)} cells: median {statistics.median(ratios):.2f}, "
-            f"range {min(ratios):.2f}-{max(ratios):.2f} (best of {len(before)} and {len(after)} "
-            "runs per side)"
+            f"range {min(ratios):.2f}-{max(ratios):.2f} ({over.__name__} of {len(before)} and "
+            f"{len(after)} runs per side)"
         )
 
 
