@@ -750,6 +750,36 @@ def _softmax_chunk(Xc, Yc, log_w, values, reg, cost) -> np.ndarray:
     return gibbs_softmax_average(Xc, Yc, reg, log_w, values, cost=cost)
 
 
+def _column_logits(Xc, log_w, Yc, y_sq, reg, cost):
+    """``(rows, log_w_i - c(x_i, y_j) / reg)`` of the chunk's row blocks (about 16 MB each)."""
+    for rows in row_slices(Xc.shape[0], block_rows(Yc.shape[0], dim=Xc.shape[1])):
+        logits = neg_cost_over_reg(Xc[rows], Yc, reg, y_sq=y_sq, cost=cost)
+        logits += log_w[rows, None]
+        yield rows, logits
+
+
+def _column_max_chunk(Xc, log_w, Yc, y_sq, reg, cost) -> np.ndarray:
+    """``(1, m)``: each column's largest logit over the chunk's rows."""
+    top = np.full(Yc.shape[0], -np.inf)
+    for _, logits in _column_logits(Xc, log_w, Yc, y_sq, reg, cost):
+        np.maximum(top, logits.max(axis=0), out=top)
+    return top[None, :]
+
+
+def _column_sums_chunk(Xc, log_w, values, Yc, y_sq, top, reg, cost) -> np.ndarray:
+    """``(1, m (k + 1))``: ``sum_i e^(logit_ij - top_j) [values_i, 1]`` over the chunk's
+    rows, row-major (a column whose logits are all ``-inf`` sums to 0)."""
+    m, k = Yc.shape[0], values.shape[1]
+    shift = np.where(np.isfinite(top), top, 0.0)
+    out = np.zeros((m, k + 1))
+    for rows, logits in _column_logits(Xc, log_w, Yc, y_sq, reg, cost):
+        logits -= shift[None, :]
+        np.exp(logits, out=logits)
+        out[:, :k] += logits.T @ values[rows]
+        out[:, k] += logits.sum(axis=0)
+    return out.reshape(1, -1)
+
+
 def _as_dask(value: Any) -> da.Array:
     """A float64 Dask array (NumPy input wrapped in one chunk)."""
     if not hasattr(value, "chunks"):
@@ -1016,8 +1046,13 @@ class DaskExact(ExactPlacement):
         block = neg_cost_over_reg(g.rows("x", index), Yc, g.reg, y_sq=y_sq, cost=g.cost)
         return np.exp(block, out=block)
 
-    def softmax_average(self, kernel: ExactKernel, log_weights: Any, values: Any) -> da.Array:
-        """Streamed per row chunk on the workers: a Dask array (n, k)."""
+    def softmax_average(
+        self, kernel: ExactKernel, log_weights: Any, values: Any, *, transpose: bool = False
+    ) -> da.Array:
+        """Streamed per row chunk on the workers: a Dask array (n, k), or (m, k) with
+        ``transpose`` (:meth:`_softmax_over_sources`)."""
+        if transpose:
+            return self._softmax_over_sources(kernel, log_weights, values)
         g = kernel.geometry
         return per_chunk(
             _softmax_chunk,
@@ -1031,6 +1066,34 @@ class DaskExact(ExactPlacement):
             ),
             values.shape[1],
         )
+
+    def _softmax_over_sources(self, kernel: ExactKernel, log_w: Any, values: Any) -> da.Array:
+        """``sum_i softmax_i(log_w_i - c(x_i, y_j) / reg) values_i`` for every target ``y_j``
+        (``log_w`` (n,) and ``values`` (n, k) on the rows' chunks): two tree reductions over
+        the row chunks, the columns' maxima first, then the shifted sums (each column's sum
+        is at least 1: no underflow at any ``reg``). A Dask array (m, k) on the targets'
+        chunks; ``O(m (k + 1))`` floats from each task, twice the products' work."""
+        g = kernel.geometry
+        Yc, y_sq = self.whole_targets()
+        log_w = _align(log_w, g.Xc.chunks[0], "log_weights")
+        values = _as_dask(values).rechunk((g.Xc.chunks[0], -1))
+        m, k = kernel.shape[1], values.shape[1]
+        maxima = per_chunk(
+            _column_max_chunk, [g.Xc, log_w], (Yc, y_sq, g.reg, g.cost), m, partial=True
+        )
+        # lazy, in the same graph as the sums: a persisted copy would be released with this
+        # frame before the caller computes
+        top = maxima.max(axis=0, split_every=SPLIT_EVERY).rechunk(-1)
+        partials = per_chunk(
+            _column_sums_chunk,
+            [g.Xc, log_w, values],
+            (Yc, y_sq, top, g.reg, g.cost),
+            m * (k + 1),
+            partial=True,
+        )
+        sums = _tree_sum(partials).reshape(m, k + 1)
+        mapped = sums[:, :k] / sums[:, k:]
+        return mapped.rechunk((g.Yc.chunks[0], k))
 
     def log_matvec(
         self, kernel: ExactKernel, log_w: np.ndarray, *, transpose: bool, rows: Any

@@ -622,12 +622,9 @@ class DaskSinkhornResult(SinkhornResult):
         return (mapped, fallbacks) if return_fallbacks else mapped
 
     def inverse_barycentric_map(self, Y_new: Any = None, *, return_fallbacks: bool = False):
-        """Barycentric projection of the target points onto ``X`` (low-rank backends)."""
+        """Barycentric projection of the target points onto ``X`` as a persisted Dask array
+        (``Y_new``: new points, NumPy or Dask, for the low-rank backends)."""
         return_fallbacks = check_bool(return_fallbacks, "return_fallbacks")
-        if _on(self.kernel, DaskExact):
-            raise NotImplementedError(
-                "inverse_barycentric_map of the exact backend is not available on Dask arrays"
-            )
         g = self.kernel.geometry
         mapped, fallbacks = _barycentric(
             self.kernel, Y_new, self.potentials[0], g.Xc + g.center, transpose=True
@@ -718,7 +715,7 @@ def _barycentric(kernel, points, log_w, values, *, transpose=False) -> tuple[da.
     if _on(kernel, DaskExact):
         if points is not None:
             raise NotImplementedError("barycentric maps of new points need a low-rank backend")
-        return kernel.softmax_average(log_w, values).persist(), 0
+        return kernel.softmax_average(log_w, values, transpose=transpose).persist(), 0
     top = float(da.where(da.isfinite(log_w), log_w, -np.inf).max().compute())
     weights = da.exp(log_w - top)
     stacked = da.concatenate([weights[:, None] * values, weights[:, None]], axis=1)

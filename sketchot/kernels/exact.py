@@ -138,11 +138,13 @@ class ExactPlacement(ABC):
     def rows(self, kernel: ExactKernel, index: np.ndarray) -> np.ndarray:
         """Dense rows ``K[index]``, float64 on the host."""
 
-    def softmax_average(self, kernel: ExactKernel, log_weights: Any, values: Any) -> Any:
+    def softmax_average(
+        self, kernel: ExactKernel, log_weights: Any, values: Any, *, transpose: bool = False
+    ) -> Any:
         """``sum_j softmax_j(log_w_j - c(x_i, y_j) / reg) values_j`` for every fitted source
-        point ``x_i`` (the exact barycentric map): the geometry's own, where its clouds are
-        in memory."""
-        return kernel.geometry.softmax_average(None, log_weights, values)
+        point ``x_i`` (the exact barycentric map; over the sources for every target with
+        ``transpose``): the geometry's own, where its clouds are in memory."""
+        return kernel.geometry.softmax_average(None, log_weights, values, transpose=transpose)
 
     @abstractmethod
     def log_matvec(
@@ -829,12 +831,15 @@ class ExactKernel(KernelOperator):
         U = self.placement.operand(U, self.shape[0], "U")
         return self.placement.rmatmat(self, U)
 
-    def softmax_average(self, log_weights: Any, values: Any) -> Any:
+    def softmax_average(self, log_weights: Any, values: Any, *, transpose: bool = False) -> Any:
         """``sum_j softmax_j(log_w_j - c(x_i, y_j) / reg) values_j`` (n, k) for every fitted
         source point ``x_i``, ``values`` of shape (m, k): the exact barycentric map, computed
-        where the placement holds the clouds. ``O(n m (d + k))``, never an ``n x m`` array.
+        where the placement holds the clouds. With ``transpose``, ``sum_i softmax_i(log_w_i -
+        c(x_i, y_j) / reg) values_i`` (m, k) for every target ``y_j`` (the inverse map;
+        ``log_weights`` (n,), ``values`` (n, k)). ``O(n m (d + k))``, never an ``n x m``
+        array.
         """
-        return self.placement.softmax_average(self, log_weights, values)
+        return self.placement.softmax_average(self, log_weights, values, transpose=transpose)
 
     def _rows(self, index: np.ndarray) -> np.ndarray:
         return self.placement.rows(self, index)

@@ -88,6 +88,15 @@ def test_products_rows_and_softmax_averages_match_the_host(kernels):
     log_w = np.log(b + 1e-3)
     mapped = kernel.softmax_average(log_w, da.from_array(Y, chunks=(20, 3)))
     np.testing.assert_allclose(computed(mapped), host.softmax_average(log_w, Y), rtol=RTOL)
+    # the inverse map's softmax over the sources, a zero weight among them (no mass there)
+    X = kernel.geometry.Xc.compute() + kernel.geometry.center
+    with np.errstate(divide="ignore"):
+        log_u = np.log(np.linspace(0.0, 1.0, N))
+    inverse = kernel.softmax_average(log_u, da.from_array(X, chunks=(25, 3)), transpose=True)
+    assert isinstance(inverse, da.Array) and inverse.chunks[0] == kernel.geometry.Yc.chunks[0]
+    np.testing.assert_allclose(
+        computed(inverse), host.softmax_average(log_u, X, transpose=True), rtol=RTOL
+    )
 
 
 def test_deferred_passes_match_the_host(kernels):
@@ -220,3 +229,26 @@ def test_one_exact_class_for_every_placement():
     assert not [c for c in every if c.__module__.startswith("sketchot.distributed")]
     assert set(ExactKernel.__subclasses__()) == {AbsorbedExactKernel, SparseExactKernel}
     assert issubclass(DaskStreamedExact, DaskExact) and issubclass(DaskStableExact, DaskExact)
+
+
+@pytest.mark.parametrize("log_domain", [False, "auto"])
+def test_the_inverse_barycentric_map_of_an_exact_solve_is_the_in_memory_one(client, log_domain):
+    """The plain (deferred) and the log-stable Dask solves map the targets onto ``X`` as the
+    in-memory exact solve does (the same potentials to the solves' tolerance: 1e-9)."""
+    rng = np.random.default_rng(11)
+    X, Y = rng.random((90, 2)), rng.random((70, 2)) + 0.3
+    a, b = np.full(90, 1 / 90), np.full(70, 1 / 70)
+    options = {"tol": 1e-12, "accuracy": None, "warn": False, "log_domain": log_domain}
+    expected = sketchot.sinkhorn(a, b, X, Y, reg=0.05, backend="exact", **options)
+    result = sketchot.sinkhorn(
+        da.from_array(a, chunks=40), da.from_array(b, chunks=30),
+        da.from_array(X, chunks=(40, 2)), da.from_array(Y, chunks=(30, 2)),
+        reg=0.05, backend="exact", **options,
+    )  # fmt: skip
+    mapped = result.inverse_barycentric_map()
+    assert isinstance(mapped, da.Array)
+    np.testing.assert_allclose(
+        mapped.compute(), expected.inverse_barycentric_map(), rtol=0, atol=1e-9
+    )
+    with pytest.raises(NotImplementedError, match="new points need a low-rank backend"):
+        result.inverse_barycentric_map(Y)
