@@ -378,7 +378,9 @@ class CostMatrixGeometry:
         """The geometry of a cost that forbids every pair (every entry ``+inf``): its kernel
         is 0 (a sampled sub-matrix may be one)."""
         empty = np.full(shape, np.inf)
-        return cls._checked(empty, reg, 0.0, 0.0, empty.size)
+        if empty.ndim != 2:
+            raise ValueError(f"shape must be (n, m); got {shape!r}")
+        return cls._checked(empty, check_float(reg, "reg", positive=True), 0.0, 0.0, empty.size)
 
     def unshifted(self) -> CostMatrixGeometry:
         """The same ``M`` (not copied) at the same ``reg`` with no offset: the kernel

@@ -158,6 +158,10 @@ def test_a_sample_of_forbidden_pairs_only_has_a_zero_kernel():
     direct = CostMatrixGeometry.all_forbidden((3, 2), REG)
     assert direct.forbidden == 6 and np.isinf(direct.M).all() and direct.reg == REG
     np.testing.assert_array_equal(ExactKernel(direct).matvec(np.ones(2)), np.zeros(3))
+    with pytest.raises(ValueError, match=r"reg must be > 0; got -1"):
+        CostMatrixGeometry.all_forbidden((3, 2), -1.0)
+    with pytest.raises(ValueError, match=r"shape must be \(n, m\); got \(3,\)"):
+        CostMatrixGeometry.all_forbidden((3,), REG)
 
 
 def test_it_lives_on_the_host():

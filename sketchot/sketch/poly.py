@@ -466,6 +466,13 @@ class PolyTensorSketch(PolySketchParameters):
                 f"got shape {weights.shape}"
             )
         n, e = U.shape[0], self.exact_degree_
+        if row_scale is not None:
+            row_scale = np.asarray(row_scale, dtype=np.float64)
+            if row_scale.shape != (n,):
+                raise ValueError(
+                    f"row_scale must have shape ({n},) (one per row of {name}); "
+                    f"got shape {row_scale.shape}"
+                )
         out = np.empty((n, self.n_features_out_), dtype=dtype)
         scale = np.ones(n) if row_scale is None else row_scale
         out[:, 0] = weights[0] * scale

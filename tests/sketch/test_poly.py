@@ -50,6 +50,8 @@ def test_weighted_features_weigh_degrees_and_scale_rows(variant):
         ValueError, match=rf"weights must have shape \({wrong - 1},\).*\({wrong},\)"
     ):
         sketch.weighted_features(U, np.ones(wrong))
+    with pytest.raises(ValueError, match=r"row_scale must have shape \(60,\).*got shape \(59,\)"):
+        sketch.weighted_features(U, ones, row_scale=scale[:59])
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
