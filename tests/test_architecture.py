@@ -28,7 +28,8 @@ LAYERS = {
     "_parallel": 1,
     "gibbs": 1, "cost_matrix": 1, "sparse_cost": 1, "grid": 1, "fused": 1, "sketch": 1,
     "distributed.geometry": 1, "kernels": 2, "distributed.kernels": 2,
-    "distributed.builders": 2, "solver": 3, "distributed.solver": 3, "distributed": 3,
+    "distributed.builders": 2, "distributed.local": 2, "solver": 3, "distributed.solver": 3,
+    "distributed": 3,
     "policy": 4, "da": 5, "api": 6, "matrix": 6,
     "barycenter": 7, "batch": 7, "color": 7, "convolutional": 7, "loss": 7, "nn": 8,
 }  # fmt: skip

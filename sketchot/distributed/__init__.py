@@ -4,7 +4,8 @@
 when given Dask arrays (:mod:`sketchot.api`; this package imports Dask, the rest of sketchot
 never does). Layers as in sketchot: :mod:`.geometry` (clouds on the cluster) ->
 :mod:`.kernels` (the Dask placements of the one exact and the one low-rank kernel
-class, deferred passes) and :mod:`.builders` (the
+class, deferred passes), :mod:`.local` (the block-local kernel's placement: the clouds in
+blocks of whole clusters) and :mod:`.builders` (the
 backends on Dask, ``'auto'``) -> :mod:`.solver` (the solve, through the solver's own
 iteration, and its result).
 
@@ -44,6 +45,7 @@ from .kernels import (
     dask_exact_kernel,
     log_stable_kernel,
 )
+from .local import DaskBlockLocal, DaskClusterBlocks, cluster_blocks, dask_local_kernel
 from .solver import DaskSinkhornResult, sinkhorn_dask, sinkhorn_kernel_dask, solve_dask
 
 __all__ = [
@@ -51,6 +53,8 @@ __all__ = [
     "ArrayPass",
     "ChainedPass",
     "DaskBarycenterResult",
+    "DaskBlockLocal",
+    "DaskClusterBlocks",
     "DaskDivergenceResult",
     "DaskExact",
     "DaskFactors",
@@ -62,8 +66,10 @@ __all__ = [
     "VisiblePixels",
     "barycenter_dask",
     "choose_dask_kernel",
+    "cluster_blocks",
     "dask_backends",
     "dask_exact_kernel",
+    "dask_local_kernel",
     "log_stable_kernel",
     "make_kernel_dask",
     "map_image_dask",

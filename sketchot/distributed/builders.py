@@ -26,19 +26,40 @@ from .._validation import check_dtype, check_float, check_rng
 from ..gibbs import gibbs_matmat
 from ..kernels import KernelOperator, available_backends, get_backend, require_policy
 from ..kernels.judge import KERNEL_CHECK_ROWS, Attempt, kernel_judge
-from ..kernels.registry import check_metric, resolve_parameters
+from ..kernels.registry import (
+    EXACT_KIND,
+    LOCAL_KIND,
+    POINTS_SUPPORT,
+    check_metric,
+    resolve_parameters,
+)
 from .geometry import DaskGibbsGeometry, check_reg_and_clouds, persist_now
 from .kernels import _tree_sum, dask_exact_kernel, dask_low_rank_from_maps, per_chunk
+from .local import dask_local_kernel
 
 
 def _exact(geometry: DaskGibbsGeometry, *, dtype: Any, **params: Any) -> KernelOperator:
-    """The exact kernel streamed on the workers (``max_dense_bytes``: nothing is stored)."""
+    """The exact kernel streamed on the workers (``max_dense_bytes``: nothing is stored;
+    no draws: ``rng``)."""
     del params
     return dask_exact_kernel(geometry, dtype=dtype)
 
 
-#: Backends with a builder of their own on Dask (the others need ``factor_maps``).
-DASK_BUILDERS = {"exact": _exact}
+def _local(geometry: DaskGibbsGeometry, *, dtype: Any, rng: Any = None, **params: Any):
+    """The block-local kernel in blocks of whole clusters on the workers."""
+    return dask_local_kernel(geometry, rng=rng, dtype=dtype, **params)
+
+
+#: Kinds of point backend (:attr:`~sketchot.kernels.registry.Backend.kind`) with a builder
+#: of their own on Dask (the low-rank ones need ``factor_maps``).
+DASK_BUILDERS = {EXACT_KIND: _exact, LOCAL_KIND: _local}
+
+
+def _dask_builder(record: Any) -> Any:
+    """The Dask builder of a backend's record, or ``None``."""
+    if record.support != POINTS_SUPPORT:
+        return None
+    return DASK_BUILDERS.get(record.kind)
 
 
 def dask_backends(cost: Any = None) -> tuple[str, ...]:
@@ -47,7 +68,10 @@ def dask_backends(cost: Any = None) -> tuple[str, ...]:
     return tuple(
         name
         for name in available_backends()
-        if (name in DASK_BUILDERS or get_backend(name).factor_maps is not None)
+        if (
+            _dask_builder(get_backend(name)) is not None
+            or get_backend(name).factor_maps is not None
+        )
         and (cost is None or get_backend(name).supports(cost))
     )
 
@@ -69,8 +93,9 @@ def build_dask_backend(
     check_metric(record, geometry.cost)
     params = {**record.defaults, **params}
     start = time.perf_counter()
-    if backend in DASK_BUILDERS:
-        operator = DASK_BUILDERS[backend](geometry, dtype=dtype, **params)
+    builder = _dask_builder(record)
+    if builder is not None:
+        operator = builder(geometry, dtype=dtype, rng=rng, **params)
     elif record.factor_maps is not None:
         maps = record.factor_maps(geometry, rng=rng, dtype=dtype, **params)
         operator = dask_low_rank_from_maps(geometry, maps)

@@ -45,6 +45,7 @@ from .._validation import (
 )
 from ..solver import AccuracyWarning, check_reg_m, value_error_estimate
 from .geometry import SPLIT_EVERY, as_dask_cloud
+from .local import is_block_local
 from .solver import DaskSinkhornResult, _log_matvec, sinkhorn_dask
 
 #: Pairs of the divergence with their sign (as :data:`sketchot.loss.TERMS`).
@@ -353,6 +354,17 @@ def _plan_moments(result: DaskSinkhornResult, side: int) -> tuple[da.Array, da.A
     ``(P^T 1, P^T Xc, Yc)`` (1), in the solve's geometry's centring, by one kernel product
     with ``d`` columns on the workers."""
     g = result.kernel.geometry
+    if is_block_local(result.kernel):
+        # its linear products take non-negative values only: P Y = diag(P 1) times the
+        # means of one log pass with means (finite at any reg)
+        log_u, log_v = result.potentials
+        marginal = result.marginals[side]
+        if side == 0:
+            _, means = result.kernel.log_means("rows", log_v.compute())
+            return marginal, marginal[:, None] * means.rechunk(g.Xc.chunks), g.Xc
+        _, means = result.kernel.log_means("cols", log_u)
+        means = da.from_array(means, chunks=g.Yc.chunks)
+        return marginal, marginal.rechunk(g.Yc.chunks[0])[:, None] * means, g.Yc
     u, v = result.u, result.v
     if side == 0:
         product = result.kernel.matmat(v[:, None] * g.Yc).rechunk(g.Xc.chunks)

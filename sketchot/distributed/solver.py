@@ -57,6 +57,7 @@ from .kernels import (
     log_stable_kernel,
     per_chunk,
 )
+from .local import is_block_local, local_barycentric, local_plan_summary
 from .multiscale import coarse_start_dask
 
 
@@ -148,7 +149,8 @@ def sinkhorn_kernel_dask(
 ) -> DaskSinkhornResult:
     """:func:`sketchot.sinkhorn_kernel` on a Dask operator (from ``make_kernel`` on Dask
     arrays): several solves with one persisted kernel."""
-    if "deferred" not in getattr(getattr(kernel, "info", None), "capabilities", ()):
+    caps = getattr(getattr(kernel, "info", None), "capabilities", ())
+    if "deferred" not in caps and not is_block_local(kernel):
         raise TypeError(
             f"kernel must be built on Dask arrays (make_kernel with Dask X, Y); got "
             f"{describe(kernel) if not isinstance(kernel, KernelOperator) else repr(kernel)}"
@@ -297,8 +299,10 @@ def solve_dask(
     """The Dask solve of a validated problem on a Dask operator: the engine's iteration,
     persisted results, scalar summary, sampled true-kernel check."""
     exact = _on(kernel, DaskStreamedExact)
-    # the in-memory exact kernel's default, the stabilised path: far fewer iterations (Anderson)
-    if exact and (options.log_domain in ("auto", True) or options.epsilon_scaling is True):
+    # the in-memory exact kernel's default, the stabilised path: far fewer iterations (Anderson);
+    # the block-local kernel's passes run on logarithms only
+    stable = options.log_domain in ("auto", True) or options.epsilon_scaling is True
+    if is_block_local(kernel) or (exact and stable):
         return solve_log_stable(problem, kernel, options, rng=rng, reason=reason, attempts=attempts)
     if options.log_domain is True:
         raise NotImplementedError(
@@ -358,7 +362,14 @@ def solve_log_stable(
     a :class:`~.kernels.DaskStableExact` placement), whose passes stream the
     true kernel per row chunk on the workers. The row scalings stay on the cluster; the
     ``m``-sized column side (weights ``b``, scalings, projections) is on the client."""
-    stable = log_stable_kernel(kernel)
+    local = is_block_local(kernel)
+    if local and (options.log_domain is False or options.epsilon_scaling is True):
+        raise ValueError(
+            "the block-local kernel on Dask arrays runs the log-domain iteration without an "
+            f"epsilon schedule; got log_domain={options.log_domain!r}, epsilon_scaling="
+            f"{options.epsilon_scaling!r} (pass 'auto')"
+        )
+    stable = kernel if local else log_stable_kernel(kernel)
     g = kernel.geometry
     strategy = choose_strategy(stable, options.log_domain)
     b_host = np.asarray(problem.b.compute(), dtype=np.float64)
@@ -374,7 +385,8 @@ def solve_log_stable(
     first = options.first_target(tol, norm, stable.info.product_rtol)
     printer = IterationTable(options.verbose, " on Dask")
     guard = Safeguard(stable, options.safeguard)
-    automatic = options.epsilon_scaling == "auto" and strategy in ("absorb", "log")
+    # an epsilon schedule needs the kernel at other reg (the exact kernel's at_reg)
+    automatic = not local and options.epsilon_scaling == "auto" and strategy in ("absorb", "log")
     wanted = options.epsilon_scaling is True or (
         automatic and problem.log_u0 is None and g.max_cost() / g.reg > EPSILON_SCALING_SPREAD
     )
@@ -507,7 +519,9 @@ def _summary(kernel, problem, log_u, log_v) -> dict[str, Any]:
     # different task specs for one key on the scheduler).
     log_u, log_v = dask.persist(log_u, log_v)
     exact = _on(kernel, DaskStreamedExact) and not g.cost.sqeuclidean
-    if _on(kernel, DaskStableExact) or exact:
+    if is_block_local(kernel):
+        row, col, cost = local_plan_summary(kernel, log_u, log_v.compute())
+    elif _on(kernel, DaskStableExact) or exact:
         # streamed in the log domain: e^log_u and e^log_v may each leave float64 at small reg
         row, col, cost = log_plan_summary(kernel, log_u, log_v.compute())
     elif not g.cost.sqeuclidean:
@@ -712,6 +726,13 @@ def _barycentric(kernel, points, log_w, values, *, transpose=False) -> tuple[da.
     columns; rows with a non-positive approximate denominator are NaN and counted (the
     in-memory path recomputes them with the true kernel; not done on Dask yet).
     """
+    if is_block_local(kernel):
+        if points is not None:
+            raise NotImplementedError(
+                "barycentric maps of new points are not available for the block-local kernel "
+                "on Dask arrays"
+            )
+        return local_barycentric(kernel, log_w, transpose=transpose), 0
     if _on(kernel, DaskExact):
         if points is not None:
             raise NotImplementedError("barycentric maps of new points need a low-rank backend")

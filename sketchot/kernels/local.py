@@ -45,6 +45,8 @@ from .base import (
 )
 from .registry import register_backend
 
+#: The block-local kernel's backend name.
+LOCAL_BACKEND = "polyts_local"
 #: Largest dimension at the default degree (9): ``C(9 + d, d) <= 1000`` features per point.
 MAX_DIMENSION = 4
 #: ``rtol`` sized from ``accuracy`` lies in this range (degrees 5 to 12 at ``tau = 1``).
@@ -96,9 +98,14 @@ class LocalPolyKernel(KernelOperator):
     ----------
     geometry : GibbsGeometry
     expansion : LocalGaussianExpansion
-        Fitted on the centred clouds.
+        Fitted on the centred clouds (with a ``placement``: the
+        :class:`~sketchot.sketch.local.blocks.BlockExpansion` its blocks share).
     info : KernelInfo
     dtype : numpy dtype
+    placement : object, optional
+        Where the clouds live when not in this process's memory: the passes, projections
+        and ``log_means`` run there (:class:`sketchot.distributed.DaskBlockLocal`: clouds
+        on a Dask cluster in blocks of whole clusters), with its ``capabilities``.
     """
 
     def __init__(
@@ -107,21 +114,40 @@ class LocalPolyKernel(KernelOperator):
         expansion: LocalGaussianExpansion,
         info: KernelInfo,
         dtype: Any = np.float64,
+        placement: Any = None,
     ) -> None:
-        info.capabilities = info.capabilities | {"out_of_sample", "nonnegative", "log_products"}
-        if expansion.means_match_products:  # else a log product per coordinate
-            info.capabilities = info.capabilities | {"log_means"}
+        if placement is not None:
+            info.capabilities = info.capabilities | placement.capabilities
+        else:
+            info.capabilities = info.capabilities | {
+                "out_of_sample", "nonnegative", "log_products"
+            }  # fmt: skip
+            if expansion.means_match_products:  # else a log product per coordinate
+                info.capabilities = info.capabilities | {"log_means"}
         super().__init__(geometry, info, dtype)
         self.expansion = expansion
+        self.placement = placement
         self._transposed: LocalGaussianExpansion | None = None
         #: predicted seconds (one core) of an iteration (:func:`local_iteration_cost`), once
         #: counted; ``tau='timed'``: the builder's timed sample
         self.predicted_seconds: float | None = None
 
+    def _in_memory(self, what: str) -> None:
+        if self.placement is not None:
+            raise NotImplementedError(
+                f"{what} of the block-local kernel are not available on "
+                f"{type(self.placement).__name__} (log-domain passes, projections, "
+                "log_means and products of non-negative values only)"
+            )
+
     def matmat(self, V: Any) -> np.ndarray:
+        if self.placement is not None:
+            return self.placement.matmat(self, V)
         return self.expansion.matmat(check_operand(V, self.shape[1], "V", vector=False))
 
     def rmatmat(self, U: Any) -> np.ndarray:
+        if self.placement is not None:
+            return self.placement.rmatmat(self, U)
         return self.expansion.rmatmat(check_operand(U, self.shape[0], "U", vector=False))
 
     def log_means(self, side: str, log_w: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -130,16 +156,20 @@ class LocalPolyKernel(KernelOperator):
         coordinates (the expansion is fitted on them); see
         :meth:`~sketchot.sketch.local.LocalGaussianExpansion.log_means`."""
         check_choice(side, "side", SIDES)
+        if self.placement is not None:
+            return self.placement.log_means(self, side, log_w)
         length = self.shape[1 if side == "rows" else 0]
         log_w = check_operand(log_w, length, "log_w", vector=True).ravel()
         return self.expansion.log_means(log_w, transpose=side == "cols")
 
     def _rows(self, index: np.ndarray) -> np.ndarray:
+        self._in_memory("rows")
         selector = np.zeros((self.shape[0], index.size))
         selector[index, np.arange(index.size)] = 1.0
         return self.expansion.rmatmat(selector).T
 
     def _apply_new(self, points: np.ndarray, values: np.ndarray, transpose: bool) -> np.ndarray:
+        self._in_memory("products of new points")
         g = self.geometry
         if transpose and self._transposed is None:
             # New target points need the expansion with the roles of the clouds swapped.
@@ -170,6 +200,8 @@ class LocalPolyKernel(KernelOperator):
         log: bool = False,
         step: RatioStep = IDENTITY_STEP,
     ) -> FusedPass:
+        if self.placement is not None:
+            return self.placement.fused_pass(self, side, w, numerator, log=log, step=step)
         if side == "cols":
             return identity_pass(w, numerator, log=log, step=step)
         if log:
@@ -184,6 +216,8 @@ class LocalPolyKernel(KernelOperator):
     def project(
         self, side: str, values: np.ndarray, index: Any = None, *, log: bool = False
     ) -> np.ndarray:
+        if self.placement is not None:
+            return self.placement.project(self, side, values, index, log=log)
         fill = -np.inf if log else 0.0
         length = self.shape[0 if side == "rows" else 1]
         full = values
@@ -273,7 +307,7 @@ def local_iteration_seconds(kernel: LocalPolyKernel) -> float:
 
 
 @register_backend(
-    "polyts_local",
+    LOCAL_BACKEND,
     kind="local",
     advice="lower rtol for more accurate entries; in dimension > 4 raise max_features",
     summary="the block-local polynomial expansion around cluster centres: every entry to a "
@@ -346,7 +380,7 @@ def build_local(
     else:
         expansion = fit(tau)
     info = KernelInfo(
-        "polyts_local",
+        LOCAL_BACKEND,
         {
             "tau": expansion.tau,
             "rtol": rtol,

@@ -84,6 +84,7 @@ def _apply(
     means: _MeansPlan | None = None,
     on: DeviceArrays | None = None,
     work: dict[str, float] | None = None,
+    lower: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``sum_j exp(log_w_j) K_ij values_j`` as ``exp(scale_i) Z_i``, in the caller's order.
 
@@ -141,10 +142,16 @@ def _apply(
     (:class:`_DeviceArrays`); the cluster-level planning (groups, kept pairs, batches) stays
     on the host, and ``log_w``, ``values`` and the result are NumPy arrays on the host.
 
+    ``lower`` (truncated products, shape ``(out.n_clusters,)`` in ``out``'s cluster order):
+    each output cluster's row-sum lower bound over more inputs than ``inn`` (every block of
+    a cloud split in blocks, :mod:`.blocks`), so that the pairs skipped are those the whole
+    product would skip at this ``truncate``.
+
     :class:`_Product` holds the plan and assembles the rows, :class:`_Group` runs steps 1 and
     2 for one group of output clusters.
     """
     product = _Product(out, inn, log_w, values, plan, reg, truncate, means, on)
+    product.lower = lower
     if work is not None:
         one_group = functools.partial(product.one_group, work=work)
         _count_exact_and_groups(work, product, stride, one_group)
@@ -208,6 +215,7 @@ class _Product:
         # truncated: the bounds of every input cluster (exactly handled ones first), and
         # the exact pairs the groups keep, (sorted output rows, sorted input rows) each
         self.in_bounds = None
+        self.lower: np.ndarray | None = None  # row-sum lower bounds given by the caller
         self.exact_jobs: list[tuple[np.ndarray, np.ndarray]] = []
         if self.truncated and inn.n_clusters:
             self.in_bounds = _input_bounds(inn, self.w_sorted, first=0)
@@ -354,9 +362,11 @@ class _Product:
             pair_sq = near + self.in_sq - 2.0 * centers @ inn.centers[kb:].T
         every = np.maximum(np.concatenate([small_sq, pair_sq], axis=1), 0.0)
         radius = out.cluster_radius[ids]
+        lower = None if self.lower is None else self.lower[ids]
         return _kept_pairs(
-            every, centers, radius, self.in_bounds, self.reg, self.truncate, exact_first=kb
-        )
+            every, centers, radius, self.in_bounds, self.reg, self.truncate, exact_first=kb,
+            lower=lower,
+        )  # fmt: skip
 
     def small_jobs(self, stride: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """The exact jobs of a truncated product's exactly handled output clusters (every

@@ -66,6 +66,7 @@ def _kept_pairs(
     reg: float,
     truncate: float,
     exact_first: int = 0,
+    lower: np.ndarray | None = None,
 ) -> np.ndarray:
     """Which cluster pairs ``(A, B)`` a product truncated at ``truncate`` must compute.
 
@@ -100,6 +101,10 @@ def _kept_pairs(
     1e-11), while far pairs are still skipped. Every skipped pair's running sum is within
     ``truncate e^{L_A}`` either way, so the skipped pairs of a row hold at most ``truncate``.
 
+    ``lower`` (shape ``(|group|,)``): row-sum lower bounds ``L_A`` known from more inputs
+    than ``inputs`` (a product over one block of a cloud split in blocks, whose rows sum
+    over every block: :mod:`.blocks`); the larger of it and this one's own is used.
+
     Returns
     -------
     ndarray of bool, shape (|group|, k)
@@ -107,7 +112,10 @@ def _kept_pairs(
     distance = np.sqrt(pair_sq)
     near = np.maximum(distance - out_radius[:, None] - inputs.radius[None, :], 0.0)
     upper = inputs.log_size + inputs.top - near * near / reg
+    given = lower
     lower = _row_sum_lower_bound(distance, out_centers, out_radius, inputs, reg)
+    if given is not None:
+        lower = np.maximum(lower, given)
     limit = lower + np.log(truncate)
     exact_limit = lower + np.log(min(truncate, EXACT_SKIP)) if exact_first else limit
     keep = np.zeros_like(upper, dtype=bool)
