@@ -22,6 +22,9 @@ scheduler's and client's overhead). ``--memory-baseline`` also runs the same cal
 same data in memory (NumPy, this process, as many threads as workers) at sizes up to
 ``--memory-max-n``, and reports Dask / memory.
 
+The workers start with the allocator settings the docs advise (:data:`WORKER_MALLOC`;
+``--dask-malloc``: Dask's own).
+
 ``--json`` / ``--md`` write the numbers (``benchmarks/results/dask_certified.json`` / ``.md``
 by default). Ctrl-C stops the run; cells that finished are written.
 """
@@ -136,6 +139,12 @@ def _sent_bytes(dask_worker: Any) -> int:
     return int(dask_worker.transfer_outgoing_bytes_total)
 
 
+#: The workers' allocator settings the docs advise (Dask's nanny sets
+#: ``MALLOC_TRIM_THRESHOLD_=65536``, which returns every freed block to the system at once):
+#: ``--dask-malloc`` keeps Dask's.
+WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": 2**30, "MALLOC_MMAP_THRESHOLD_": 2**25}
+
+
 def solve_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     log_domain = {"auto": "auto", "true": True, "false": False}[args.log_domain]
     return {"accuracy": args.accuracy, "rng": args.seed, "errors": "warn", "log_domain": log_domain}
@@ -160,8 +169,14 @@ def on_cluster(kind, n, reg, args) -> dict[str, Any]:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
     )
+    import dask
+
     chunk = min(args.chunk, max(1, n // (2 * args.workers)))
+    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))
+    if not args.dask_malloc:  # the docs' advice (docs/user_guide/dask.rst)
+        environ.update(WORKER_MALLOC)
     with (
+        dask.config.set({"distributed.nanny.pre-spawn-environ": environ}),
         LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
                      dashboard_address=None, memory_limit=0) as cluster,
         Client(cluster) as client,
@@ -217,7 +232,8 @@ def markdown(data: dict[str, Any]) -> str:
         f"{data['workers']} workers x 1 thread, dtype {data['dtype']}",
         "",
         f"Machine: {data['machine']}; sketchot {data['versions']['sketchot']}, dask "
-        f"{data['versions']['dask']}",
+        f"{data['versions']['dask']}; workers' allocator: "
+        f"{data.get('worker_malloc', 'dask default')}",
         "",
     ]
     rows = []
@@ -272,6 +288,11 @@ def main() -> None:
         help="sinkhorn's log_domain, in memory and on Dask",
     )
     parser.add_argument("--memory-baseline", action="store_true")
+    parser.add_argument(
+        "--dask-malloc",
+        action="store_true",
+        help="start the workers with Dask's allocator settings, not WORKER_MALLOC",
+    )
     parser.add_argument("--memory-max-n", type=float, default=1e6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=RESULTS / "dask_certified.json")
@@ -282,6 +303,7 @@ def main() -> None:
     data: dict[str, Any] = {
         "accuracy": args.accuracy, "backend": args.backend, "dtype": args.dtype,
         "workers": args.workers, "cells": [],
+        "worker_malloc": "dask's default" if args.dask_malloc else WORKER_MALLOC,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
         f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GB",
         "versions": {"sketchot": sketchot.__version__, "dask": dask.__version__},

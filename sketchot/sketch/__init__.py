@@ -19,6 +19,7 @@ from .gaussian import GaussianPolySketch
 from .improved import ImprovedPlan, VanishingFunctionError, allocate_sizes, plan_improved
 from .kcenter import KCenterResult, greedy_k_center
 from .local import LocalGaussianExpansion
+from .local.blocks import BlockExpansion, ClusterBlock, ClusterBounds
 from .monomials import monomial_count, monomial_features, stacked_monomial_features
 from .poly import VARIANTS, PolyTensorSketch, fold_buckets
 from .tensorsketch import TensorSketch, convolve_count_sketches
@@ -27,7 +28,10 @@ __all__ = [
     "COEFFICIENT_METHODS",
     "REGULARIZERS",
     "VARIANTS",
+    "BlockExpansion",
     "CallableFunction",
+    "ClusterBlock",
+    "ClusterBounds",
     "CoefficientFit",
     "CountSketch",
     "ElementwiseFunction",

@@ -18,7 +18,7 @@ distributed = pytest.importorskip("dask.distributed")
 import dask  # noqa: E402
 
 import sketchot  # noqa: E402
-from sketchot.distributed import DaskFactors, DaskStreamedExact  # noqa: E402
+from sketchot.distributed import DaskBlockLocal, DaskFactors, DaskStreamedExact  # noqa: E402
 from sketchot.kernels import ExactKernel, LowRankKernel  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -358,8 +358,13 @@ def test_default_backend_on_dask_is_a_real_choice(problem):
         result = sketchot.sinkhorn(None, None, Xd, Yd, reg=1.0, rng=0, tol=1e-8)
         assert result.backend == "nystrom" and "rank 64" in result.reason
         assert result.converged and result.accuracy_met
-        # at a small reg no rank meets the target before costing more than the exact kernel
+        # at a small reg no rank meets the target; the block-local kernel's iteration is
+        # predicted cheaper than the exact kernel's (the in-memory ladder's local rung)
         kernel = sketchot.make_kernel(Xd, Yd, 0.005, rng=0)
+        assert isinstance(kernel.placement, DaskBlockLocal)
+        assert "no global low rank meets the accuracy" in kernel.info.reason
+        # a cost it does not expand: the exact kernel streamed
+        kernel = sketchot.make_kernel(Xd, Yd, 0.005, rng=0, metric="cityblock")
         assert type(kernel) is ExactKernel and isinstance(kernel.placement, DaskStreamedExact)
         assert "no low rank met the target" in kernel.info.reason
         # rank='auto' for a named low-rank backend: the same ladder
