@@ -85,20 +85,34 @@ def test_products_are_the_kernel_to_its_certified_error(kernel):
     assert np.max(np.abs(means.compute() - weights @ centred)) <= 4 * rtol
 
 
-def test_the_solve_is_the_in_memory_one(client):
+@pytest.mark.parametrize("coarse", [False, True], ids=["cold", "coarse_to_fine"])
+def test_the_solve_is_the_in_memory_one(client, coarse):
     """The Dask solve of the block-local kernel against the in-memory one on the same
     clouds: the same problem solved to the same certified accuracy (the clusters differ:
-    each chunk covers its own outliers), values and maps to that accuracy."""
+    each chunk covers its own outliers), values and maps to that accuracy; its summary
+    (marginals, cost) is the plan of its own potentials, checked densely. The coarse start's
+    potentials (offsets of thousands) once made blocks that skip a row swamp the others'
+    terms."""
     X, Y, a, b = clouds()
     memory = sketchot.sinkhorn(a, b, X, Y, REG, backend="polyts_local", rng=0)
     Xd, Yd = da.from_array(X, chunks=(150, 3)), da.from_array(Y, chunks=(130, 3))
     ad, bd = da.from_array(a, chunks=(150,)), da.from_array(b, chunks=(130,))
-    result = sketchot.sinkhorn(ad, bd, Xd, Yd, REG, backend="polyts_local", rng=0)
+    result = sketchot.sinkhorn(
+        ad, bd, Xd, Yd, REG, backend="polyts_local", rng=0, coarse_to_fine=coarse
+    )
     assert isinstance(result.kernel.placement, DaskBlockLocal)
     assert result.converged and result.true_kernel.bound <= 1e-3
     # both certified to 1e-3 in L1 on the marginals: the values agree to about that
     # times the largest cost
     assert abs(result.value_linear - memory.value_linear) <= 2e-3 * 2.0
+    # the plan of the returned potentials, dense: the summary's products are within the
+    # kernel's product_rtol of it (entries and truncation), far below the solve's accuracy
+    log_u, log_v = (p.compute() for p in result.potentials)
+    cost = ((X[:, None] - Y[None]) ** 2).sum(-1)
+    plan = np.exp(log_u[:, None] + log_v[None, :] - cost / REG)
+    rtol = 10 * result.kernel.info.product_rtol
+    assert result.value_linear == pytest.approx(float((plan * cost).sum()), rel=rtol)
+    np.testing.assert_allclose(result.marginals[1].compute(), plan.sum(0), rtol=rtol, atol=1e-15)
     row = result.marginals[0].compute()
     np.testing.assert_allclose(row.sum(), 1.0, atol=2e-3)
     assert np.all(row[a == 0] == 0)

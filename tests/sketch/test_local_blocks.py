@@ -135,3 +135,14 @@ def test_a_block_whose_pairs_are_all_skipped_adds_nothing():
     bound = expansion.entry_error_bound(float(D.max()) / 0.01)
     assert np.all(np.isfinite(logs))
     assert np.max(np.abs(np.expm1(logs - true))) <= bound + 1e-6
+
+
+def test_the_sum_of_two_empty_terms_adds_nothing_to_a_third():
+    """Two terms that skip a row (``scale = -inf``, ``Z = 0``) add up to an empty row, not
+    to ``scale = 0`` over ``Z = 0``, which swamped a later term of scale ``-2500``."""
+    empty = (np.array([-np.inf, 1.0]), np.array([[0.0], [2.0]]))
+    both = BlockExpansion.combine(empty, empty)
+    assert both[0][0] == -np.inf
+    far = (np.array([-2500.0, -np.inf]), np.array([[3.0], [0.0]]))
+    scale, Z = BlockExpansion.combine(both, far)
+    np.testing.assert_allclose(scale + np.log(Z[:, 0]), [-2500.0 + np.log(3.0), 1.0 + np.log(4.0)])

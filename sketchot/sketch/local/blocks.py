@@ -273,17 +273,17 @@ class BlockExpansion:
             out.side, inn.side, log_w, None, self._monomials, self.reg, truncate,
             means=plan, lower=lower,
         )  # fmt: skip
-        # a row whose pairs this block skips holds Z = 0 with any scale: -inf, so that adding
-        # it to another block's term (:meth:`combine`) keeps that term's scale
-        return np.where(np.any(Z != 0, axis=1), scale, -np.inf), Z
+        return _empty_is_minus_inf(scale, Z)
 
     @staticmethod
     def combine(
         first: tuple[np.ndarray, np.ndarray], second: tuple[np.ndarray, np.ndarray]
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The sum of two terms ``exp(scale) Z`` of the same rows."""
+        """The sum of two terms ``exp(scale) Z`` of the same rows (an empty row, ``Z = 0``,
+        keeps ``scale = -inf``, so that it adds nothing to a later term)."""
         with np.errstate(invalid="ignore", over="ignore"):
-            return _combine(np, first[0], first[1], second[0], second[1])
+            scale, Z = _combine(np, first[0], first[1], second[0], second[1])
+        return _empty_is_minus_inf(scale, Z)
 
     @staticmethod
     def _check_log(log_w: Any, n: int, name: str) -> np.ndarray:
@@ -293,3 +293,10 @@ class BlockExpansion:
         if np.any(np.isnan(log_w)) or np.any(log_w == np.inf):
             raise ValueError(f"{name} must not contain NaN or +inf (-inf means weight 0)")
         return log_w
+
+
+def _empty_is_minus_inf(scale: np.ndarray, Z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(scale, Z)`` with ``scale = -inf`` on the rows whose ``Z`` is 0: a row whose pairs a
+    block skips (or the sum of two such rows) holds ``Z = 0`` under any finite scale, which
+    would swamp another block's term when added to it."""
+    return np.where(np.any(Z != 0, axis=1), scale, -np.inf), Z
