@@ -233,7 +233,7 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         f"Machine: {data['machine']}; sketchot {data['versions']['sketchot']}, dask "
         f"{data['versions']['dask']}; workers' allocator: "
-        f"{data.get('worker_malloc', 'dask default')}",
+        f"`{data.get('worker_malloc', 'dask default')}`",
         "",
     ]
     rows = []

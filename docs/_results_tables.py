@@ -62,6 +62,9 @@ INCLUDED = (
     "dask_certified",
     "dask_certified_plain",
     "dask_certified_reg0.001",
+    "dask_local_1e5",
+    "dask_local_1e5_dask_malloc",
+    "dask_local_1e6",
     "dask_images",
 )
 
