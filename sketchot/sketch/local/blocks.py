@@ -29,6 +29,7 @@ import numpy as np
 
 from ..._validation import check_float, check_int, check_matrix, check_rng
 from .clusters import _cover, _Side
+from .expansion import check_log_weights
 from .fit import _fit_exp_degree, _MeansPlan, _MonomialPlan
 from .products import _apply, _combine
 from .truncation import _input_bounds, _InputBounds, _row_sum_lower_bound
@@ -68,19 +69,12 @@ class ClusterBlock:
 
 
 @dataclass(frozen=True)
-class ClusterBounds:
-    """What the truncation reads of some input clusters for given weights: per cluster its
-    log size, the largest, smallest and mean log weight, its radius, centroid and spread
-    (:meth:`BlockExpansion.bounds`); bounds of several blocks concatenate
-    (:meth:`concat`)."""
+class ClusterBounds(_InputBounds):
+    """What the truncation reads of some input clusters for given weights (the fields of
+    its in-memory bounds: per cluster its log size, the largest, smallest and mean log
+    weight, its radius, centroid and spread) and their centres (:meth:`BlockExpansion.
+    bounds`); bounds of several blocks concatenate (:meth:`concat`)."""
 
-    log_size: np.ndarray
-    top: np.ndarray
-    low: np.ndarray
-    mean: np.ndarray
-    radius: np.ndarray
-    centroid: np.ndarray
-    spread: np.ndarray
     center: np.ndarray
 
     @classmethod
@@ -208,22 +202,16 @@ class BlockExpansion:
     def bounds(self, block: ClusterBlock, log_w: Any) -> ClusterBounds:
         """The truncation's summary of ``block``'s clusters under the log weights ``log_w``
         (the block's points' order), ``O(block)``."""
-        log_w = self._check_log(log_w, block.n_points, "log_w")
+        log_w = check_log_weights(log_w, block.n_points, "log_w")
         side = block.side
-        b: _InputBounds = _input_bounds(side, log_w[side.order], first=0)
-        return ClusterBounds(
-            b.log_size, b.top, b.low, b.mean, b.radius, b.centroid, b.spread, side.centers
-        )
+        b = _input_bounds(side, log_w[side.order], first=0)
+        return ClusterBounds(*(getattr(b, f.name) for f in fields(b)), side.centers)
 
     def lower_bounds(self, out: ClusterBlock, bounds: ClusterBounds) -> np.ndarray:
         """``L_A`` per cluster of ``out`` (its sorted order): every row of ``A`` sums at
         least ``e^{L_A}`` over the input clusters ``bounds`` describes (every block's).
         ``O(k_out k_in d)`` in groups of :data:`_BOUND_GROUP` output clusters."""
         side = out.side
-        inputs = _InputBounds(
-            bounds.log_size, bounds.top, bounds.low, bounds.mean, bounds.radius,
-            bounds.centroid, bounds.spread,
-        )  # fmt: skip
         lower = np.full(side.n_clusters, -np.inf)
         if bounds.n_clusters == 0:
             return lower
@@ -235,7 +223,7 @@ class BlockExpansion:
             sq = np.einsum("ij,ij->i", c, c)[:, None] + in_sq - 2.0 * c @ in_centers.T
             distance = np.sqrt(np.maximum(sq, 0.0))
             lower[ids] = _row_sum_lower_bound(
-                distance, c, side.cluster_radius[ids], inputs, self.reg
+                distance, c, side.cluster_radius[ids], bounds, self.reg
             )
         return lower
 
@@ -256,7 +244,7 @@ class BlockExpansion:
         centred coordinates). ``truncate`` skips the pairs whose bounds sum to at most that
         fraction of ``e^{lower_A}`` (``lower``: :meth:`lower_bounds` over every block);
         terms of several blocks add up with :meth:`combine`."""
-        log_w = self._check_log(log_w, inn.n_points, "log_w")
+        log_w = check_log_weights(log_w, inn.n_points, "log_w")
         truncate = check_float(truncate, "truncate", minimum=0.0)
         if lower is not None:
             lower = np.asarray(lower, dtype=np.float64)
@@ -284,15 +272,6 @@ class BlockExpansion:
         with np.errstate(invalid="ignore", over="ignore"):
             scale, Z = _combine(np, first[0], first[1], second[0], second[1])
         return _empty_is_minus_inf(scale, Z)
-
-    @staticmethod
-    def _check_log(log_w: Any, n: int, name: str) -> np.ndarray:
-        log_w = np.asarray(log_w, dtype=np.float64)
-        if log_w.shape != (n,):
-            raise ValueError(f"{name} must have shape ({n},); got {log_w.shape}")
-        if np.any(np.isnan(log_w)) or np.any(log_w == np.inf):
-            raise ValueError(f"{name} must not contain NaN or +inf (-inf means weight 0)")
-        return log_w
 
 
 def _empty_is_minus_inf(scale: np.ndarray, Z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -32,6 +32,17 @@ if TYPE_CHECKING:
 EPS = np.finfo(np.float64).eps
 
 
+def check_log_weights(log_w: Any, n: int, name: str) -> np.ndarray:
+    """``log_w`` as a float64 vector of length ``n``: log weights, ``-inf`` for weight 0;
+    NaN and ``+inf`` are refused by ``name``."""
+    log_w = np.asarray(log_w, dtype=np.float64)
+    if log_w.shape != (n,):
+        raise ValueError(f"{name} must have shape ({n},); got {log_w.shape}")
+    if np.any(np.isnan(log_w)) or np.any(log_w == np.inf):
+        raise ValueError(f"{name} must not contain NaN or +inf (-inf means weight 0)")
+    return log_w
+
+
 @dataclass(eq=False)
 class LocalGaussianExpansion:
     """Gibbs kernel ``K_ij = exp(-||x_i - y_j||^2 / reg)`` to a small *relative* error per entry.
@@ -450,12 +461,7 @@ class LocalGaussianExpansion:
 
     @staticmethod
     def _check_log(log_w: Any, n: int, name: str) -> np.ndarray:
-        log_w = np.asarray(log_w, dtype=np.float64)
-        if log_w.shape != (n,):
-            raise ValueError(f"{name} must have shape ({n},); got {log_w.shape}")
-        if np.any(np.isnan(log_w)) or np.any(log_w == np.inf):
-            raise ValueError(f"{name} must not contain NaN or +inf (-inf means weight 0)")
-        return log_w
+        return check_log_weights(log_w, n, name)
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "_x"):
