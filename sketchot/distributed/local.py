@@ -416,16 +416,21 @@ class DaskBlockLocal:
     def matmat(self, kernel: Any, V: Any) -> da.Array:
         """``K V`` of non-negative ``V`` (``(m,)`` or ``(m, k)``, gathered on the client), a
         log product per column, persisted on the cluster in ``X``'s order."""
+        vector = np.ndim(V) == 1
         V = _nonnegative(V, kernel.shape[1], "V")
         columns = [da.exp(self.log_matvec(_log(V[:, j]))) for j in range(V.shape[1])]
-        return da.stack(columns, axis=1)
+        return columns[0] if vector else da.stack(columns, axis=1)
 
     def rmatmat(self, kernel: Any, U: Any) -> np.ndarray:
-        """``K^T U`` of non-negative ``U`` (``(n, k)``, Dask in ``X``'s order), a log
+        """``K^T U`` of non-negative ``U`` (``(n,)`` or ``(n, k)``, in ``X``'s order), a log
         product per column, on the client."""
         U = da.asarray(U)
+        vector = U.ndim == 1
+        U = U[:, None] if vector else U
         if U.ndim != 2 or U.shape[0] != kernel.shape[0]:
-            raise ValueError(f"U must have shape ({kernel.shape[0]}, k); got {U.shape}")
+            raise ValueError(
+                f"U must have shape ({kernel.shape[0]},) or ({kernel.shape[0]}, k); got {U.shape}"
+            )
         if bool((U < 0).any().compute()):
             raise ValueError(
                 "U must be non-negative: the block-local kernel on Dask arrays takes linear "
@@ -433,7 +438,8 @@ class DaskBlockLocal:
             )
         with np.errstate(divide="ignore"):
             logs = [da.log(U[:, j]) for j in range(U.shape[1])]
-        return np.column_stack([np.exp(self.log_rmatvec(lw)) for lw in logs])
+        out = np.column_stack([np.exp(self.log_rmatvec(lw)) for lw in logs])
+        return out[:, 0] if vector else out
 
     # ----------------------------------------------------------- the solver's passes
     def fused_pass(

@@ -96,7 +96,8 @@ def sinkhorn_dask(
         ``'exact'`` and ``'clip'`` need the passes' values: such a solve raises and says so).
         The exact backend runs the in-memory log-stable solve (absorption, epsilon schedule,
         Anderson mixing) on the workers unless ``log_domain=False``
-        (:func:`solve_log_stable`).
+        (:func:`solve_log_stable`); ``'polyts_local'`` its log-domain iteration on the
+        clouds in blocks of whole clusters (:mod:`.local`).
 
     Returns
     -------
@@ -361,7 +362,9 @@ def solve_log_stable(
     and its resumption) on the kernel's log-stable form (:func:`~.kernels.log_stable_kernel`:
     a :class:`~.kernels.DaskStableExact` placement), whose passes stream the
     true kernel per row chunk on the workers. The row scalings stay on the cluster; the
-    ``m``-sized column side (weights ``b``, scalings, projections) is on the client."""
+    ``m``-sized column side (weights ``b``, scalings, projections) is on the client. The
+    block-local kernel (:class:`~.local.DaskBlockLocal`) runs here as it is: its log-domain
+    passes, without an epsilon schedule (it would need the kernel at other ``reg``)."""
     local = is_block_local(kernel)
     if local and (options.log_domain is False or options.epsilon_scaling is True):
         raise ValueError(

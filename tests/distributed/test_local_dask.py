@@ -78,6 +78,15 @@ def test_products_are_the_kernel_to_its_certified_error(kernel):
     cols = placement.log_rmatvec(da.from_array(log_u, chunks=(150,)))
     assert np.max(np.abs(np.expm1(cols - dense_log_product(Y, X, log_u, REG)))) <= rtol
     _log_kv, means = kernel.log_means("rows", log_v)
+    # linear products of non-negative values go through the log passes
+    w = np.exp(log_v - log_v.max())
+    np.testing.assert_allclose(
+        kernel.matvec(w).compute(), np.exp(rows - log_v.max()), rtol=1e-12, atol=0
+    )
+    u = np.exp(log_u - log_u.max())
+    got = kernel.rmatvec(da.from_array(u, chunks=(150,)))
+    assert got.shape == (M,)
+    np.testing.assert_allclose(got, np.exp(cols - log_u.max()), rtol=1e-12, atol=0)
     logits = log_v[None, :] - ((X[:, None] - Y[None]) ** 2).sum(-1) / REG
     weights = np.exp(logits - logsumexp(logits, axis=1)[:, None])
     centred = Y - kernel.geometry.center

@@ -150,8 +150,7 @@ def _apply(
     :class:`_Product` holds the plan and assembles the rows, :class:`_Group` runs steps 1 and
     2 for one group of output clusters.
     """
-    product = _Product(out, inn, log_w, values, plan, reg, truncate, means, on)
-    product.lower = lower
+    product = _Product(out, inn, log_w, values, plan, reg, truncate, means, on, lower)
     if work is not None:
         one_group = functools.partial(product.one_group, work=work)
         _count_exact_and_groups(work, product, stride, one_group)
@@ -178,8 +177,10 @@ class _Product:
         truncate: float,
         means: _MeansPlan | None,
         on: DeviceArrays | None,
+        lower: np.ndarray | None = None,
     ) -> None:
         self.out, self.inn, self.plan, self.reg = out, inn, plan, reg
+        self.lower = lower  # row-sum lower bounds given by the caller (:func:`_apply`)
         self.truncate, self.means = truncate, means
         self.A_out, self.A_in = out.arrays(on), inn.arrays(on)
         xp = self.xp = self.A_in.xp
@@ -215,7 +216,6 @@ class _Product:
         # truncated: the bounds of every input cluster (exactly handled ones first), and
         # the exact pairs the groups keep, (sorted output rows, sorted input rows) each
         self.in_bounds = None
-        self.lower: np.ndarray | None = None  # row-sum lower bounds given by the caller
         self.exact_jobs: list[tuple[np.ndarray, np.ndarray]] = []
         if self.truncated and inn.n_clusters:
             self.in_bounds = _input_bounds(inn, self.w_sorted, first=0)
