@@ -17,13 +17,14 @@ cost ``O((n k_Y + m k_X) R)``, spread over groups of neighbouring clusters. On a
    features within :data:`BLOCK_FEATURE_BYTES`) on its worker, persisted.
 3. **Passes**: a product is a sum over pairs of an output and an input block
    (:meth:`~sketchot.sketch.local.blocks.BlockExpansion.product`); a truncated log product
-   skips what the whole in-memory product would skip, from each input block's summary of
-   its clusters under the current weights and each output block's bound on its rows' whole
-   sums (:mod:`sketchot.sketch.local.blocks`). Far blocks keep no pair and cost only the
-   bound. The rows' vectors stay on the cluster (user order, chunked like ``X``: each pass
-   routes them to the blocks and back, ``O(n)`` floats in ``chunks x blocks`` small tasks),
-   the columns' on the client, as in the log-stable exact path (:class:`~.kernels.
-   DaskStableExact`): every pass is one scheduler call.
+   misses at most what the whole in-memory product may miss of each row, its truncation
+   read against each input block's summary of its clusters under the current weights and
+   each output block's bound on its rows' whole sums (:mod:`sketchot.sketch.local.blocks`).
+   Far blocks keep no pair (their terms cost the bounds and an ``O(block)`` setup). The
+   rows' vectors stay on the cluster (user order, chunked like ``X``: each pass routes them
+   to the blocks and back, ``O(n)`` floats in ``chunks x blocks`` small tasks), the
+   columns' on the client, as in the log-stable exact path
+   (:class:`~.kernels.DaskStableExact`): every pass is one scheduler call.
 
 Memory per worker: its blocks' points and features (``O((n + m) / W (d + R))`` within the
 feature budget, recomputed per product above it). Work per pass: the in-memory product's,

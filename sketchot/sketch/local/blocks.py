@@ -11,9 +11,9 @@ small fraction of the row's *whole* sum, which no single input block knows. Each
 block therefore summarises its clusters for the current weights (:meth:`BlockExpansion.bounds`,
 ``O(k d)`` numbers), and each output block bounds its rows' whole sums from all of them
 (:meth:`BlockExpansion.lower_bounds`); a term over ``S`` input blocks, truncated at
-``truncate / S`` against that bound, skips what the whole product would skip (at most
-``truncate`` of each row in all) and no more than the whole product's per-entry
-certificate allows.
+``truncate / S`` against that bound, misses at most ``truncate`` of each row in all, the
+whole product's guarantee (the far pairs go as they do there; the shares keep a few more),
+so the per-entry certificate holds as for the whole product.
 
 This is the sketch-level piece of :mod:`sketchot.distributed.local`, which places the
 blocks on a Dask cluster; nothing here knows about Dask.
