@@ -519,11 +519,12 @@ def sampled_tau(
     generator: np.random.Generator,
     candidates: tuple[float, ...] = TAU_CANDIDATES,
 ) -> tuple[float, float]:
-    """``tau='auto'`` on Dask: the in-memory rule's candidates (:data:`~sketchot.kernels.
-    local.TAU_CANDIDATES`, each kept while its counted iteration is at most
-    :data:`~sketchot.kernels.local.TAU_GAIN` of the best, its features and rounding within
-    ``max_features`` and ``rtol``) judged on the block-local kernels of samples of at most
-    :data:`COVER_SAMPLE` rows per side (counted work: the same draws, the same choice).
+    """``tau='auto'`` on Dask: the in-memory rule's candidates
+    (:data:`~sketchot.kernels.local.TAU_CANDIDATES`, each kept while its counted iteration
+    is at most :data:`~sketchot.kernels.local.TAU_GAIN` of the best, its features and
+    rounding within ``max_features`` and ``rtol``) judged on the block-local kernels of
+    samples of at most :data:`COVER_SAMPLE` rows per side (counted work: the same draws,
+    the same choice).
     Returns ``(tau, predicted seconds of an iteration on the whole clouds)``: the sample's
     counted iteration scaled by the points, ``(n + m) / (n_s + m_s)`` (a row keeps about as
     many cluster pairs in a uniform sample as in the cloud)."""

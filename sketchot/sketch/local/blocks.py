@@ -70,10 +70,13 @@ class ClusterBlock:
 
 @dataclass(frozen=True)
 class ClusterBounds(_InputBounds):
-    """What the truncation reads of some input clusters for given weights (the fields of
-    its in-memory bounds: per cluster its log size, the largest, smallest and mean log
-    weight, its radius, centroid and spread) and their centres (:meth:`BlockExpansion.
-    bounds`); bounds of several blocks concatenate (:meth:`concat`)."""
+    """What the truncation reads of some input clusters for given weights, and their
+    centres.
+
+    The fields of the in-memory bounds (per cluster its log size, the largest, smallest and
+    mean log weight, its radius, centroid and spread) and ``center``, made by
+    :meth:`BlockExpansion.bounds`; the bounds of several blocks concatenate
+    (:meth:`concat`)."""
 
     center: np.ndarray
 
