@@ -153,7 +153,8 @@ def cluster_blocks(
     )
     centers = np.concatenate([first, *extra]) if extra else first
     label = dask.delayed(_labels, pure=True)
-    labels = [label(b, centers) for b in blocks]
+    # persisted once: the counts, the routes and the split all read them
+    labels = list(dask.persist(*[label(b, centers) for b in blocks]))
     count = dask.delayed(functools.partial(_counts, size=centers.shape[0]), pure=True)
     counts = np.sum(dask.compute(*[count(lab) for lab in labels]), axis=0)
     used = np.flatnonzero(counts > 0)
