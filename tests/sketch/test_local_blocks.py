@@ -4,9 +4,13 @@ and the truncation's reference taken from every block."""
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.special import logsumexp
 
+from sketchot.sketch.local import blocks as blocks_module
 from sketchot.sketch.local.blocks import BlockExpansion, ClusterBounds
+from sketchot.sketch.local.truncation import _every_pair_skipped, _kept_pairs
 
 
 def _blocks(expansion, points, labels, centers, n_blocks):
@@ -146,3 +150,100 @@ def test_the_sum_of_two_empty_terms_adds_nothing_to_a_third():
     far = (np.array([-2500.0, -np.inf]), np.array([[3.0], [0.0]]))
     scale, Z = BlockExpansion.combine(both, far)
     np.testing.assert_allclose(scale + np.log(Z[:, 0]), [-2500.0 + np.log(3.0), 1.0 + np.log(4.0)])
+
+
+@pytest.fixture(scope="module")
+def long_problem():
+    """Clouds four times longer than wide, cut in five blocks a side along their length:
+    most block pairs lie beyond the truncation's reach at ``reg = 3e-3``."""
+    rng = np.random.default_rng(11)
+    X, Y = rng.random((3000, 3)), rng.random((2500, 3))
+    X[:, 0] *= 4.0
+    Y[:, 0] *= 4.0
+    center = (X.sum(0) + Y.sum(0)) / 5500
+    Xc, Yc = X - center, Y - center
+    expansion = BlockExpansion(0.003, 3, tau=4.0, rtol=1e-6)
+    lx, cx = expansion.cover(Xc, 0)
+    ly, cy = expansion.cover(Yc, 1)
+    log_w = rng.normal(size=2500) * 5.0
+    D = ((Xc[:, None] - Yc[None]) ** 2).sum(-1)
+    true = logsumexp(log_w[None, :] - D / 0.003, axis=1)
+    bound = expansion.entry_error_bound(float(D.max()) / 0.003)
+    outs = _blocks(expansion, Xc, lx, cx, 5)
+    inns = _blocks(expansion, Yc, ly, cy, 5)
+    return expansion, outs, inns, log_w, true, bound
+
+
+def test_a_block_out_of_reach_is_settled_from_the_bounds_with_the_same_answer(
+    long_problem, monkeypatch
+):
+    """A block pair whose cluster pairs the truncation would all skip returns the empty term
+    without the product's setup; every term is the same, to the bit, as the product that
+    forms and skips them, and the sums stay within the certified error."""
+    expansion, outs, inns, log_w, true, bound = long_problem
+    calls = []
+    real_apply = blocks_module._apply
+
+    def counting_apply(*args, **kwargs):
+        calls.append(1)
+        return real_apply(*args, **kwargs)
+
+    monkeypatch.setattr(blocks_module, "_apply", counting_apply)
+    bounds = ClusterBounds.concat([expansion.bounds(b, log_w[rows]) for rows, b in inns])
+    terms = {}
+    for a, (_, out) in enumerate(outs):
+        below = expansion.lower_bounds(out, bounds)
+        for b, (in_rows, inn) in enumerate(inns):
+            terms[a, b] = expansion.product(out, inn, log_w[in_rows], truncate=2e-7, lower=below)
+    settled = len(terms) - len(calls)
+    assert settled >= 8  # the far pairs of 5 x 5 blocks along a line
+    monkeypatch.setattr(blocks_module, "_every_pair_skipped", lambda *a, **k: False)
+    for a, (_, out) in enumerate(outs):
+        below = expansion.lower_bounds(out, bounds)
+        for b, (in_rows, inn) in enumerate(inns):
+            scale, Z = expansion.product(out, inn, log_w[in_rows], truncate=2e-7, lower=below)
+            np.testing.assert_array_equal(terms[a, b][0], scale)
+            np.testing.assert_array_equal(terms[a, b][1], Z)
+    monkeypatch.undo()
+    logs, _ = _summed(expansion, outs, inns, log_w, 1e-6, False, true.size)
+    assert np.max(np.abs(np.expm1(logs - true))) <= bound + 1e-6
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    log_reg=st.floats(np.log(0.002), np.log(0.05)),
+    shift=st.floats(0.0, 3.0),
+    weight_spread=st.floats(0.0, 30.0),
+    truncate=st.sampled_from([1e-12, 1e-6, 1e-2]),
+    exact_below=st.sampled_from([0, 8]),
+)
+def test_a_block_settled_from_the_bounds_is_one_whose_every_pair_is_skipped(
+    seed, log_reg, shift, weight_spread, truncate, exact_below
+):
+    """Invariant: whenever the block test says every pair of an input block is skipped, the
+    per-pair rule of the truncation (``_kept_pairs``, with the same row bounds: from this
+    block and a near one) keeps none."""
+    rng = np.random.default_rng(seed)
+    reg = float(np.exp(log_reg))
+    expansion = BlockExpansion(reg, 3, tau=2.0, rtol=1e-6, exact_below=exact_below)
+    X, near_points = rng.random((120, 3)), rng.random((100, 3))
+    Y = rng.random((100, 3)) * 0.5 + [shift, 0.0, 0.0]
+    out, inn, near = (expansion.block(P, *expansion.cover(P, rng)) for P in (X, Y, near_points))
+    log_w = weight_spread * rng.normal(size=100)
+    b = expansion.bounds(inn, log_w)
+    lower = expansion.lower_bounds(
+        out, ClusterBounds.concat([b, expansion.bounds(near, np.zeros(100))])
+    )
+    side = out.side
+    pair_sq = ((side.centers[:, None] - b.center[None]) ** 2).sum(-1)
+    keep = _kept_pairs(
+        pair_sq, side.centers, side.cluster_radius, b, reg, truncate,
+        exact_first=inn.side.n_small, lower=lower,
+    )  # fmt: skip
+    settled = _every_pair_skipped(
+        side.centers, side.cluster_radius, b.center, b, reg, truncate, lower,
+        exact_first=inn.side.n_small,
+    )  # fmt: skip
+    if settled:
+        assert not keep.any()

@@ -32,7 +32,12 @@ from .clusters import _cover, _Side
 from .expansion import check_log_weights
 from .fit import _fit_exp_degree, _MeansPlan, _MonomialPlan
 from .products import _apply, _combine
-from .truncation import _input_bounds, _InputBounds, _row_sum_lower_bound
+from .truncation import (
+    _every_pair_skipped,
+    _input_bounds,
+    _InputBounds,
+    _row_sum_lower_bound,
+)
 
 EPS = np.finfo(np.float64).eps
 #: Output clusters whose lower bounds are computed at once (their ``k x total`` distances).
@@ -260,11 +265,32 @@ class BlockExpansion:
                     f"means need degree >= 3; this expansion has degree {self.degree_}"
                 )
             plan = self._means
+        if (
+            truncate > 0
+            and lower is not None
+            and self._out_of_reach(out, inn, log_w, truncate, lower)
+        ):
+            width = 1 + self.d if means else 1
+            return np.full(out.n_points, -np.inf), np.zeros((out.n_points, width))
         scale, Z = _apply(
             out.side, inn.side, log_w, None, self._monomials, self.reg, truncate,
             means=plan, lower=lower,
         )  # fmt: skip
         return _empty_is_minus_inf(scale, Z)
+
+    def _out_of_reach(
+        self, out: ClusterBlock, inn: ClusterBlock, log_w: np.ndarray, truncate: float,
+        lower: np.ndarray,
+    ) -> bool:  # fmt: skip
+        """Whether the truncation skips every cluster pair of ``out`` against ``inn``: the
+        term is then empty, found from the bounds alone (``O(k_out k_in d)``) before the
+        product's ``O(block)`` setup (a far block of a cloud split in many)."""
+        b = self.bounds(inn, log_w)
+        side = out.side
+        return _every_pair_skipped(
+            side.centers, side.cluster_radius, b.center, b, self.reg, truncate, lower,
+            exact_first=inn.side.n_small,
+        )  # fmt: skip
 
     @staticmethod
     def combine(

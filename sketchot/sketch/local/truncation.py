@@ -155,6 +155,52 @@ def _kept_pairs(
     return keep
 
 
+def _every_pair_skipped(
+    out_centers: np.ndarray,
+    out_radius: np.ndarray,
+    in_centers: np.ndarray,
+    inputs: _InputBounds,
+    reg: float,
+    truncate: float,
+    lower: np.ndarray,
+    exact_first: int = 0,
+    group: int = 256,
+) -> bool:
+    """Whether :func:`_kept_pairs` would skip every pair of these output clusters (row-sum
+    lower bounds ``lower``) against the input clusters centred at ``in_centers``: each
+    output cluster's bounds ``U_AB`` sum to at most ``truncate e^{L_A}`` (at most
+    :data:`EXACT_SKIP` ``e^{L_A}`` when some input cluster is exactly handled,
+    ``exact_first > 0``). That sum bounds every running sum of :func:`_kept_pairs`, so no
+    pair it keeps is skipped. First the inputs as one (their centres' bounding box), then
+    ``O(k_out k_in d)`` in groups of ``group`` output clusters, stopping at the first group
+    some pair of which is kept.
+    """
+    share = min(truncate, EXACT_SKIP) if exact_first else truncate
+    if in_centers.shape[0] == 0:
+        return True
+    limit = lower + np.log(share)
+    # First the whole inputs as one: their centres' bounding box, total size, largest weight
+    # and radius (O(k_out d); a far block of a cloud split in many is settled here).
+    gap = np.maximum(np.maximum(in_centers.min(axis=0) - out_centers, 0.0),
+                     out_centers - in_centers.max(axis=0))  # fmt: skip
+    near = np.maximum(np.sqrt(sq_norms(gap)) - out_radius - inputs.radius.max(), 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        coarse = logsumexp(inputs.log_size) + inputs.top.max() - near * near / reg
+    if np.all(coarse <= limit):
+        return True
+    in_sq = sq_norms(in_centers)
+    for start in range(0, out_centers.shape[0], group):
+        ids = slice(start, start + group)
+        c = out_centers[ids]
+        distance = np.sqrt(np.maximum(sq_norms(c)[:, None] + in_sq - 2.0 * c @ in_centers.T, 0.0))
+        near = np.maximum(distance - out_radius[ids, None] - inputs.radius[None, :], 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            total = logsumexp(inputs.log_size + inputs.top - near * near / reg, axis=1)
+            if not np.all(total <= limit[ids]):
+                return False
+    return True
+
+
 def _row_sum_lower_bound(
     distance: np.ndarray,
     out_centers: np.ndarray,
