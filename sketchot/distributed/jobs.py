@@ -517,7 +517,8 @@ def barycenter_dask(
     Z = _initial_support(X_init, n_support, clouds, weights, lambdas, generator)
     n = Z.shape[0]
     c = da.full(n, 1.0 / n, chunks=Z.chunks[0])
-    solve = {**kwargs, "max_iter": inner_max_iter, "tol": inner_tol, "policy": policy}
+    solve = {**kwargs, "backend": backend, "max_iter": inner_max_iter, "tol": inner_tol,
+             "policy": policy}  # fmt: skip
     quiet = {**solve, "warn": False, "verbose": False}
     K = len(clouds)
     terms = [(k, lambdas[k], lambdas[k]) for k in range(K)] + ([(K, -1.0, -0.5)] * debiased)

@@ -11,16 +11,19 @@ cost ``O((n k_Y + m k_X) R)``, spread over groups of neighbouring clusters. On a
    (returned to the client, ``O(k d)``) and labels every point with its nearest centre; each
    chunk's cluster counts are added up on the cluster.
 2. **Blocks of whole clusters**: the clusters, in the spatial order of a k-d tree over their
-   centres, are cut into as many blocks as the cloud has chunks, of about equal numbers of
-   points; every chunk sends each block its points (one all-to-all, once), and each block
-   sorts and stores its clusters (:class:`~sketchot.sketch.local.blocks.ClusterBlock`,
-   features within :data:`BLOCK_FEATURE_BYTES`) on its worker, persisted.
+   centres, are cut into ``max(2, ceil(n /`` :data:`BLOCK_POINTS` ``))`` blocks of about
+   equal numbers of points (from ``n``, not the user's chunks: fine chunks would make many
+   small blocks, each term's work growing with their number); every chunk sends each block
+   its points (one all-to-all, once), and each block sorts and stores its clusters
+   (:class:`~sketchot.sketch.local.blocks.ClusterBlock`, features within
+   :data:`BLOCK_FEATURE_BYTES`) on its worker, persisted.
 3. **Passes**: a product is a sum over pairs of an output and an input block
    (:meth:`~sketchot.sketch.local.blocks.BlockExpansion.product`); a truncated log product
    misses at most what the whole in-memory product may miss of each row, its truncation
    read against each input block's summary of its clusters under the current weights and
    each output block's bound on its rows' whole sums (:mod:`sketchot.sketch.local.blocks`).
-   Far blocks keep no pair (their terms cost the bounds and an ``O(block)`` setup). The
+   A far block pair keeps no cluster pair: its term is settled from the bounds alone
+   (``O(k_out d)`` for the input block's bounding box, before any ``O(block)`` setup). The
    rows' vectors stay on the cluster (user order, chunked like ``X``: each pass routes them
    to the blocks and back, ``O(n)`` floats in ``chunks x blocks`` small tasks), the
    columns' on the client, as in the log-stable exact path
@@ -46,7 +49,7 @@ import numpy as np
 from scipy.spatial import cKDTree
 
 from .._defaults import DEFAULT_ACCURACY
-from .._validation import check_dtype, check_float, check_rng
+from .._validation import check_dtype, check_float, check_int, check_rng
 from ..gibbs import GibbsGeometry
 from ..kernels.base import (
     FusedPass,
@@ -73,6 +76,10 @@ COVER_SAMPLE = 20000
 #: A block stores its features when they take at most this many bytes (else a product
 #: recomputes them per block of rows).
 BLOCK_FEATURE_BYTES = 1 << 28
+#: Points per block of a cloud, about (at least two blocks, so that two workers share a
+#: pass). Larger blocks do less work: a term reads its output rows' features once per input
+#: block it reaches (measured in ``benchmarks/results/dask_local_blocks.md``).
+BLOCK_POINTS = 1 << 20
 
 
 # ---------------------------------------------------------------------- one cloud
@@ -135,11 +142,19 @@ class DaskClusterBlocks:
 
 
 def cluster_blocks(
-    points: da.Array, expansion: BlockExpansion, generator: np.random.Generator
+    points: da.Array,
+    expansion: BlockExpansion,
+    generator: np.random.Generator,
+    n_blocks: int | None = None,
 ) -> DaskClusterBlocks:
     """Cover a centred Dask cloud with clusters of radius ``expansion.rho_`` on the workers
-    and split it in blocks of whole clusters, one per chunk (module notes, steps 1 and 2)."""
+    and split it in ``n_blocks`` blocks of whole clusters (default
+    ``max(2, ceil(n / BLOCK_POINTS))``; at most one per cluster; module notes, steps 1 and
+    2)."""
     n = points.shape[0]
+    if n_blocks is None:
+        n_blocks = max(2, -(-n // BLOCK_POINTS))
+    n_blocks = check_int(n_blocks, "n_blocks", minimum=1)
     points = points.rechunk({1: -1})
     chunks = points.chunks[0]
     index = np.unique(generator.integers(0, n, COVER_SAMPLE)) if n > COVER_SAMPLE else None
@@ -162,7 +177,7 @@ def cluster_blocks(
     renumber[used] = np.arange(used.size)
     centers, counts = centers[used], counts[used]
     # blocks: runs of the k-d tree's spatial order of about equal numbers of points
-    n_blocks = max(1, min(len(chunks), used.size))
+    n_blocks = max(1, min(n_blocks, used.size))
     order = cKDTree(centers).indices if used.size > 1 else np.arange(used.size)
     filled = np.cumsum(counts[order]) - counts[order]
     block_of = np.empty(used.size, dtype=np.int64)
@@ -495,13 +510,17 @@ def _log(values: np.ndarray) -> np.ndarray:
 
 
 def dask_local_placement(
-    geometry: DaskGibbsGeometry, expansion: BlockExpansion, truncate: float, rng: Any
+    geometry: DaskGibbsGeometry,
+    expansion: BlockExpansion,
+    truncate: float,
+    rng: Any,
+    n_blocks: int | None = None,
 ) -> DaskBlockLocal:
     """Both clouds of ``geometry`` in blocks of whole clusters (:func:`cluster_blocks`,
-    draws from ``rng``) and the placement of their products."""
+    draws from ``rng``; ``n_blocks`` per cloud) and the placement of their products."""
     generator = check_rng(rng)
-    rows = cluster_blocks(geometry.Xc, expansion, generator)
-    cols = cluster_blocks(geometry.Yc, expansion, generator)
+    rows = cluster_blocks(geometry.Xc, expansion, generator, n_blocks)
+    cols = cluster_blocks(geometry.Yc, expansion, generator, n_blocks)
     return DaskBlockLocal(expansion, rows, cols, truncate)
 
 
@@ -561,12 +580,14 @@ def dask_local_kernel(
     max_features: int = 1000,
     truncate: float | None = None,
     accuracy: float = DEFAULT_ACCURACY,
+    n_blocks: int | None = None,
 ) -> LocalPolyKernel:
     """The block-local kernel of Dask clouds: a :class:`~sketchot.kernels.LocalPolyKernel`
     on a :class:`DaskBlockLocal` placement (module notes). Parameters as
     :func:`~sketchot.kernels.local.build_local`; ``tau='auto'`` is judged on samples
     (:func:`sampled_tau`), ``'timed'`` is refused (a cluster's timing is not this
-    machine's). Products run in float64 whatever ``dtype``."""
+    machine's); ``n_blocks`` per cloud as :func:`cluster_blocks`. Products run in float64
+    whatever ``dtype``."""
     dtype = check_dtype(dtype)
     if geometry.cost.name != "sqeuclidean":
         raise ValueError(
@@ -585,7 +606,7 @@ def dask_local_kernel(
         geometry.reg, geometry.Xc.shape[1], tau=tau, rtol=rtol, max_features=max_features
     )
     truncate = rtol if truncate is None else check_float(truncate, "truncate", minimum=0.0)
-    placement = dask_local_placement(geometry, expansion, truncate, generator)
+    placement = dask_local_placement(geometry, expansion, truncate, generator, n_blocks)
     bound = expansion.entry_error_bound(geometry.max_cost() / geometry.reg)
     info = KernelInfo(
         LOCAL_BACKEND,
