@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import platform
 import time
@@ -160,10 +161,24 @@ def summary(result: Any, seconds: float) -> dict[str, Any]:
         "bound": None if check is None else float(check.bound),
         "value_linear": float(result.value_linear),
         "status": result.status,
+        "blocks": result.kernel.info.params.get("blocks"),
     }
 
 
-def on_cluster(kind, n, reg, args) -> dict[str, Any]:
+def on_cluster(kind, n, reg, args, block_points=None) -> dict[str, Any]:
+    """The Dask cell; ``block_points`` (if given) replaces the block-local kernel's points
+    per block for this run (read on the client when the blocks are cut)."""
+    from sketchot.distributed import local
+
+    default = local.BLOCK_POINTS
+    local.BLOCK_POINTS = block_points or default
+    try:
+        return _on_cluster(kind, n, reg, args)
+    finally:
+        local.BLOCK_POINTS = default
+
+
+def _on_cluster(kind, n, reg, args) -> dict[str, Any]:
     from dask.distributed import Client, LocalCluster, get_task_stream
 
     os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -226,6 +241,12 @@ def in_memory(kind, n, reg, args) -> dict[str, Any]:
     return out
 
 
+def _backend(run: dict[str, Any]) -> str:
+    """The backend, with the block-local kernel's blocks per cloud."""
+    blocks = run.get("blocks")
+    return run["backend"] + (f" ({blocks[0]} + {blocks[1]} blocks)" if blocks else "")
+
+
 def markdown(data: dict[str, Any]) -> str:
     lines = [
         f"# Dask at small reg, certified to {data['accuracy']}: backend={data['backend']!r}, "
@@ -243,7 +264,7 @@ def markdown(data: dict[str, Any]) -> str:
         if d:
             ratio = f"{d['seconds'] / m['seconds']:.2f}" if m else ""
             rows.append([*head,
-                "Dask", d["backend"], f"{d['seconds']:.1f}", d["n_iter"],
+                "Dask", _backend(d), f"{d['seconds']:.1f}", d["n_iter"],
                 _certificate(d), ", ".join(f"{p:.2f}" for p in d["worker_peak_gb"]),
                 f"{d['sent_mb_per_iteration']:.2f}", d["submissions"],
                 f"{d['overhead_s_per_submission']:.3f}", ratio,
@@ -294,6 +315,14 @@ def main() -> None:
         help="start the workers with Dask's allocator settings, not WORKER_MALLOC",
     )
     parser.add_argument("--memory-max-n", type=float, default=1e6)
+    parser.add_argument(
+        "--block-points",
+        type=int,
+        nargs="*",
+        default=[None],
+        help="points per block of the block-local kernel on Dask, one run per value "
+        "(sketchot.distributed.local.BLOCK_POINTS; default: the library's)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=RESULTS / "dask_certified.json")
     parser.add_argument("--md", type=Path, default=RESULTS / "dask_certified.md")
@@ -312,13 +341,15 @@ def main() -> None:
     with contextlib.suppress(KeyboardInterrupt):
         for kind in args.data:
             for reg in args.regs:
-                for n in (int(s) for s in args.sizes):
-                    cell: dict[str, Any] = {"data": kind, "reg": reg, "n": n}
+                for n, points in itertools.product((int(s) for s in args.sizes), args.block_points):
+                    cell: dict[str, Any] = {"data": kind, "reg": reg, "n": n,
+                                            "block_points": points}  # fmt: skip
                     load = [os.getloadavg()[0]]
                     try:
-                        cell["dask"] = on_cluster(kind, n, reg, args)
+                        cell["dask"] = on_cluster(kind, n, reg, args, points)
                         print(f"{kind} reg={reg:g} n={n:.0e} Dask: {cell['dask']}", flush=True)
-                        if args.memory_baseline and n <= args.memory_max_n:
+                        last = points == args.block_points[-1]
+                        if args.memory_baseline and n <= args.memory_max_n and last:
                             cell["memory"] = in_memory(kind, n, reg, args)
                             print(f"  memory: {cell['memory']}", flush=True)
                     except (MemoryError, ValueError, NotImplementedError) as error:

@@ -77,7 +77,7 @@ from .solver import (
     TrueKernelCheck,
 )
 
-__version__ = "0.14.0"
+__version__ = "0.15.0"
 
 # Loaded on first use: the colour layer imports Pillow and matplotlib, the estimator POT's
 # ot.da (which pulls in scikit-learn); plain solves need neither.
