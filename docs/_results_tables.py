@@ -66,6 +66,7 @@ INCLUDED = (
     "dask_local_1e5_dask_malloc",
     "dask_local_1e6",
     "dask_local_blocks",
+    "dask_local_1e7_colours",
     "dask_images",
 )
 
