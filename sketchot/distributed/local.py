@@ -46,7 +46,6 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
-from dask.delayed import Delayed
 from scipy.spatial import cKDTree
 
 from .._defaults import DEFAULT_ACCURACY
@@ -163,18 +162,14 @@ def cluster_blocks(
     _, first = expansion.cover(sample, generator)
     seeds = generator.integers(0, 2**63 - 1, len(chunks))
     blocks = points.to_delayed().ravel()
-    # arrays every chunk reads go into the graph once (as keys), not once per task
-    once = functools.partial(dask.delayed, pure=True)
     outliers = dask.delayed(_outlier_centers, pure=True)
-    shared = once(first)
     extra = dask.compute(
-        *[outliers(b, shared, expansion, int(s)) for b, s in zip(blocks, seeds, strict=True)]
+        *[outliers(b, first, expansion, int(s)) for b, s in zip(blocks, seeds, strict=True)]
     )
     centers = np.concatenate([first, *extra]) if extra else first
     label = dask.delayed(_labels, pure=True)
     # persisted once: the counts, the routes and the split all read them
-    shared = once(centers)
-    labels = list(dask.persist(*[label(b, shared) for b in blocks]))
+    labels = list(dask.persist(*[label(b, centers) for b in blocks]))
     count = dask.delayed(functools.partial(_counts, size=centers.shape[0]), pure=True)
     counts = np.sum(dask.compute(*[count(lab) for lab in labels]), axis=0)
     used = np.flatnonzero(counts > 0)
@@ -190,12 +185,11 @@ def cluster_blocks(
     present, block_of = np.unique(block_of, return_inverse=True)  # no empty block
     n_blocks = present.size
     route = dask.delayed(_route, pure=True)
-    renumbered, block_ids = once(renumber), once(block_of)
-    routes = [route(lab, renumbered, block_ids) for lab in labels]
+    routes = [route(lab, renumber, block_of) for lab in labels]
     split = dask.delayed(_split_points, pure=True, nout=n_blocks)
     starts = np.concatenate([[0], np.cumsum(chunks)])
     pieces = [
-        split(b, lab, r, renumbered, int(start), n_blocks)
+        split(b, lab, r, renumber, int(start), n_blocks)
         for b, lab, r, start in zip(blocks, labels, routes, starts[:-1], strict=True)
     ]
     build = dask.delayed(_build_block, pure=True, nout=2)
@@ -329,8 +323,6 @@ def _block_totals(
     """Per output block, the delayed ``(scale, Z)`` of its rows summed over every input
     block (module notes, step 3): the input blocks' bounds, each output block's lower
     bounds, then the block pairs' terms, each truncated at ``truncate / blocks``."""
-    # a NumPy vector (the client's columns) goes into the graph once, not once per task
-    log_w = [w if isinstance(w, Delayed) else dask.delayed(np.asarray(w), pure=True) for w in log_w]
     bounds = [
         dask.delayed(_bounds, pure=True)(expansion, part, w)
         for part, w in zip(inns.parts, log_w, strict=True)
