@@ -23,7 +23,10 @@ same data in memory (NumPy, this process, as many threads as workers) at sizes u
 ``--memory-max-n``, and reports Dask / memory.
 
 The workers start with the allocator settings the docs advise (:data:`WORKER_MALLOC`;
-``--dask-malloc``: Dask's own).
+``--dask-malloc``: Dask's own). ``--block-points P1 P2 ...`` runs each Dask cell once per
+value with the block-local kernel's points per block set to it
+(``sketchot.distributed.local.BLOCK_POINTS``; 0: the library's default); the table gives
+the blocks per cloud beside the backend, and the memory baseline runs after the last.
 
 ``--json`` / ``--md`` write the numbers (``benchmarks/results/dask_certified.json`` / ``.md``
 by default). Ctrl-C stops the run; cells that finished are written.

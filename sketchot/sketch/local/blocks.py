@@ -250,8 +250,10 @@ class BlockExpansion:
         block in its points' order, as ``exp(scale_i) Z_i``: ``Z`` has one column (the
         log product's), or ``1 + d`` with ``means`` (the weighted sums of the input points,
         centred coordinates). ``truncate`` skips the pairs whose bounds sum to at most that
-        fraction of ``e^{lower_A}`` (``lower``: :meth:`lower_bounds` over every block);
-        terms of several blocks add up with :meth:`combine`."""
+        fraction of ``e^{lower_A}`` (``lower``: :meth:`lower_bounds` over every block; a
+        block pair none of whose cluster pairs is kept returns the empty term, ``scale =
+        -inf`` and ``Z = 0``, from the bounds alone); terms of several blocks add up with
+        :meth:`combine`."""
         log_w = check_log_weights(log_w, inn.n_points, "log_w")
         truncate = check_float(truncate, "truncate", minimum=0.0)
         if lower is not None:
