@@ -67,6 +67,9 @@ INCLUDED = (
     "dask_local_1e6",
     "dask_local_blocks",
     "dask_local_1e7_colours",
+    "dask_local_workers1",
+    "dask_local_workers2",
+    "dask_local_workers4",
     "dask_images",
 )
 
